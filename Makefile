@@ -1,0 +1,29 @@
+# `make demo` and `make test` each work on a fresh clone: they create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fedshield-installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch/torchvision pinned to the releases on this machine's disk (see README).
+	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q -e '.[test,flower]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fedshield run --preset demo --out runs/demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/bench_round.py
+
+clean:
+	rm -rf runs .pytest_cache

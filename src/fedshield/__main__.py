@@ -1,0 +1,5 @@
+import sys
+
+from fedshield.cli import main
+
+sys.exit(main())

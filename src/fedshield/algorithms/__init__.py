@@ -1,0 +1,1 @@
+"""Client (local update rules) and server algorithms, registered by config name."""

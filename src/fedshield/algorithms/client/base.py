@@ -1,0 +1,145 @@
+"""The client-algorithm contract and the shared local-SGD loop (SPEC §1).
+
+``local_update(model, payload, data, ctx, state) -> ClientUpdate``. Subclasses change the
+loss (:meth:`loss`), the gradient before each step (:meth:`adjust_grads`: FedProx,
+SCAFFOLD, FedACG) or what is uploaded (:meth:`finish`: prototypes, control variates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedshield.algorithms.params import NoParams, Params
+from fedshield.data.bundle import TensorData
+from fedshield.registry import Registry
+from fedshield.sim.context import ClientUpdate, Payload
+from fedshield.sim.flat import get_buffers, get_params, set_buffers, set_params
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """Local-training hyper-parameters shared by every client algorithm."""
+
+    lr: float
+    batch_size: int
+    steps: int | None = 10
+    epochs: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def num_steps(self, n: int) -> int:
+        if self.epochs is not None:
+            return self.epochs * math.ceil(n / self.batch_size)
+        assert self.steps is not None
+        return self.steps
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    client_id: int
+    round: int
+    generator: torch.Generator
+    device: torch.device
+    amp: bool = False
+
+
+def batch_indices(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """``steps`` mini-batches drawn epoch by epoch from fresh permutations (last one partial)."""
+    done = 0
+    while done < steps:
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            yield perm[start : start + batch_size]
+            done += 1
+            if done == steps:
+                return
+
+
+def autocast(ctx: ClientContext) -> contextlib.AbstractContextManager:
+    if ctx.amp and ctx.device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class ClientAlgorithm:
+    """Plain local SGD; the base of every client algorithm."""
+
+    params_schema: type[Params] = NoParams
+    #: True when :meth:`adjust_grads` needs the start point as per-tensor copies.
+    uses_start: bool = False
+
+    def __init__(self, spec: LocalSpec, params: Params | None = None) -> None:
+        self.spec = spec
+        self.params = params if params is not None else self.params_schema()
+
+    # -- hooks ---------------------------------------------------------------------
+    def init_state(self, num_params: int) -> dict[str, Tensor]:
+        """Per-client state kept by the engine across rounds (checkpointed)."""
+        return {}
+
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        return F.cross_entropy(model(x), y)
+
+    def adjust_grads(
+        self, model: nn.Module, payload: Payload, state: dict[str, Tensor], start: list[Tensor]
+    ) -> None:
+        """Modify ``p.grad`` in place before the optimizer step (default: nothing)."""
+
+    def finish(
+        self,
+        model: nn.Module,
+        update: ClientUpdate,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
+        """Post-training hook: add extras to the upload, update client state."""
+        return update
+
+    # -- the loop ------------------------------------------------------------------
+    def local_update(
+        self,
+        model: nn.Module,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
+        set_params(model, payload.params)
+        set_buffers(model, payload.buffers)
+        model.train()
+        spec = self.spec
+        opt = torch.optim.SGD(
+            model.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        )
+        start = [p.detach().clone() for p in model.parameters()] if self.uses_start else []
+        total = torch.zeros((), device=ctx.device)
+        steps = spec.num_steps(len(data))
+        for idx in batch_indices(len(data), spec.batch_size, steps, ctx.generator):
+            x, y = data.batch(idx, ctx.device)
+            opt.zero_grad(set_to_none=True)
+            with autocast(ctx):
+                loss = self.loss(model, x, y, payload)
+            loss.backward()
+            self.adjust_grads(model, payload, state, start)
+            opt.step()
+            total += loss.detach().float()
+        update = ClientUpdate(
+            client_id=ctx.client_id,
+            delta=get_params(model) - payload.params,
+            num_examples=len(data),
+            buffers=get_buffers(model),
+            metrics={"train/loss": float(total) / max(steps, 1)},
+        )
+        return self.finish(model, update, payload, data, ctx, state)
+
+
+CLIENT_ALGORITHMS: Registry[type[ClientAlgorithm]] = Registry("client algorithm")

@@ -1,0 +1,94 @@
+"""Omniscient update attacks built from benign statistics: ``alie`` and ``ipm`` (SPEC §6).
+
+Both read the round's benign rows (as in the papers) and ignore the attacker's own
+update; every attacker uploads the same vector. With no benign row the statistics come
+from all rows (see :func:`fedshield.attacks._common.honest_pool`).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import torch
+from torch import Tensor
+
+from fedshield.attacks._common import (
+    check_inputs,
+    coord_std,
+    finite,
+    honest_pool,
+    positive,
+    with_rows,
+)
+from fedshield.attacks.base import ATTACKS, UpdateAttack
+
+
+def alie_z(n: int, f: int) -> float:
+    """z_max of Baruch et al. (NeurIPS 2019, "A Little Is Enough", §4):
+    s = ⌊n/2 + 1⌋ − f workers must be won over, z_max = Φ⁻¹((n − s)/n).
+
+    When attackers are a majority the paper's s ≤ 0 and z_max = +∞; we cap s at 1, i.e.
+    use the largest finite z for that n (our choice: per-round Byzantine counts vary under
+    partial participation, and an infinite upload would only be a NaN factory). The cdf
+    is also floored at 1/2 (z ≥ 0), which only matters for the degenerate n = 1.
+    """
+    if n < 1 or not 0 <= f <= n:
+        raise ValueError(f"need n >= 1 and 0 <= f <= n, got n={n}, f={f}")
+    s = max(math.floor(n / 2 + 1) - f, 1)
+    cdf = max((n - s) / n, 0.5)
+    return NormalDist().inv_cdf(cdf)
+
+
+@ATTACKS.register("alie")
+class ALIE(UpdateAttack):
+    """A Little Is Enough (Baruch et al. 2019): upload μ − z·σ, μ and σ the coordinate-wise
+    mean and unbiased std of the benign updates (SPEC §6).
+
+    ``z=None`` (default) uses the paper's z_max for n = S rows and f = number of Byzantine
+    rows in this round (:func:`alie_z`); a number overrides it. ByzFL's
+    ``ALittleIsEnough(tau)`` computes μ + τσ with the same std, i.e. τ = −z.
+    """
+
+    needs_own_update = False
+
+    def __init__(self, z: float | None = None) -> None:
+        self.z = None if z is None else finite("alie", "z", z)
+        self.last_z: float | None = None
+
+    def __call__(
+        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        mask = check_inputs(updates, byzantine)
+        f = int(mask.sum())
+        if f == 0:
+            self.last_z = None
+            return updates.clone()
+        pool = honest_pool(updates, mask)
+        z = self.z if self.z is not None else alie_z(updates.shape[0], f)
+        self.last_z = z
+        return with_rows(updates, mask, pool.mean(dim=0) - z * coord_std(pool))
+
+
+@ATTACKS.register("ipm")
+class IPM(UpdateAttack):
+    """Inner-product manipulation (Xie, Koyejo & Gupta, UAI 2019): upload −ε·ḡ, ḡ the mean
+    benign update (SPEC §6). Default ε = 0.1, the paper's small-ε setting that makes the
+    inner product with the true gradient negative while staying close to the benign cloud.
+
+    ByzFL's ``InnerProductManipulation(tau)`` is the same rule with τ = ε (its default 2.0).
+    """
+
+    needs_own_update = False
+
+    def __init__(self, epsilon: float = 0.1) -> None:
+        self.epsilon = positive("ipm", "epsilon", epsilon)
+
+    def __call__(
+        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        mask = check_inputs(updates, byzantine)
+        if not bool(mask.any()):
+            return updates.clone()
+        pool = honest_pool(updates, mask)
+        return with_rows(updates, mask, pool.mean(dim=0) * -self.epsilon)

@@ -1,0 +1,76 @@
+"""Non-omniscient update attacks of SPEC §6: ``noise``, ``sign_flip``, ``scaling``.
+
+Seed 000 §I-A lists noise injection and sign flipping; scaling (model replacement style
+boosting, k·g) is in the standard set. Each rewrites only the Byzantine rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedshield.attacks._common import check_inputs, positive, with_rows
+from fedshield.attacks.base import ATTACKS, UpdateAttack
+
+
+@ATTACKS.register("noise")
+class Noise(UpdateAttack):
+    """Upload a fresh draw from N(0, σ²I) instead of the update (SPEC §6, seed 000 [23]).
+
+    The draw comes from the ``generator`` the engine passes, so a run stays a pure
+    function of (config, seed). Each attacker gets its own independent vector.
+    """
+
+    needs_own_update = False  # the honest update is discarded, so the engine may skip it
+
+    def __init__(self, sigma: float = 1.0) -> None:
+        self.sigma = positive("noise", "sigma", sigma)
+
+    def __call__(
+        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        mask = check_inputs(updates, byzantine)
+        f = int(mask.sum())
+        if f == 0:
+            return updates.clone()
+        # Draw on the generator's own device (a CPU generator cannot feed a CUDA randn) and
+        # move afterwards: the values then depend only on the generator state, not on where
+        # the updates live.
+        device = generator.device if generator is not None else updates.device
+        draw = torch.randn(
+            (f, updates.shape[1]), generator=generator, dtype=updates.dtype, device=device
+        )
+        return with_rows(updates, mask, draw * self.sigma)
+
+
+@ATTACKS.register("sign_flip")
+class SignFlip(UpdateAttack):
+    """Upload −k·g, g the attacker's own honest update (SPEC §6, seed 000 [24]).
+
+    Note: ByzFL's ``SignFlipping`` is omniscient (−mean of the honest vectors); ours follows
+    the seed and negates the attacker's own update. The two coincide for one input row.
+    """
+
+    def __init__(self, k: float = 1.0) -> None:
+        self.k = positive("sign_flip", "k", k)
+
+    def __call__(
+        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        mask = check_inputs(updates, byzantine)
+        return with_rows(updates, mask, updates[mask] * -self.k)
+
+
+@ATTACKS.register("scaling")
+class Scaling(UpdateAttack):
+    """Upload k·g, the attacker's own update boosted by k (SPEC §6; default k = 10 is our
+    choice, the usual boosting factor against plain averaging)."""
+
+    def __init__(self, k: float = 10.0) -> None:
+        self.k = positive("scaling", "k", k)
+
+    def __call__(
+        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
+    ) -> Tensor:
+        mask = check_inputs(updates, byzantine)
+        return with_rows(updates, mask, updates[mask] * self.k)

@@ -1,0 +1,200 @@
+"""``fedshield`` command line: run, list, report, sweep.
+
+Every user error (bad config, missing data, impossible partition) is printed as one line
+``error: ...`` on stderr with exit status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedshield.errors import FedshieldError
+
+console = Console(stderr=False)
+
+
+def _out_dir(requested: str | None, name: str, resume: bool) -> Path:
+    if requested:
+        return Path(requested)
+    base = Path("runs") / name
+    if resume or not base.exists():
+        return base
+    i = 2
+    while (base.parent / f"{name}-{i}").exists():
+        i += 1
+    return base.parent / f"{name}-{i}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedshield import config as cfgmod
+
+    cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
+    if args.backend == "flower":
+        raise FedshieldError("--backend flower is not available in this build yet")
+    summary = run_config(cfg, _out_dir(args.out, cfg.name, args.resume), args.resume, args.quiet)
+    print_summaries([summary])
+    return 0
+
+
+def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
+    """Build and run one experiment with a progress bar; return its summary."""
+    import torch
+
+    from fedshield.sim.builder import build
+    from fedshield.sim.engine import Simulator
+
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    sim = Simulator(build(cfg), out, resume=resume)
+    show = cfg.run.progress and not quiet
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("round {task.completed}/{task.total}"),
+        TextColumn("{task.fields[acc]}"),
+        TimeElapsedColumn(),
+    ]
+    with Progress(*columns, console=console, disable=not show, transient=False) as bar:
+        task = bar.add_task(cfg.name, total=cfg.rounds, completed=sim.state.round - 1, acc="")
+
+        def on_round(m: dict[str, Any]) -> None:
+            acc = f"acc {m['test_acc']:.4f}" if "test_acc" in m else bar.tasks[task].fields["acc"]
+            bar.update(task, completed=m["round"], acc=acc)
+
+        summary = sim.run(on_round)
+    summary["out"] = str(out)
+    return summary
+
+
+def print_summaries(summaries: list[dict[str, Any]]) -> None:
+    table = Table(title="results")
+    for col in ("run", "rounds", "final acc", "best acc", "rounds to target", "out"):
+        table.add_column(col)
+    for s in summaries:
+        table.add_row(
+            s["name"],
+            str(s.get("rounds", "")),
+            f"{s.get('final_test_acc', float('nan')):.4f}",
+            f"{s.get('best_test_acc', float('nan')):.4f}",
+            str(s.get("rounds_to_target", "-")),
+            str(s.get("out", "")),
+        )
+    console.print(table)
+
+
+LIST_KINDS = (
+    "presets",
+    "datasets",
+    "partitioners",
+    "models",
+    "aggregators",
+    "attacks",
+    "client-algorithms",
+    "server-algorithms",
+)
+
+
+def _registries() -> dict[str, Any]:
+    from fedshield.aggregators.base import AGGREGATORS
+    from fedshield.algorithms.client import CLIENT_ALGORITHMS
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+    from fedshield.attacks.base import ATTACKS
+    from fedshield.data import DATASETS, PARTITIONERS
+    from fedshield.models import MODELS
+    from fedshield.sim.builder import load_plugins
+
+    load_plugins()
+    return {
+        "datasets": DATASETS,
+        "partitioners": PARTITIONERS,
+        "models": MODELS,
+        "aggregators": AGGREGATORS,
+        "attacks": ATTACKS,
+        "client-algorithms": CLIENT_ALGORITHMS,
+        "server-algorithms": SERVER_ALGORITHMS,
+    }
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from fedshield.config import preset_names, read_preset
+
+    kinds = [args.kind] if args.kind else list(LIST_KINDS)
+    regs = _registries()
+    for kind in kinds:
+        table = Table(title=kind, show_header=False, title_justify="left")
+        table.add_column("name", style="bold")
+        table.add_column("description")
+        if kind == "presets":
+            for name in preset_names():
+                table.add_row(name, read_preset(name).get("description", ""))
+        else:
+            reg = regs[kind]
+            for name in reg.names():
+                table.add_row(name, reg.help(name))
+        console.print(table)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedshield.report import compare_runs
+
+    summaries, png = compare_runs([Path(d) for d in args.dirs], Path(args.out))
+    print_summaries(summaries)
+    console.print(f"curves: {png}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedshield", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true", help="log round-level events")
+    sub = p.add_subparsers(dest="command")
+
+    r = sub.add_parser("run", help="run one experiment (default: the demo preset)")
+    r.add_argument("config", nargs="?", help="experiment TOML file")
+    r.add_argument("--preset", help="a bundled preset (see `fedshield list presets`)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, repeatable")
+    r.add_argument("--out", help="output directory (default runs/<name>)")
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--backend", choices=("sim", "flower"), default="sim")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.set_defaults(func=cmd_run)
+
+    ls = sub.add_parser("list", help="list presets and registered components")
+    ls.add_argument("kind", nargs="?", choices=LIST_KINDS)
+    ls.set_defaults(func=cmd_list)
+
+    rep = sub.add_parser("report", help="compare runs: a table and overlaid accuracy curves")
+    rep.add_argument("dirs", nargs="+", help="run directories")
+    rep.add_argument("--out", default="report", help="directory for the comparison files")
+    rep.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
+    )
+    if args.command is None:  # plain `fedshield` behaves like `fedshield run`
+        args = parser.parse_args(["run", *(argv or [])])
+    try:
+        return args.func(args)
+    except FedshieldError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; resume with --resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

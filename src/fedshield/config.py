@@ -1,0 +1,229 @@
+"""Experiment configuration: TOML → validated pydantic models (SPEC §11).
+
+Unknown keys, wrong types and out-of-range values fail before any work starts, with a
+message naming the key path. Method-specific parameters (``client.params``,
+``server.params``, ``attack.params``, ``server.aggregator_args``) are checked against the
+registered component when the experiment is built (:func:`fedshield.sim.builder.build`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fedshield.errors import ConfigError
+
+PRESET_PACKAGE = "fedshield.presets"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LongTailConfig(Section):
+    rho: float = Field(1.0, ge=1.0, description="imbalance ratio n_max/n_min; 1 = balanced")
+
+
+class DataConfig(Section):
+    dataset: str = "mnist5k"
+    root: str = "~/.fedshield/data"
+    download: bool = False
+    num_clients: int = Field(20, ge=1)
+    partition: str = "iid"
+    beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration")
+    shards_per_client: int = Field(2, ge=1)
+    min_size: int = Field(1, ge=0, description="Dirichlet re-draw until each client has this many")
+    long_tail: LongTailConfig = LongTailConfig()
+    root_size: int = Field(0, ge=0, description="server root set (BR-DRAG, FLTrust)")
+    val_size: int = Field(0, ge=0)
+    # Dataset-specific knobs (synthetic generator size, image size for ImageFolder, ...).
+    params: dict[str, Any] = {}
+
+
+class ModelConfig(Section):
+    name: str = "cnn_small"
+    params: dict[str, Any] = {}
+
+
+class ClientConfig(Section):
+    algorithm: str = "sgd"
+    lr: float = Field(0.05, gt=0.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    batch_size: int = Field(32, ge=1)
+    local_steps: int | None = Field(10, ge=1, description="U local SGD steps")
+    local_epochs: int | None = Field(None, ge=1, description="E local epochs (overrides U)")
+    params: dict[str, Any] = {}
+
+
+class ServerConfig(Section):
+    algorithm: str = "fedavg"
+    aggregator: str = "mean"
+    aggregator_args: dict[str, Any] = {}
+    weighting: Literal["samples", "uniform"] = "samples"
+    clients_per_round: int = Field(10, ge=1, description="S; equal to num_clients = full participation")
+    lr: float = Field(1.0, gt=0.0, description="server step size eta_g")
+    params: dict[str, Any] = {}
+
+
+class AttackConfig(Section):
+    name: str = "none"
+    params: dict[str, Any] = {}
+    fraction: float = Field(0.0, ge=0.0, le=1.0, description="Byzantine share")
+    mode: Literal["fixed", "per_round"] = Field(
+        "fixed",
+        description="fixed: round(fraction*M) Byzantine workers chosen once by seed; "
+        "per_round: exactly floor(fraction*S) of each cohort",
+    )
+
+
+class EvalConfig(Section):
+    every: int = Field(1, ge=1)
+    batch_size: int = Field(1000, ge=1)
+    per_client: bool = False
+    target_acc: float | None = Field(None, gt=0.0, le=1.0, description="report rounds to reach it")
+
+
+class CheckpointConfig(Section):
+    every: int = Field(5, ge=1)
+
+
+class RunConfig(Section):
+    device: str = "auto"
+    threads: int | None = Field(None, ge=1)
+    amp: bool = False
+    progress: bool = True
+
+
+class ExperimentConfig(Section):
+    name: str = "experiment"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    rounds: int = Field(20, ge=1)
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    client: ClientConfig = ClientConfig()
+    server: ServerConfig = ServerConfig()
+    attack: AttackConfig = AttackConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ExperimentConfig:
+        if self.server.clients_per_round > self.data.num_clients:
+            raise ValueError(
+                f"server.clients_per_round={self.server.clients_per_round} exceeds "
+                f"data.num_clients={self.data.num_clients}"
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------
+# Loading, overrides, presets
+
+
+def _format_validation_error(err: ValidationError, source: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "literal_error":
+            msg = f"{msg} (got {e.get('input')!r})"
+        else:
+            msg = f"{msg} (got {e.get('input')!r})" if "input" in e and e["loc"] else msg
+        parts.append(f"{loc}: {msg}")
+    return f"{source}: invalid config: " + "; ".join(parts)
+
+
+def validate(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err, source)) from None
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value as TOML (numbers, booleans, arrays, strings; bare → string)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to a raw config dict (copy)."""
+    import copy
+
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. server.aggregator=krum")
+        key, value = item.split("=", 1)
+        path = key.strip().split(".")
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = parse_value(value.strip())
+    return out
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: config file not found")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{p}: malformed TOML: {err}") from None
+
+
+def preset_names() -> list[str]:
+    files = resources.files(PRESET_PACKAGE).iterdir()
+    return sorted(f.name[:-5] for f in files if f.name.endswith(".toml"))
+
+
+def read_preset(name: str) -> dict[str, Any]:
+    res = resources.files(PRESET_PACKAGE).joinpath(f"{name}.toml")
+    if not res.is_file():
+        import difflib
+
+        names = preset_names()
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint}; see `fedshield list presets`")
+    try:
+        raw = tomllib.loads(res.read_text())
+    except tomllib.TOMLDecodeError as err:  # a broken preset is our bug, still say where
+        raise ConfigError(f"preset {name}: malformed TOML: {err}") from None
+    return raw
+
+
+def load(
+    path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()
+) -> ExperimentConfig:
+    """Load a config from a file or a preset (default: the ``demo`` preset), with overrides."""
+    if path is not None and preset is not None:
+        raise ConfigError("give either a config file or --preset, not both")
+    if path is not None:
+        raw, source = read_toml(path), str(path)
+    else:
+        preset = preset or "demo"
+        raw, source = read_preset(preset), f"preset {preset}"
+    raw = apply_overrides(raw, list(overrides))
+    return validate(raw, source)
+
+
+def dump(cfg: ExperimentConfig) -> str:
+    """The fully resolved config as TOML (written next to every run)."""
+    return tomli_w.dumps(cfg.model_dump(mode="json", exclude_none=True))

@@ -1,0 +1,21 @@
+"""Datasets, partitioners and the long-tail transform (SPEC §9)."""
+
+from fedshield.data import datasets as _datasets  # noqa: F401  (fills the registry)
+from fedshield.data import partition as _partition  # noqa: F401
+from fedshield.data.bundle import DataBundle, TensorData
+from fedshield.data.datasets import DATASETS, load_dataset
+from fedshield.data.longtail import long_tail_counts, make_long_tail
+from fedshield.data.partition import PARTITIONERS, partition
+from fedshield.data.split import carve
+
+__all__ = [
+    "DATASETS",
+    "PARTITIONERS",
+    "DataBundle",
+    "TensorData",
+    "carve",
+    "load_dataset",
+    "long_tail_counts",
+    "make_long_tail",
+    "partition",
+]

@@ -1,0 +1,326 @@
+"""The in-process simulator: the round loop of SPEC §1.
+
+for round t = 1..T:
+    cohort S^t (seeded by (seed, t)), Byzantine subset A^t
+    payload = server.broadcast(θ, state)
+    updates = [client.local_update(model, payload, data_k) for k in S^t]  (data attacks here)
+    updates = attack(updates, A^t)                                          (update attacks)
+    drop non-finite / wrong-shaped updates (logged, counted)
+    step = server.update(θ, state, updates); step = server.post_step(step)
+    evaluate every k rounds; metrics.jsonl; checkpoint every k rounds (atomic)
+
+All randomness is derived from (seed, round, client), so a resumed run replays exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fedshield import config as config_mod
+from fedshield.algorithms.client import ClientContext
+from fedshield.attacks.base import DataAttack, UpdateAttack
+from fedshield.data.bundle import TensorData
+from fedshield.errors import ConfigError
+from fedshield.eval import evaluate
+from fedshield.sim.builder import Experiment
+from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
+from fedshield.sim.context import ClientUpdate, RoundContext, derive_seed, make_generator
+from fedshield.sim.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
+
+log = logging.getLogger("fedshield")
+
+# Purposes mixed into derived seeds, so streams never collide.
+_COHORT, _BYZ, _TORCH, _BATCH, _ATTACK, _ROOT = range(6)
+
+
+def sample_cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> tuple[int, ...]:
+    """S of M clients uniformly without replacement, seeded by (seed, round) (SPEC §1)."""
+    rng = np.random.default_rng([seed, rnd, _COHORT])
+    return tuple(sorted(int(k) for k in rng.choice(num_clients, per_round, replace=False)))
+
+
+@dataclass
+class RunState:
+    """Everything a checkpoint holds: the next round to run and the values of the run."""
+
+    round: int
+    params: Tensor
+    buffers: Tensor
+    server_state: dict[str, Tensor]
+    client_states: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "params": self.params.cpu(),
+            "buffers": self.buffers.cpu(),
+            "server_state": {k: v.cpu() for k, v in self.server_state.items()},
+            "client_states": {
+                k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_states.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], device: torch.device) -> RunState:
+        return cls(
+            round=d["round"],
+            params=d["params"].to(device),
+            buffers=d["buffers"].to(device),
+            server_state={k: v.to(device) for k, v in d["server_state"].items()},
+            client_states={
+                int(k): {n: v.to(device) for n, v in s.items()}
+                for k, s in d["client_states"].items()
+            },
+        )
+
+
+class Simulator:
+    """Runs an :class:`Experiment`, writing outputs to ``out`` (when given)."""
+
+    def __init__(self, exp: Experiment, out: Path | None = None, resume: bool = False) -> None:
+        self.exp = exp
+        self.cfg = exp.cfg
+        self.out = out
+        self.comp = exp.components
+        self.device = exp.device
+        self.model = exp.model
+        self._poisoned: dict[int, TensorData] = {}
+        self.config_text = config_mod.dump(self.cfg)
+        self.metrics = JsonlLog(out / "metrics.jsonl") if out else None
+        self.timing = JsonlLog(out / "timing.jsonl") if out else None
+        self.records: list[dict[str, Any]] = []
+        self.state = self._initial_state()
+        if out is not None:
+            self._prepare_out(out, resume)
+
+    # -- set-up / resume -------------------------------------------------------------
+    def _initial_state(self) -> RunState:
+        params = get_params(self.model)
+        return RunState(
+            round=1,
+            params=params,
+            buffers=get_buffers(self.model),
+            server_state=self.comp.server.init_state(params),
+        )
+
+    def _prepare_out(self, out: Path, resume: bool) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt = out / "checkpoint.pt"
+        has_run = (out / "metrics.jsonl").exists() or ckpt.exists()
+        if has_run and not resume:
+            raise ConfigError(
+                f"{out} already holds a run; pass --resume to continue it or choose another --out"
+            )
+        if resume and ckpt.exists():
+            saved = load_checkpoint(ckpt)
+            self._check_same_config(saved["config"], out)
+            self.state = RunState.from_dict(saved["state"], self.device)
+            last = self.state.round - 1
+            self.records = self.metrics.truncate_after(last) if self.metrics else []
+            self.timing.truncate_after(last) if self.timing else None
+            log.info("resuming %s from round %d", out, self.state.round)
+        elif resume and has_run:
+            # Killed before the first checkpoint: nothing to keep, start over cleanly.
+            self.metrics.truncate_after(0) if self.metrics else None
+            self.timing.truncate_after(0) if self.timing else None
+        atomic_write_text(out / "config.toml", self.config_text)
+
+    def _check_same_config(self, saved_text: str, out: Path) -> None:
+        import tomllib
+
+        saved = tomllib.loads(saved_text)
+        now = tomllib.loads(self.config_text)
+        saved.pop("rounds", None), now.pop("rounds", None)  # extending a run is allowed
+        if saved != now:
+            diff = sorted(_diff_keys(saved, now))
+            raise ConfigError(
+                f"{out}: --resume with a different config (changed: {', '.join(diff)})"
+            )
+
+    # -- helpers ------------------------------------------------------------------------
+    def _byzantine(self, rnd: int, cohort: tuple[int, ...]) -> tuple[int, ...]:
+        a = self.cfg.attack
+        if self.comp.attack is None:
+            return ()
+        if a.mode == "fixed":
+            chosen = set(self.exp.byzantine)
+            return tuple(k for k in cohort if k in chosen)
+        count = int(np.floor(a.fraction * len(cohort)))
+        rng = np.random.default_rng([self.cfg.seed, rnd, _BYZ])
+        return tuple(sorted(int(k) for k in rng.choice(cohort, count, replace=False)))
+
+    def _client_data(self, k: int, byzantine: bool) -> TensorData:
+        data = self.exp.clients[k]
+        attack = self.comp.attack
+        if not (byzantine and isinstance(attack, DataAttack)):
+            return data
+        if k not in self._poisoned:
+            x, y = attack.poison(data.x, data.y, self.exp.bundle.num_classes)
+            self._poisoned[k] = TensorData(x, y)
+        return self._poisoned[k]
+
+    def _train(
+        self, data: TensorData, payload: Any, client_id: int, rnd: int, state: dict[str, Tensor]
+    ) -> ClientUpdate:
+        seed = self.cfg.seed
+        torch.manual_seed(derive_seed(seed, rnd, client_id, _TORCH))  # dropout & co.
+        ctx = ClientContext(
+            client_id=client_id,
+            round=rnd,
+            generator=make_generator(seed, rnd, client_id, _BATCH),
+            device=self.device,
+            amp=self.cfg.run.amp,
+        )
+        return self.comp.client.local_update(self.model, payload, data, ctx, state)
+
+    def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
+        """Server-side U SGD steps on the root dataset (SPEC §3, eqs. 12–13)."""
+        if self.exp.root is None:
+            raise ConfigError("this server algorithm needs data.root_size > 0")
+        from fedshield.algorithms.client.sgd import LocalSGD
+        from fedshield.sim.context import Payload
+
+        trainer = LocalSGD(self.comp.client.spec)
+        g = ClientContext(-1, ctx.round, make_generator(self.cfg.seed, ctx.round, _ROOT), self.device)
+        torch.manual_seed(derive_seed(self.cfg.seed, ctx.round, _ROOT, _TORCH))
+        return trainer.local_update(self.model, Payload(params, buffers), self.exp.root, g, {})
+
+    # -- one round -----------------------------------------------------------------------
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        cfg = self.cfg
+        st = self.state
+        cohort = sample_cohort(cfg.seed, rnd, cfg.data.num_clients, cfg.server.clients_per_round)
+        byz = self._byzantine(rnd, cohort)
+        ctx = RoundContext(rnd, cohort, byz, cfg.seed, cfg.data.num_clients, self.device)
+        server, attack = self.comp.server, self.comp.attack
+        payload = server.broadcast(st.params, st.buffers, st.server_state, ctx)
+
+        # Attacks that ignore their own update need no training, unless no benign row exists
+        # for the omniscient ones to read.
+        skip_training = (
+            isinstance(attack, UpdateAttack)
+            and not attack.needs_own_update
+            and len(byz) < len(cohort)
+        )
+        updates: list[ClientUpdate] = []
+        for k in cohort:
+            is_byz = k in byz
+            if is_byz and skip_training:  # the attack overwrites this row; no need to train
+                updates.append(
+                    ClientUpdate(k, torch.zeros_like(st.params), len(self.exp.clients[k]), st.buffers)
+                )
+                continue
+            state = st.client_states.setdefault(k, self.comp.client.init_state(st.params.numel()))
+            updates.append(self._train(self._client_data(k, is_byz), payload, k, rnd, state))
+
+        metrics: dict[str, Any] = {"round": rnd, "byz/count": len(byz)}
+        benign = [u for u in updates if u.client_id not in byz]
+        losses = [u.metrics["train/loss"] for u in benign if "train/loss" in u.metrics]
+        if losses:
+            metrics["train/loss"] = float(np.mean(losses))
+        if byz and isinstance(attack, UpdateAttack):
+            mask = torch.tensor([u.client_id in byz for u in updates], device=self.device)
+            forged = attack(
+                torch.stack([u.delta for u in updates]),
+                mask,
+                generator=make_generator(cfg.seed, rnd, _ATTACK, device=self.device),
+            )
+            for i, u in enumerate(updates):
+                if mask[i]:
+                    u.delta = forged[i]
+        updates, rejected = self._screen(updates, st.params.numel())
+        metrics["sys/rejected"] = rejected
+        if not updates:
+            log.warning("round %d: every update was rejected; θ unchanged", rnd)
+            step_params, step_buffers, new_state = st.params, st.buffers, st.server_state
+        else:
+            step = server.update(st.params, st.buffers, st.server_state, updates, ctx, self)
+            step = server.post_step(step, ctx, self)
+            metrics.update(step.metrics)
+            step_params, step_buffers, new_state = step.params, step.buffers, step.state
+        n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
+        metrics["comm/up_bytes"] = n_bytes * len(cohort)
+        metrics["comm/down_bytes"] = n_bytes * len(cohort)
+        self.state = RunState(rnd + 1, step_params, step_buffers, new_state, st.client_states)
+        if rnd % cfg.eval.every == 0 or rnd == cfg.rounds:
+            metrics.update(self.evaluate())
+        return metrics
+
+    def _screen(self, updates: list[ClientUpdate], d: int) -> tuple[list[ClientUpdate], int]:
+        """Never let a NaN/Inf or wrong-shaped update reach θ (logged and counted)."""
+        if getattr(self.comp.aggregator, "handles_nonfinite", False):
+            ok = [u for u in updates if u.delta.shape == (d,)]
+        else:
+            ok = [u for u in updates if u.delta.shape == (d,) and bool(torch.isfinite(u.delta).all())]
+        for u in updates:
+            if u not in ok:
+                log.warning("rejected update of client %d (non-finite or wrong shape)", u.client_id)
+        return ok, len(updates) - len(ok)
+
+    def evaluate(self) -> dict[str, float]:
+        set_params(self.model, self.state.params)
+        set_buffers(self.model, self.state.buffers)
+        res = evaluate(self.model, self.exp.bundle.test, self.cfg.eval.batch_size, self.device)
+        out = {"test_acc": res["acc"], "test_loss": res["loss"]}
+        if self.cfg.eval.per_client:
+            accs = [
+                evaluate(self.model, c, self.cfg.eval.batch_size, self.device)["acc"]
+                for c in self.exp.clients
+            ]
+            out.update({"client/mean_acc": float(np.mean(accs)), "client/worst_acc": min(accs)})
+        return out
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        for rnd in range(self.state.round, cfg.rounds + 1):
+            t0 = time.perf_counter()
+            m = self.run_round(rnd)
+            self.records.append(m)
+            if self.metrics is not None:
+                self.metrics.append(m)
+                self.timing.append({"round": rnd, "wall_s": time.perf_counter() - t0})
+                if rnd % cfg.checkpoint.every == 0 or rnd == cfg.rounds:
+                    self.save()
+            if on_round is not None:
+                on_round(m)
+        return self.finish(time.perf_counter() - t_start)
+
+    def save(self) -> None:
+        assert self.out is not None
+        payload = {"version": 1, "config": self.config_text, "state": self.state.to_dict()}
+        save_checkpoint(self.out / "checkpoint.pt", payload)
+
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        extra: dict[str, Any] = {"wall_s_this_session": wall_s}
+        if self.cfg.eval.target_acc is not None:
+            extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
+            extra["target_acc"] = self.cfg.eval.target_acc
+        summary = summarize(self.cfg.name, self.records, extra)
+        if self.out is not None:
+            plot_curves(self.records, self.out, self.cfg.name)
+            write_report(self.out, summary, self.config_text)
+        return summary
+
+
+def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> set[str]:
+    keys = set()
+    for k in set(a) | set(b):
+        path = f"{prefix}{k}"
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys |= _diff_keys(va, vb, path + ".")
+        elif va != vb:
+            keys.add(path)
+    return keys

@@ -1,0 +1,56 @@
+"""Flatten a model's parameters and floating buffers into single contiguous vectors.
+
+The engine flattens once per client and unflattens once per round; aggregators see one
+dense ``[S, d]`` matrix (SPEC §1).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def float_buffers(model: nn.Module) -> list[Tensor]:
+    # Integer buffers (BatchNorm's num_batches_tracked) are not averaged: they are counters.
+    return [b for b in model.buffers() if b.is_floating_point()]
+
+
+def get_params(model: nn.Module) -> Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def get_buffers(model: nn.Module) -> Tensor:
+    bufs = float_buffers(model)
+    if not bufs:
+        p = next(model.parameters())
+        return torch.zeros(0, device=p.device, dtype=p.dtype)
+    return torch.cat([b.detach().reshape(-1) for b in bufs])
+
+
+@torch.no_grad()
+def _copy_into(tensors: list[Tensor], vec: Tensor) -> None:
+    n = sum(t.numel() for t in tensors)
+    if vec.numel() != n:
+        raise ValueError(f"vector has {vec.numel()} entries, model expects {n}")
+    offset = 0
+    for t in tensors:
+        k = t.numel()
+        t.copy_(vec[offset : offset + k].view_as(t))
+        offset += k
+
+
+def set_params(model: nn.Module, vec: Tensor) -> None:
+    _copy_into(list(model.parameters()), vec)
+
+
+def set_buffers(model: nn.Module, vec: Tensor) -> None:
+    _copy_into(float_buffers(model), vec)
+
+
+def param_slices(model: nn.Module) -> dict[str, slice]:
+    """Name → slice of the flat parameter vector (for coverage masks and diagnostics)."""
+    out, offset = {}, 0
+    for name, p in model.named_parameters():
+        out[name] = slice(offset, offset + p.numel())
+        offset += p.numel()
+    return out

@@ -1,0 +1,70 @@
+"""Run outputs (SPEC §11): summary.json, plots, report.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fedshield.sim.checkpoint import atomic_write_text
+
+
+def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
+    evals = [r for r in records if "test_acc" in r]
+    summary: dict[str, Any] = {"name": name, "rounds": records[-1]["round"] if records else 0}
+    if evals:
+        best = max(evals, key=lambda r: r["test_acc"])
+        summary.update(
+            final_test_acc=evals[-1]["test_acc"],
+            final_test_loss=evals[-1]["test_loss"],
+            best_test_acc=best["test_acc"],
+            best_round=best["round"],
+        )
+    summary["final"] = records[-1] if records else {}
+    summary.update(extra)
+    return summary
+
+
+def rounds_to(records: list[dict[str, Any]], target: float) -> int | None:
+    """First round whose test accuracy reaches ``target`` (None if never)."""
+    for r in records:
+        if r.get("test_acc", -1.0) >= target:
+            return int(r["round"])
+    return None
+
+
+def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = [r for r in records if "test_acc" in r]
+    if not evals:
+        return []
+    rounds = [r["round"] for r in evals]
+    paths = []
+    for key, label in (("test_acc", "test accuracy"), ("test_loss", "test loss")):
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot(rounds, [r[key] for r in evals], marker="." if len(rounds) < 50 else None)
+        ax.set_xlabel("round")
+        ax.set_ylabel(label)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out / f"{key}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
+    lines = [f"# {summary['name']}", ""]
+    for key in ("rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target"):
+        if key in summary:
+            val = summary[key]
+            lines.append(f"- **{key}**: {val:.4f}" if isinstance(val, float) else f"- **{key}**: {val}")
+    lines += ["", "![accuracy](test_acc.png)", "", "## Config", "", "```toml", config_text, "```", ""]
+    atomic_write_text(out / "report.md", "\n".join(lines))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
