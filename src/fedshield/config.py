@@ -66,7 +66,9 @@ class ServerConfig(Section):
     aggregator: str = "mean"
     aggregator_args: dict[str, Any] = {}
     weighting: Literal["samples", "uniform"] = "samples"
-    clients_per_round: int = Field(10, ge=1, description="S; equal to num_clients = full participation")
+    clients_per_round: int = Field(
+        10, ge=1, description="S; equal to num_clients = full participation"
+    )
     lr: float = Field(1.0, gt=0.0, description="server step size eta_g")
     params: dict[str, Any] = {}
 

@@ -47,7 +47,9 @@ def csv_table(rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) ->
     return buf.getvalue()
 
 
-def plot_overlay(runs: list[tuple[str, list[dict[str, Any]]]], path: Path, key: str = "test_acc") -> Path:
+def plot_overlay(
+    runs: list[tuple[str, list[dict[str, Any]]]], path: Path, key: str = "test_acc"
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")

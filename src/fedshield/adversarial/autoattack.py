@@ -7,6 +7,8 @@ torchattacks is imported lazily so the rest of fedshield works without it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -31,6 +33,24 @@ def _torchattacks() -> ModuleType:
             "(pip install torchattacks)"
         ) from exc
     return torchattacks
+
+
+@contextmanager
+def _frozen_parameters(model: nn.Module) -> Iterator[None]:
+    """Parameters stop requiring grad for the duration, then get their flags back.
+
+    torchattacks' APGD/FAB call ``loss.backward()``, which would accumulate into the
+    parameters' ``.grad``; with ``requires_grad`` off nothing is written (and the weight
+    gradients are not computed at all).
+    """
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
 
 @EVAL_ATTACKS.register("autoattack")
@@ -66,7 +86,8 @@ class AutoAttackAdapter:
             model, norm=self.norm, eps=self.eps, version=self.version,
             n_classes=n_classes, seed=self.seed,
         )  # fmt: skip
-        return attack(x.detach(), y.detach()).detach()
+        with _frozen_parameters(model):
+            return attack(x.detach(), y.detach()).detach()
 
 
 __all__ = ["AutoAttackAdapter", "MissingDependencyError"]

@@ -29,7 +29,9 @@ class TensorData:
     def subset(self, idx: Tensor) -> TensorData:
         return TensorData(self.x[idx], self.y[idx])
 
-    def batch(self, idx: Tensor | None = None, device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    def batch(
+        self, idx: Tensor | None = None, device: torch.device | str = "cpu"
+    ) -> tuple[Tensor, Tensor]:
         x = self.x if idx is None else self.x[idx]
         y = self.y if idx is None else self.y[idx]
         x = x.to(device, non_blocking=True)

@@ -140,49 +140,118 @@ def _torchvision(name: str, root: str, download: bool, build: Callable[[Path, bo
         raise _missing(name, path, err) from None
 
 
-def _register_torchvision(
-    key: str, cls_name: str, shape: tuple[int, int, int], classes: int, **ctor: Any
-) -> None:
+def _register_mnist_family(key: str, cls_name: str, classes: int, **ctor: Any) -> None:
+    """MNIST-format idx files through torchvision (which checks only that they exist)."""
+
     def loader(root: str = "~/.fedshield/data", download: bool = False) -> DataBundle:
         import torchvision.datasets as tvd
 
         cls = getattr(tvd, cls_name)
 
         def make(path: Path, dl: bool) -> tuple[Any, Any]:
-            if cls_name == "SVHN":
-                return (
-                    cls(str(path), split="train", download=dl),
-                    cls(str(path), split="test", download=dl),
-                )
             return (
                 cls(str(path), train=True, download=dl, **ctor),
                 cls(str(path), train=False, download=dl, **ctor),
             )
 
         tr, te = _torchvision(key, root, download, make)
-        ys = []
-        xs = []
-        for ds in (tr, te):
-            xs.append(_to_uint8_nchw(ds.data))
-            labels = ds.labels if hasattr(ds, "labels") else ds.targets
-            ys.append(torch.as_tensor(np.asarray(labels), dtype=torch.int64))
+        xs = [_to_uint8_nchw(ds.data) for ds in (tr, te)]
+        ys = [torch.as_tensor(np.asarray(ds.targets), dtype=torch.int64) for ds in (tr, te)]
         if key == "emnist-balanced":  # EMNIST images are stored transposed
             xs = [x.transpose(2, 3).contiguous() for x in xs]
-        names = tuple(getattr(tr, "classes", None) or (str(i) for i in range(classes)))
+        names = tuple(str(c) for c in getattr(tr, "classes", range(classes)))
         return DataBundle(
-            key, TensorData(xs[0], ys[0]), TensorData(xs[1], ys[1]), classes, shape, names
+            key, TensorData(xs[0], ys[0]), TensorData(xs[1], ys[1]), classes, (1, 28, 28), names
         )
 
-    loader.__doc__ = f"torchvision {cls_name} read from <data.root>/{key}"
+    loader.__doc__ = f"{cls_name} idx files read from <data.root>/{key}/{cls_name}/raw"
     DATASETS.register(key)(loader)
 
 
-_register_torchvision("mnist", "MNIST", (1, 28, 28), 10)
-_register_torchvision("fmnist", "FashionMNIST", (1, 28, 28), 10)
-_register_torchvision("emnist-balanced", "EMNIST", (1, 28, 28), 47, split="balanced")
-_register_torchvision("cifar10", "CIFAR10", (3, 32, 32), 10)
-_register_torchvision("cifar100", "CIFAR100", (3, 32, 32), 100)
-_register_torchvision("svhn", "SVHN", (3, 32, 32), 10)
+_register_mnist_family("mnist", "MNIST", 10)
+_register_mnist_family("fmnist", "FashionMNIST", 10)
+_register_mnist_family("emnist-balanced", "EMNIST", 47, split="balanced")
+
+
+def _unpickle(path: Path) -> dict[bytes, Any]:
+    import pickle
+
+    with path.open("rb") as f:
+        return pickle.load(f, encoding="bytes")
+
+
+def _register_cifar(key: str, cls_name: str, folder: str, classes: int) -> None:
+    """CIFAR python-pickle batches, read directly. torchvision's class would re-check the
+    official MD5 sums; we only use it to download when asked."""
+    ten = classes == 10
+    label_key = b"labels" if ten else b"fine_labels"
+    train_files = [f"data_batch_{i}" for i in range(1, 6)] if ten else ["train"]
+    test_files = ["test_batch"] if ten else ["test"]
+    meta_file, names_key = (
+        ("batches.meta", b"label_names") if ten else ("meta", b"fine_label_names")
+    )
+
+    def loader(root: str = "~/.fedshield/data", download: bool = False) -> DataBundle:
+        path = Path(root).expanduser() / key
+        if download:
+            import torchvision.datasets as tvd
+
+            _torchvision(key, root, True, lambda p, dl: getattr(tvd, cls_name)(str(p), download=dl))
+        base = path / folder
+
+        def read(files: list[str]) -> TensorData:
+            xs, ys = [], []
+            for name in files:
+                f = base / name
+                if not f.is_file():
+                    raise _missing(key, path, FileNotFoundError(f"missing {f}"))
+                batch = _unpickle(f)
+                xs.append(np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+                ys.append(np.asarray(batch[label_key], dtype=np.int64))
+            return TensorData(
+                torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+            )
+
+        train, test = read(train_files), read(test_files)
+        meta = base / meta_file
+        names = (
+            tuple(n.decode() for n in _unpickle(meta)[names_key])
+            if meta.is_file()
+            else tuple(str(i) for i in range(classes))
+        )
+        return DataBundle(key, train, test, classes, (3, 32, 32), names)
+
+    loader.__doc__ = f"{cls_name} python batches read from <data.root>/{key}/{folder}"
+    DATASETS.register(key)(loader)
+
+
+_register_cifar("cifar10", "CIFAR10", "cifar-10-batches-py", 10)
+_register_cifar("cifar100", "CIFAR100", "cifar-100-python", 100)
+
+
+@DATASETS.register("svhn")
+def svhn(root: str = "~/.fedshield/data", download: bool = False) -> DataBundle:
+    """SVHN cropped digits (train_32x32.mat, test_32x32.mat) read from <data.root>/svhn."""
+    from scipy.io import loadmat
+
+    path = Path(root).expanduser() / "svhn"
+    if download:
+        import torchvision.datasets as tvd
+
+        for split in ("train", "test"):
+            _torchvision(
+                "svhn", root, True, lambda p, dl, s=split: tvd.SVHN(str(p), s, download=dl)
+            )
+    out = []
+    for split in ("train", "test"):
+        f = path / f"{split}_32x32.mat"
+        if not f.is_file():
+            raise _missing("svhn", path, FileNotFoundError(f"missing {f}"))
+        mat = loadmat(str(f))
+        x = torch.from_numpy(np.ascontiguousarray(mat["X"].transpose(3, 2, 0, 1))).to(torch.uint8)
+        y = torch.from_numpy(mat["y"].reshape(-1).astype(np.int64) % 10)  # label 10 means digit 0
+        out.append(TensorData(x, y))
+    return DataBundle("svhn", out[0], out[1], 10, (3, 32, 32), DIGIT_NAMES)
 
 
 @DATASETS.register("imagenet")

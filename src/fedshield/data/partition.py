@@ -37,7 +37,10 @@ def dirichlet(
     min_size: int = 1,
 ) -> list[np.ndarray]:
     """Per-class Dir(beta) proportions over clients (Hsu et al. 2019), re-drawn until every
-    client holds at least ``min_size`` samples. Smaller beta ⇒ more label skew."""
+    client holds at least ``min_size`` samples. Smaller beta ⇒ more label skew.
+
+    As in NIID-Bench (Li et al. 2022), a client already holding N/M samples gets no share of
+    the next classes in a draw, which keeps the re-draw loop short for small beta."""
     if beta <= 0:
         raise ConfigError(f"data.beta must be > 0, got {beta}")
     if min_size * num_clients > len(labels):
@@ -48,12 +51,16 @@ def dirichlet(
     by_class = [np.flatnonzero(labels == c) for c in classes]
     for _ in range(MAX_REDRAWS):
         parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients)
         for idx in by_class:
             idx = rng.permutation(idx)
             p = rng.dirichlet(np.full(num_clients, beta))
+            p = p * (sizes < len(labels) / num_clients)
+            p = p / p.sum()
             cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
             for k, chunk in enumerate(np.split(idx, cuts)):
                 parts[k].append(chunk)
+                sizes[k] += len(chunk)
         out = [np.sort(np.concatenate(p)) for p in parts]
         if min(len(p) for p in out) >= min_size:
             return out

@@ -7,7 +7,7 @@ A sample leaves at the first exit with C_e(x) > τ_{k,e}(x); exit L always accep
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -37,6 +37,12 @@ class Policy:
     risk_weights: RiskWeights = field(default_factory=RiskWeights)
 
     def __post_init__(self) -> None:
+        if isinstance(self.risk_weights, dict):  # as read from a TOML table
+            try:
+                weights = RiskWeights(**self.risk_weights)
+            except TypeError as exc:
+                raise ConfigError(f"routing policy {self.name!r}: risk_weights: {exc}") from None
+            object.__setattr__(self, "risk_weights", weights)
         for key in ("a", "b", "c", "d"):
             if not getattr(self, key) >= 0:  # seed 002: a, b, c, d >= 0
                 raise ConfigError(f"routing policy {self.name!r}: {key} must be >= 0")
@@ -68,6 +74,10 @@ def _factory(name: str, coeffs: tuple[float, float, float, float]) -> Callable[.
     def build(**overrides: Any) -> Policy:
         # Overrides (tau0, tau_min, tau_max, risk_weights, or a coefficient) keep every
         # "our choice" value a config parameter.
+        allowed = {f.name for f in fields(Policy)} - {"name"}
+        unknown = set(overrides) - allowed
+        if unknown:
+            raise ConfigError(f"routing policy {name!r}: unknown option(s) {sorted(unknown)}")
         return replace(Policy(name, a, b, c, d), **overrides)
 
     return build
@@ -104,17 +114,17 @@ def _threshold(
 
 
 def exit_threshold(
-    p: Tensor, exit: int, num_exits: int, policy: Policy | str, client_score: Tensor | float = 0.0
+    p: Tensor, e: int, num_exits: int, policy: Policy | str, client_score: Tensor | float = 0.0
 ) -> Tensor:
-    """τ_{k,e} ``[N]`` at one exit ``e`` (1-based) from its probabilities ``[N, C]``.
+    """τ_{k,e} ``[N]`` at exit ``e`` (1-based) from its probabilities ``[N, C]``.
 
     For inference that stops computing once a sample has exited; :func:`thresholds` is the
     same formula for all exits at once. ``client_score`` is S_k (a float, or ``[N]`` when a
     batch pools several clients' samples).
     """
-    if not 1 <= exit <= num_exits:
-        raise ValueError(f"exit must be in 1..{num_exits}, got {exit}")
-    return _threshold(p, exit / num_exits, resolve_policy(policy), client_score)
+    if not 1 <= e <= num_exits:
+        raise ValueError(f"exit e must be in 1..{num_exits}, got {e}")
+    return _threshold(p, e / num_exits, resolve_policy(policy), client_score)
 
 
 def thresholds(

@@ -191,7 +191,9 @@ class Simulator:
         from fedshield.sim.context import Payload
 
         trainer = LocalSGD(self.comp.client.spec)
-        g = ClientContext(-1, ctx.round, make_generator(self.cfg.seed, ctx.round, _ROOT), self.device)
+        g = ClientContext(
+            -1, ctx.round, make_generator(self.cfg.seed, ctx.round, _ROOT), self.device
+        )
         torch.manual_seed(derive_seed(self.cfg.seed, ctx.round, _ROOT, _TORCH))
         return trainer.local_update(self.model, Payload(params, buffers), self.exp.root, g, {})
 
@@ -217,7 +219,9 @@ class Simulator:
             is_byz = k in byz
             if is_byz and skip_training:  # the attack overwrites this row; no need to train
                 updates.append(
-                    ClientUpdate(k, torch.zeros_like(st.params), len(self.exp.clients[k]), st.buffers)
+                    ClientUpdate(
+                        k, torch.zeros_like(st.params), len(self.exp.clients[k]), st.buffers
+                    )
                 )
                 continue
             state = st.client_states.setdefault(k, self.comp.client.init_state(st.params.numel()))
@@ -261,7 +265,9 @@ class Simulator:
         if getattr(self.comp.aggregator, "handles_nonfinite", False):
             ok = [u for u in updates if u.delta.shape == (d,)]
         else:
-            ok = [u for u in updates if u.delta.shape == (d,) and bool(torch.isfinite(u.delta).all())]
+            ok = [
+                u for u in updates if u.delta.shape == (d,) and bool(torch.isfinite(u.delta).all())
+            ]
         for u in updates:
             if u not in ok:
                 log.warning("rejected update of client %d (non-finite or wrong shape)", u.client_id)

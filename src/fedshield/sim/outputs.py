@@ -64,7 +64,19 @@ def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
     for key in ("rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target"):
         if key in summary:
             val = summary[key]
-            lines.append(f"- **{key}**: {val:.4f}" if isinstance(val, float) else f"- **{key}**: {val}")
-    lines += ["", "![accuracy](test_acc.png)", "", "## Config", "", "```toml", config_text, "```", ""]
+            lines.append(
+                f"- **{key}**: {val:.4f}" if isinstance(val, float) else f"- **{key}**: {val}"
+            )
+    lines += [
+        "",
+        "![accuracy](test_acc.png)",
+        "",
+        "## Config",
+        "",
+        "```toml",
+        config_text,
+        "```",
+        "",
+    ]
     atomic_write_text(out / "report.md", "\n".join(lines))
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")

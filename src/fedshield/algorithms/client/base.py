@@ -50,7 +50,9 @@ class ClientContext:
     amp: bool = False
 
 
-def batch_indices(n: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+def batch_indices(
+    n: int, batch_size: int, steps: int, generator: torch.Generator
+) -> Iterator[Tensor]:
     """``steps`` mini-batches drawn epoch by epoch from fresh permutations (last one partial)."""
     done = 0
     while done < steps:

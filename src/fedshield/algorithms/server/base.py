@@ -45,7 +45,9 @@ def client_weights(updates: list[ClientUpdate], weighting: str, like: Tensor) ->
     """Sample-count weights (``samples``) or ``None`` for the uniform 1/S form."""
     if weighting == "uniform":
         return None
-    return torch.tensor([float(u.num_examples) for u in updates], device=like.device, dtype=like.dtype)
+    return torch.tensor(
+        [float(u.num_examples) for u in updates], device=like.device, dtype=like.dtype
+    )
 
 
 def mean_buffers(updates: list[ClientUpdate], weights: Tensor | None) -> Tensor:
@@ -83,7 +85,9 @@ class ServerAlgorithm:
     def init_state(self, params: Tensor) -> State:
         return {}
 
-    def broadcast(self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext) -> Payload:
+    def broadcast(
+        self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
+    ) -> Payload:
         return Payload(params=params, buffers=buffers)
 
     def update(
@@ -97,7 +101,9 @@ class ServerAlgorithm:
     ) -> ServerStep:
         raise NotImplementedError
 
-    def post_step(self, step: ServerStep, ctx: RoundContext, services: ServerServices) -> ServerStep:
+    def post_step(
+        self, step: ServerStep, ctx: RoundContext, services: ServerServices
+    ) -> ServerStep:
         """A server step after aggregation (FedCART's classifier re-training); default none."""
         return step
 

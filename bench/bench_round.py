@@ -1,0 +1,85 @@
+"""One FL round (S clients × U local steps) in the simulator vs a plain torch loop doing the
+same S·U SGD steps on the same model, data and batch size. Prints the time ratio
+(goal ≤ 1.10: the simulator should add almost nothing to the training cost).
+
+    python bench/bench_round.py [--clients 10] [--steps 20] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from fedshield import config
+from fedshield.sim.builder import build
+from fedshield.sim.engine import Simulator
+
+
+def plain_loop(model, clients, steps, batch_size, lr, seed):
+    """What a hand-written FedAvg round costs at minimum: S·U SGD steps + a mean."""
+    g = torch.Generator().manual_seed(seed)
+    start = [p.detach().clone() for p in model.parameters()]
+    acc = [torch.zeros_like(p) for p in start]
+    for data in clients:
+        with torch.no_grad():
+            for p, s in zip(model.parameters(), start):
+                p.copy_(s)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        for _ in range(steps):
+            idx = torch.randint(len(data), (batch_size,), generator=g)
+            x, y = data.batch(idx)
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        with torch.no_grad():
+            for a, p, s in zip(acc, model.parameters(), start):
+                a += p - s
+    with torch.no_grad():
+        for p, s, a in zip(model.parameters(), start, acc):
+            p.copy_(s + a / len(clients))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", default="cnn_small")
+    args = ap.parse_args()
+    cfg = config.load(
+        preset="demo",
+        overrides=[
+            f"server.clients_per_round={args.clients}",
+            f"data.num_clients={args.clients}",
+            f"client.local_steps={args.steps}",
+            f"model.name={args.model}",
+            "eval.every=1000",
+            "rounds=1000",
+        ],
+    )
+    exp = build(cfg)
+    sim = Simulator(exp)
+    cohort_data = exp.clients
+    sim_times, plain_times = [], []
+    for r in range(args.repeats + 1):  # first pair is warm-up
+        t0 = time.perf_counter()
+        sim.run_round(r + 1)
+        t1 = time.perf_counter()
+        plain_loop(exp.model, cohort_data, args.steps, cfg.client.batch_size, cfg.client.lr, r)
+        t2 = time.perf_counter()
+        if r:
+            sim_times.append(t1 - t0)
+            plain_times.append(t2 - t1)
+    s, p = statistics.median(sim_times), statistics.median(plain_times)
+    print(f"threads={torch.get_num_threads()} S={args.clients} U={args.steps} model={args.model}")
+    print(f"simulator round : {s * 1000:8.1f} ms (median of {args.repeats})")
+    print(f"plain torch loop: {p * 1000:8.1f} ms")
+    print(f"ratio simulator/plain = {s / p:.3f}  (goal <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()

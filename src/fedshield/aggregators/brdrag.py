@@ -1,0 +1,96 @@
+"""BR-DRAG: DRAG with a trusted root-data reference, for Byzantine resilience (SPEC §3).
+
+r^t is the server's own update on the vetted root dataset (eqs. 12–13, computed by the
+server algorithm). Every selected update, benign or not, is calibrated and averaged:
+
+* λ_m = c (1 − cos(g_m, r)) ∈ [0, 2c]
+* eq. 15: v_m = (1 − λ_m) (‖r‖/‖g_m‖) g_m + λ_m r   — every v_m is rescaled to ‖r‖'s scale
+* Δ = (1/S) Σ_m v_m   (uniform on purpose: under attack, self-reported sample counts are
+  untrusted, so ``weights`` is ignored)
+
+Our choices (SPEC §3): a row with a NaN/Inf entry (or whose norm overflows) is replaced by r
+before calibration and counted in ``agg/nonfinite``; an all-zero row carries no direction
+and is replaced by r as well (counted in ``agg/zero_rows``). A replaced row has cos = 1,
+λ = 0 and v = r. With ‖r‖ = 0 eq. 15 gives v = 0 for every row, hence Δ = 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedshield.aggregators._ops import (
+    RefGeometry,
+    check_float,
+    check_reference,
+    combine_rows,
+    masked_stat,
+    ref_geometry,
+    rho_ratios,
+    safe_div,
+)
+from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, check_updates
+
+
+def _brdrag_coefficients(
+    x: Tensor, r: Tensor, c: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, RefGeometry]:
+    """Per row: (λ, cos, coefficient of g, coefficient of r, replaced mask, geometry)."""
+    geo = ref_geometry(x, r)
+    replaced = geo.nonfinite | (geo.norms == 0)
+    cos = torch.where(replaced, 1.0, geo.cos)
+    lam = c * (1.0 - cos)
+    keep = ~replaced
+    coef_g = (1.0 - lam) * safe_div(geo.ref_norm.expand_as(lam), geo.norms, keep)
+    coef_r = torch.where(replaced, 1.0, lam)
+    return lam, cos, coef_g, coef_r, replaced, geo
+
+
+def brdrag_calibrate(
+    updates: Tensor, reference: Tensor, c: float = 0.5
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Calibrate each update onto the trusted reference's scale (SPEC §3 eq. 15).
+
+    ``updates`` is ``[S, d]`` (or one ``[d]`` update); returns ``(v, λ, cos)``. Non-finite
+    and all-zero rows come back as v = r (cos = 1, λ = 0). Inputs are not modified.
+    """
+    single = updates.dim() == 1
+    x = updates.unsqueeze(0) if single else updates
+    c = check_float("brdrag_calibrate", "c", c)
+    r = check_reference("brdrag_calibrate", reference, x)
+    lam, cos, coef_g, coef_r, replaced, _ = _brdrag_coefficients(x, r, c)
+    # torch.where (not a 0 coefficient) so that NaN/Inf in a replaced row cannot leak into v.
+    v = torch.where(replaced[:, None], r, coef_g[:, None] * x + coef_r[:, None] * r)
+    return (v[0], lam[0], cos[0]) if single else (v, lam, cos)
+
+
+@AGGREGATORS.register("brdrag")
+class BrDrag(Aggregator):
+    """BR-DRAG (SPEC §3 eq. 15): rescale every update to ‖r‖ and pull it towards r."""
+
+    needs_reference = True
+    #: The engine may pass NaN/Inf rows through: this rule replaces them by r itself.
+    handles_nonfinite = True
+
+    def __init__(self, c: float = 0.5) -> None:
+        self.c = check_float("brdrag", "c", c)
+
+    def aggregate(
+        self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
+    ) -> tuple[Tensor, Diagnostics]:
+        check_updates(updates, weights)  # shape checks only: the mean is uniform (eq. 15)
+        r = check_reference("brdrag", reference, updates)
+        s = updates.shape[0]
+        lam, cos, coef_g, coef_r, replaced, geo = _brdrag_coefficients(updates, r, self.c)
+        out = combine_rows(coef_g / s, updates, skip=geo.nonfinite) + (coef_r.sum() / s) * r
+        rho, has_norm = rho_ratios(geo)
+        kept = ~replaced
+        diag = {
+            "agg/mean_lambda": float(lam.mean()),
+            "agg/mean_cos": masked_stat(cos, kept & geo.defined, "mean"),
+            "agg/rho_min": masked_stat(rho, has_norm, "min"),
+            "agg/rho_max": masked_stat(rho, has_norm, "max"),
+            "agg/nonfinite": float(geo.nonfinite.sum()),
+            "agg/zero_rows": float((replaced & ~geo.nonfinite).sum()),
+        }
+        return out, diag

@@ -1,0 +1,82 @@
+"""DRAG: divergence-based adaptive aggregation against client drift (SPEC §2, seed 000 §III).
+
+Given the server's reference direction r^t (the momentum of past calibrated updates, kept by
+the server algorithm, not here), every update is pulled towards r by its degree of
+divergence (DoD):
+
+* eq. 10: λ_m = c · (1 − cos(g_m, r)) ∈ [0, 2c]
+* eq. 11: v_m = (1 − λ_m) g_m + λ_m (‖g_m‖ / ‖r‖) r
+* Δ = Σ_m w_m v_m — the paper's (1/S) Σ_m v_m when ``weights`` is None (our choice: honour
+  the caller's weights when given, as FedAvg does; pass None to reproduce the paper).
+
+Zero-norm guard (SPEC §2): if ‖r‖ = 0 or ‖g_m‖ = 0 then v_m = g_m (λ_m is taken as 0).
+The aggregate never materialises v: Δ = Σ_m w_m (1 − λ_m) g_m + (Σ_m w_m λ_m ‖g_m‖/‖r‖) r,
+one norm pass, one GEMV for ⟨g_m, r⟩ and one GEMV for the sum.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from fedshield.aggregators._ops import (
+    RefGeometry,
+    check_float,
+    check_reference,
+    masked_stat,
+    ref_geometry,
+    rho_ratios,
+    safe_div,
+)
+from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, check_updates
+
+
+def _drag_coefficients(x: Tensor, r: Tensor, c: float) -> tuple[Tensor, Tensor, RefGeometry]:
+    """(λ [S], coefficient of r [S], geometry) of eq. 10–11 for every row."""
+    geo = ref_geometry(x, r)
+    lam = torch.where(geo.defined, c * (1.0 - geo.cos), 0.0)
+    coef_r = safe_div(lam * geo.norms, geo.ref_norm.expand_as(lam), geo.defined)
+    return lam, coef_r, geo
+
+
+def drag_calibrate(
+    updates: Tensor, reference: Tensor, c: float = 0.5
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Calibrate each update towards ``reference`` (SPEC §2 eq. 10–11).
+
+    ``updates`` is ``[S, d]`` (or one ``[d]`` update, as a Flower client holds); returns
+    ``(v, λ, cos)`` with the leading dimension of the input. Pure: inputs are not modified.
+    """
+    single = updates.dim() == 1
+    x = updates.unsqueeze(0) if single else updates
+    c = check_float("drag_calibrate", "c", c)
+    r = check_reference("drag_calibrate", reference, x)
+    lam, coef_r, geo = _drag_coefficients(x, r, c)
+    v = (1.0 - lam)[:, None] * x + coef_r[:, None] * r
+    return (v[0], lam[0], geo.cos[0]) if single else (v, lam, geo.cos)
+
+
+@AGGREGATORS.register("drag")
+class Drag(Aggregator):
+    """DRAG (SPEC §2 eq. 10–11): pull every update towards the reference by its DoD."""
+
+    needs_reference = True
+
+    def __init__(self, c: float = 0.5) -> None:
+        self.c = check_float("drag", "c", c)
+
+    def aggregate(
+        self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
+    ) -> tuple[Tensor, Diagnostics]:
+        w = check_updates(updates, weights)
+        r = check_reference("drag", reference, updates)
+        lam, coef_r, geo = _drag_coefficients(updates, r, self.c)
+        out = (w * (1.0 - lam)) @ updates + (w * coef_r).sum() * r
+        rho, has_norm = rho_ratios(geo)
+        diag = {
+            "agg/mean_lambda": float(lam.mean()),
+            "agg/mean_cos": masked_stat(geo.cos, geo.defined, "mean"),
+            "agg/rho_min": masked_stat(rho, has_norm, "min"),
+            "agg/rho_max": masked_stat(rho, has_norm, "max"),
+        }
+        return out, diag

@@ -1,0 +1,435 @@
+"""Aggregation rules (SPEC §1–§5): worked examples, the registry contract, config errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fedshield.aggregators as agg
+from fedshield.errors import ConfigError
+from fedshield.registry import RegistryError
+
+ALL = agg.names()
+#: Hyper-parameters that make every rule non-trivial on S = 9 rows.
+KWARGS: dict[str, dict[str, object]] = {
+    "krum": {"f": 2},
+    "multikrum": {"f": 2},
+    "trimmed_mean": {"f": 2},
+    "centered_clipping": {"tau": 2.0, "iters": 3},
+}
+ROBUST = [
+    "brdrag",
+    "centered_clipping",
+    "fltrust",
+    "geomed",
+    "krum",
+    "median",
+    "multikrum",
+    "raga",
+    "rfa",
+    "trimmed_mean",
+]
+S, D = 9, 17
+
+
+def make(name: str, **over: object) -> agg.Aggregator:
+    return agg.build(name, **{**KWARGS.get(name, {}), **over})
+
+
+def data(dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(S, D, generator=gen) + 0.5).to(dtype)
+    w = torch.rand(S, generator=gen).add(0.5).to(dtype)
+    r = (torch.randn(D, generator=gen) + 0.5).to(dtype)
+    return x, w, r
+
+
+def run(name: str, x: torch.Tensor, w: torch.Tensor | None, r: torch.Tensor) -> torch.Tensor:
+    rule = make(name)
+    return rule(x, w, reference=r if rule.needs_reference else None)
+
+
+# -- registry and configuration -----------------------------------------------------------
+def test_registry_lists_every_rule() -> None:
+    expected = {
+        "mean", "drag", "brdrag", "fltrust", "geomed", "rfa", "raga", "krum", "multikrum",
+        "median", "trimmed_mean", "centered_clipping",
+    }  # fmt: skip
+    assert set(ALL) == expected
+    assert agg.AGGREGATORS.names() == ALL
+    assert agg.build("krum", f=2)(torch.randn(10, 4)).shape == (4,)
+
+
+def test_unknown_name_lists_known_names() -> None:
+    with pytest.raises(RegistryError) as err:
+        agg.build("krumm")
+    assert "krum" in str(err.value) and "trimmed_mean" in str(err.value)
+
+
+def test_unknown_parameter_lists_accepted() -> None:
+    with pytest.raises(ConfigError, match="accepted: f, m"):
+        agg.build("multikrum", k=3)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "s"),
+    [
+        ("krum", {"f": 2}, 5),
+        ("krum", {"f": 2}, 6),
+        ("multikrum", {"f": 1}, 4),
+        ("trimmed_mean", {"f": 3}, 6),
+    ],
+)
+def test_validate_rejects_impossible_f(name: str, kwargs: dict, s: int) -> None:
+    rule = agg.build(name, **kwargs)
+    with pytest.raises(ConfigError) as err:
+        rule.validate(s)
+    msg = str(err.value)
+    assert f"f={kwargs['f']}" in msg and f"S={s}" in msg and name in msg
+    with pytest.raises(ConfigError):  # aggregate checks too, before any topk/sort fails
+        rule(torch.randn(s, 3))
+
+
+def test_validate_accepts_feasible_settings() -> None:
+    agg.build("krum", f=2).validate(7)
+    agg.build("trimmed_mean", f=2).validate(5)
+    agg.build("multikrum", f=1, m=5).validate(5)
+    with pytest.raises(ConfigError, match="m=6"):
+        agg.build("multikrum", f=1, m=6).validate(5)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "param"),
+    [
+        ("krum", {"f": -1}, "f"),
+        ("krum", {"f": 1.5}, "f"),
+        ("trimmed_mean", {"f": True}, "f"),
+        ("multikrum", {"m": 0}, "m"),
+        ("drag", {"c": -0.1}, "c"),
+        ("brdrag", {"c": float("nan")}, "c"),
+        ("centered_clipping", {"tau": 0.0}, "tau"),
+        ("centered_clipping", {"iters": 0}, "iters"),
+        ("geomed", {"nu": 0.0}, "nu"),
+        ("rfa", {"init": "median"}, "init"),
+    ],
+)
+def test_bad_hyper_parameters(name: str, kwargs: dict, param: str) -> None:
+    with pytest.raises(ConfigError, match=param):
+        agg.build(name, **kwargs)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if agg.AGGREGATORS.get(n).needs_reference])
+def test_reference_rules_need_reference(name: str) -> None:
+    x, _, r = data()
+    with pytest.raises(ValueError, match="reference"):
+        make(name)(x)
+    with pytest.raises(ValueError, match="reference"):
+        make(name)(x, reference=r[:-1])
+
+
+def test_bad_shapes() -> None:
+    with pytest.raises(ValueError, match=r"\[S, d\]"):
+        agg.build("mean")(torch.randn(5))
+    with pytest.raises(ValueError, match="weights"):
+        agg.build("mean")(torch.randn(5, 2), torch.ones(4))
+
+
+# -- conformance, over the whole registry --------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ALL)
+def test_shape_dtype_device_and_inputs_untouched(name: str, dtype: torch.dtype) -> None:
+    x, w, r = data(dtype)
+    before = (x.clone(), w.clone(), r.clone())
+    rule = make(name)
+    out, diag = rule.aggregate(x, w, reference=r if rule.needs_reference else None)
+    assert out.shape == (D,) and out.dtype == dtype and out.device == x.device
+    assert torch.isfinite(out).all()
+    assert all(isinstance(k, str) and isinstance(v, float) for k, v in diag.items())
+    for a, b in zip((x, w, r), before):
+        assert torch.equal(a, b)
+    out[:] = 0.0  # the result never aliases the input (Krum returns a row: a copy)
+    assert torch.equal(x, before[0])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_permutation_invariant(name: str) -> None:
+    x, w, r = data(torch.float64)
+    perm = torch.randperm(S, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(run(name, x[perm], w[perm], r), run(name, x, w, r))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_weights_only_matter_relatively(name: str) -> None:
+    x, w, r = data(torch.float64)
+    torch.testing.assert_close(run(name, x, 7.5 * w, r), run(name, x, w, r))
+
+
+@pytest.mark.parametrize("name", ROBUST)
+def test_bounded_under_one_huge_outlier(name: str) -> None:
+    x, _, r = data()
+    honest = float(x.norm(dim=1).max())
+    for scale in (1e6, -1e6):
+        bad = x.clone()
+        bad[3] = scale * torch.ones(D)
+        out = run(name, bad, None, r)
+        assert torch.isfinite(out).all()
+        assert float(out.norm()) < 3 * max(honest, float(r.norm())), name
+
+
+def test_mean_is_sample_weighted_fedavg() -> None:
+    x, w, _ = data(torch.float64)
+    torch.testing.assert_close(agg.build("mean")(x), x.mean(0))
+    torch.testing.assert_close(agg.build("mean")(x, w), (w[:, None] * x).sum(0) / w.sum())
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("trimmed_mean", {"f": 0}),
+        ("multikrum", {"f": 0, "m": S}),
+        ("centered_clipping", {"tau": 1e9}),
+        ("drag", {"c": 0.0}),
+    ],
+)
+def test_degenerate_settings_reduce_to_mean(name: str, kwargs: dict) -> None:
+    x, w, r = data(torch.float64)
+    rule = agg.build(name, **kwargs)
+    ref = r if rule.needs_reference else None
+    torch.testing.assert_close(rule(x, reference=ref), x.mean(0))
+
+
+def test_every_rule_returns_the_point_when_all_rows_agree() -> None:
+    row = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    x = row.repeat(S, 1)
+    for name in ALL:
+        # brdrag/fltrust rescale to ‖r‖, so give them r = row; the others ignore it.
+        torch.testing.assert_close(run(name, x, None, row), row, msg=name)
+
+
+# -- DRAG (SPEC §2 eq. 10–11) --------------------------------------------------------------
+def test_drag_hand_examples() -> None:
+    r = torch.tensor([0.0, 2.0])
+    x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 3.0]])
+    # row 0: cos 0, λ = c = 0.5: v = 0.5 (1,0) + 0.5 (1/2) (0,2) = (0.5, 0.5)
+    # row 1: cos 0 as well → (−0.5, 0.5);  row 2: parallel, cos 1, λ 0: v = g
+    v, lam, cos = agg.drag_calibrate(x, r, c=0.5)
+    torch.testing.assert_close(cos, torch.tensor([0.0, 0.0, 1.0]))
+    torch.testing.assert_close(lam, torch.tensor([0.5, 0.5, 0.0]))
+    torch.testing.assert_close(v, torch.tensor([[0.5, 0.5], [-0.5, 0.5], [0.0, 3.0]]))
+    # opposite to r with c = 0.5: λ = 2c = 1, v = ‖g‖ r/‖r‖ — fully turned onto r
+    v1, lam1, _ = agg.drag_calibrate(torch.tensor([-4.0, 0.0]), torch.tensor([1.0, 0.0]))
+    torch.testing.assert_close(v1, torch.tensor([4.0, 0.0]))
+    assert float(lam1) == pytest.approx(1.0)
+    out, diag = agg.build("drag", c=0.5).aggregate(x, reference=r)
+    torch.testing.assert_close(out, v.mean(0))
+    assert diag["agg/mean_lambda"] == pytest.approx(1.0 / 3)
+    assert diag["agg/mean_cos"] == pytest.approx(1.0 / 3)
+    assert diag["agg/rho_min"] == pytest.approx(2.0 / 3) and diag["agg/rho_max"] == 2.0
+
+
+@pytest.mark.parametrize("c", [0.0, 0.3, 0.5, 1.0])
+def test_drag_lambda_range_and_aggregate_is_mean_of_calibrated(c: float) -> None:
+    x, w, r = data(torch.float64)
+    x[0] = -x[0]  # make sure some cosines are negative
+    v, lam, cos = agg.drag_calibrate(x, r, c=c)
+    assert (lam >= 0).all() and (lam <= 2 * c + 1e-12).all()
+    torch.testing.assert_close(lam, c * (1 - cos))
+    torch.testing.assert_close(agg.build("drag", c=c)(x, reference=r), v.mean(0))
+    torch.testing.assert_close(
+        agg.build("drag", c=c)(x, w, reference=r), (w[:, None] * v).sum(0) / w.sum()
+    )
+
+
+def test_drag_parallel_update_is_unchanged() -> None:
+    r = torch.tensor([1.0, 2.0, -1.0])
+    g = torch.stack([3.0 * r, 0.1 * r])
+    v, lam, _ = agg.drag_calibrate(g, r, c=0.9)
+    torch.testing.assert_close(v, g)
+    torch.testing.assert_close(lam, torch.zeros(2))
+
+
+def test_drag_zero_norm_guards() -> None:
+    x, _, r = data()
+    v, lam, _ = agg.drag_calibrate(x, torch.zeros(D), c=0.5)
+    assert torch.equal(v, x) and torch.equal(lam, torch.zeros(S))
+    out, diag = agg.build("drag").aggregate(x, reference=torch.zeros(D))
+    torch.testing.assert_close(out, x.mean(0))
+    assert diag["agg/rho_max"] == 0.0 and math.isnan(diag["agg/mean_cos"])
+    x0 = x.clone()
+    x0[2] = 0.0
+    v0, lam0, _ = agg.drag_calibrate(x0, r)
+    assert torch.equal(v0[2], torch.zeros(D)) and float(lam0[2]) == 0.0
+
+
+def test_drag_calibrate_single_update() -> None:
+    x, _, r = data()
+    v, lam, cos = agg.drag_calibrate(x[4], r)
+    vs, lams, coss = agg.drag_calibrate(x, r)
+    assert v.shape == (D,) and lam.shape == () and cos.shape == ()
+    torch.testing.assert_close(v, vs[4])
+
+
+# -- BR-DRAG (SPEC §3 eq. 15) --------------------------------------------------------------
+def test_brdrag_hand_examples() -> None:
+    r = torch.tensor([0.0, 1.0])
+    x = torch.tensor([[3.0, 0.0], [-2.0, 0.0], [0.0, 5.0], [0.0, -1.0]])
+    v, lam, cos = agg.brdrag_calibrate(x, r, c=0.5)
+    # row 0: cos 0, λ 0.5 → 0.5·(1/3)(3,0) + 0.5 (0,1) = (0.5, 0.5)
+    # row 2: parallel → v = r;  row 3: opposite, λ = 1 → v = r
+    torch.testing.assert_close(lam, torch.tensor([0.5, 0.5, 0.0, 1.0]))
+    torch.testing.assert_close(v, torch.tensor([[0.5, 0.5], [-0.5, 0.5], [0.0, 1.0], [0.0, 1.0]]))
+    out, diag = agg.build("brdrag").aggregate(x, reference=r)
+    torch.testing.assert_close(out, v.mean(0))
+    assert diag["agg/rho_min"] == pytest.approx(0.2) and diag["agg/rho_max"] == 1.0
+
+
+def test_brdrag_rows_have_reference_norm_when_lambda_is_zero() -> None:
+    x, _, r = data(torch.float64)
+    v, lam, _ = agg.brdrag_calibrate(x, r, c=0.0)
+    assert torch.equal(lam, torch.zeros(S, dtype=torch.float64))
+    torch.testing.assert_close(v.norm(dim=1), r.norm().expand(S))
+    v1, _, _ = agg.brdrag_calibrate(torch.stack([2.0 * r, 0.01 * r]), r, c=0.7)
+    torch.testing.assert_close(v1, torch.stack([r, r]))
+
+
+def test_brdrag_weights_are_ignored_and_norm_is_bounded() -> None:
+    x, w, r = data(torch.float64)
+    rule = agg.build("brdrag", c=0.5)
+    torch.testing.assert_close(rule(x, w, reference=r), rule(x, reference=r))
+    v, _, _ = agg.brdrag_calibrate(1e6 * x, r)
+    assert (v.norm(dim=1) <= r.norm() * (1 + 1e-9)).all()  # c ≤ 1/2 ⇒ ‖v‖ ≤ ‖r‖
+
+
+def test_brdrag_replaces_nonfinite_and_zero_rows_by_reference() -> None:
+    x, _, r = data(torch.float64)
+    bad = x.clone()
+    bad[1, 3] = float("nan")
+    bad[4, 0] = float("inf")
+    bad[6] = 0.0
+    clean = x.clone()
+    clean[1] = clean[4] = clean[6] = r
+    out, diag = agg.build("brdrag").aggregate(bad, reference=r)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, agg.build("brdrag")(clean, reference=r))
+    assert diag["agg/nonfinite"] == 2.0 and diag["agg/zero_rows"] == 1.0
+    v, lam, cos = agg.brdrag_calibrate(bad, r)
+    assert torch.isfinite(v).all() and torch.equal(v[1], r) and torch.equal(v[6], r)
+    assert float(lam[4]) == 0.0 and float(cos[4]) == 1.0
+    assert agg.AGGREGATORS.get("brdrag").handles_nonfinite
+
+
+def test_brdrag_zero_reference_gives_zero_update() -> None:
+    x, _, _ = data()
+    out = agg.build("brdrag")(x, reference=torch.zeros(D))
+    assert torch.equal(out, torch.zeros(D))
+
+
+# -- FLTrust (SPEC §5) ---------------------------------------------------------------------
+def test_fltrust_hand_example() -> None:
+    r = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    x = torch.tensor([[2.0, 0.0], [1.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
+    s2 = math.sqrt(0.5)
+    # TS = (1, 1/√2, 0);  ĝ = ((1,0), (1/√2)(1,1), ·)
+    expected = (torch.tensor([1.0, 0.0]) + s2 * s2 * torch.tensor([1.0, 1.0])) / (1 + s2)
+    out, diag = agg.build("fltrust").aggregate(x, reference=r)
+    torch.testing.assert_close(out, expected.double())
+    assert diag["agg/num_trusted"] == 2.0
+    assert diag["agg/mean_trust"] == pytest.approx((1 + s2) / 3)
+
+
+def test_fltrust_zero_when_every_cosine_is_negative() -> None:
+    x, _, r = data()
+    out = agg.build("fltrust")(-r.abs().expand(S, D) - x.abs(), reference=r.abs())
+    assert torch.equal(out, torch.zeros(D))
+
+
+def test_fltrust_ignores_nonfinite_rows() -> None:
+    x, _, r = data(torch.float64)
+    bad = x.clone()
+    bad[2, 5] = float("nan")
+    out, diag = agg.build("fltrust").aggregate(bad, reference=r)
+    keep = [i for i in range(S) if i != 2]
+    torch.testing.assert_close(out, agg.build("fltrust")(x[keep], reference=r))
+    assert diag["agg/nonfinite"] == 1.0
+
+
+# -- Krum / Multi-Krum, median, trimmed mean, centered clipping ----------------------------
+def line(values: list[float]) -> torch.Tensor:
+    """Points on the first axis of R^2."""
+    return torch.tensor([[v, 0.0] for v in values], dtype=torch.float64)
+
+
+def test_krum_hand_example() -> None:
+    x = line([0.0, 1.0, 2.0, 4.0, 100.0])  # f = 1: scores over the 2 nearest neighbours
+    # scores: 0→1+4=5, 1→1+1=2, 2→1+4=5, 4→4+9=13, 100→96²+98²
+    out, diag = agg.build("krum", f=1).aggregate(x)
+    torch.testing.assert_close(out, x[1])
+    assert diag["agg/selected"] == 1.0
+    torch.testing.assert_close(agg.build("multikrum", f=1, m=3)(x), x[:3].mean(0))
+    w = torch.tensor([1.0, 1.0, 2.0, 1.0, 1.0], dtype=torch.float64)
+    torch.testing.assert_close(agg.build("multikrum", f=1, m=3)(x, w), line([5.0 / 4])[0])
+
+
+def test_median_hand_examples() -> None:
+    x = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [100.0, -5.0]])
+    torch.testing.assert_close(agg.build("median")(x), torch.tensor([2.5, 15.0]))
+    torch.testing.assert_close(agg.build("median")(x[:3]), torch.tensor([2.0, 20.0]))
+
+
+def test_trimmed_mean_hand_example() -> None:
+    x = line([4.0, 100.0, 1.0, 3.0, -50.0])
+    torch.testing.assert_close(agg.build("trimmed_mean", f=1)(x), line([8.0 / 3])[0])
+    torch.testing.assert_close(agg.build("trimmed_mean", f=2)(x), line([3.0])[0])
+
+
+def test_centered_clipping_hand_example() -> None:
+    x = torch.tensor([[3.0, 0.0], [0.0, 0.5]], dtype=torch.float64)
+    rule = agg.build("centered_clipping", tau=1.0)
+    out, diag = rule.aggregate(x)  # centre 0: (3,0) clipped to (1,0)
+    torch.testing.assert_close(out, torch.tensor([0.5, 0.25], dtype=torch.float64))
+    assert diag["agg/clipped"] == 0.5
+    centre = torch.tensor([3.0, 0.0], dtype=torch.float64)
+    diff = x[1] - centre
+    expected = centre + 0.5 * diff / diff.norm()  # row 0 sits on the centre
+    torch.testing.assert_close(rule(x, reference=centre), expected)
+
+
+# -- geometric median (RFA / RAGA) ---------------------------------------------------------
+def objective(z: torch.Tensor, x: torch.Tensor, a: torch.Tensor) -> float:
+    return float((a * (x - z).norm(dim=1)).sum())
+
+
+def test_geomed_is_a_minimiser() -> None:
+    x, w, _ = data(torch.float64)
+    x[0] = 1e3  # an outlier the median must ignore
+    a = w / w.sum()
+    z = agg.build("rfa", tol=1e-12, max_iter=1000)(x, w)
+    gen = torch.Generator().manual_seed(3)
+    base = objective(z, x, a)
+    for _ in range(20):
+        step = 1e-3 * torch.randn(D, generator=gen, dtype=torch.float64)
+        assert objective(z + step, x, a) >= base - 1e-12
+    assert objective(z, x, a) < objective(x.mean(0), x, a)
+
+
+def test_geomed_collinear_example_and_stopping_rule() -> None:
+    x = line([0.0, 1.0, 10.0])  # the 1-D geometric median is the middle point
+    out, diag = agg.build("raga").aggregate(x)
+    torch.testing.assert_close(out, line([1.0])[0], atol=1e-4, rtol=0)
+    assert 1 <= diag["agg/iterations"] < 100
+    _, fixed = agg.build("raga", tol=0.0, max_iter=7).aggregate(x)
+    assert fixed["agg/iterations"] == 7.0
+
+
+def test_rfa_is_translation_equivariant_and_raga_ignores_weights() -> None:
+    x, w, _ = data(torch.float64)
+    theta = 1e3 * torch.randn(D, generator=torch.Generator().manual_seed(5), dtype=x.dtype)
+    rfa = agg.build("rfa")
+    torch.testing.assert_close(rfa(x + theta, w) - theta, rfa(x, w), atol=1e-9, rtol=0)
+    heavy = torch.ones(S, dtype=x.dtype)
+    heavy[0] = 1e3
+    assert float((rfa(x, heavy) - x[0]).norm()) < float((rfa(x) - x[0]).norm())
+    torch.testing.assert_close(agg.build("raga")(x, heavy), agg.build("raga")(x))
+    torch.testing.assert_close(agg.build("geomed")(x, w), rfa(x, w))
