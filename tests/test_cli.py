@@ -33,14 +33,15 @@ def test_malformed_toml(tmp_path, capsys):
 
 def test_unknown_key(tmp_path, capsys, small_cfg):
     small_cfg["server"]["aggregatr"] = "krum"
-    _one_line_error(capsys, ["run", _cfg_file(tmp_path, small_cfg)], "server.aggregatr: unknown key")
+    _one_line_error(
+        capsys, ["run", _cfg_file(tmp_path, small_cfg)], "server.aggregatr: unknown key"
+    )
 
 
 def test_missing_dataset_directory(tmp_path, capsys, small_cfg):
     small_cfg["data"].update(dataset="cifar10", root=str(tmp_path / "nowhere"))
     argv = ["run", _cfg_file(tmp_path, small_cfg), "--out", str(tmp_path / "o")]
     _one_line_error(capsys, argv, f"{tmp_path / 'nowhere' / 'cifar10'}")
-    assert "data.download = true" in capsys.readouterr().err or True
 
 
 def test_missing_dataset_message_names_switch(tmp_path, capsys, small_cfg):
@@ -67,7 +68,10 @@ def test_run_set_and_report(tmp_path, capsys, small_cfg):
     argv = ["run", cfg, "--set", "client.lr=0.02", "--set", "name=slow"]
     assert main([*argv, "--out", str(tmp_path / "b"), "-q"]) == 0
     assert "lr = 0.02" in (tmp_path / "b" / "config.toml").read_text()
-    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "r")]) == 0
+    assert (
+        main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "r")])
+        == 0
+    )
     table = (tmp_path / "r" / "comparison.md").read_text()
     assert "| t |" in table and "| slow |" in table
     assert (tmp_path / "r" / "accuracy.png").stat().st_size > 1000

@@ -19,7 +19,7 @@ def test_bundled_datasets(name, shape, n_train):
     assert b.input_shape == shape and b.num_classes == 10
     assert len(b.train) == n_train
     x, y = b.train.batch(torch.arange(8))
-    assert x.dtype == torch.float32 and 0 <= x.min() and x.max() <= 1 and y.dtype == torch.int64
+    assert x.dtype == torch.float32 and x.min() >= 0 and x.max() <= 1 and y.dtype == torch.int64
     assert set(b.test.y.tolist()) == set(range(10))
 
 
@@ -91,7 +91,9 @@ def test_imagefolder(tmp_path):
     assert b.train.y.tolist() == [0, 0, 1, 1]
 
 
-@pytest.mark.parametrize("name", ["mnist", "fmnist", "emnist-balanced", "cifar10", "cifar100", "svhn"])
+@pytest.mark.parametrize(
+    "name", ["mnist", "fmnist", "emnist-balanced", "cifar10", "cifar100", "svhn"]
+)
 def test_missing_files_name_directory_and_switch(tmp_path, name):
     with pytest.raises(DataError, match=f"{tmp_path / name}.*data.download = true"):
         load_dataset(name, str(tmp_path), False, {})
