@@ -15,6 +15,7 @@ given the count our tolerance-based stopping rule used (same ν), i.e. the same 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,18 @@ def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times), out
+
+
+def paired_times(fns: list[Callable[[], Any]], repeats: int) -> list[float]:
+    """Best time of each function, calls interleaved so that load from other processes on
+    a shared machine hits every contender alike."""
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
 
 
 def our_kwargs(name: str, f: int, s: int) -> dict[str, Any]:
@@ -99,6 +112,13 @@ def flower_rule(name: str, f: int, s: int) -> Callable[[np.ndarray], Any] | None
     return None
 
 
+def version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "n/a"
+
+
 def fmt_ms(t: float | None) -> str:
     return "-" if t is None else f"{t * 1e3:9.1f}"
 
@@ -114,9 +134,12 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=None, help="d (overrides --quick)")
     ap.add_argument("--byzantine", type=int, default=8, help="f for krum/multikrum/trimmed")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--no-flower", action="store_true", help="skip Flower (slow numpy Krum)")
     ap.add_argument("--only", nargs="*", default=None, help="subset of aggregator names")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     s, f = args.clients, args.byzantine
     d = args.dim or (10**5 if args.quick else 10**6)
 
@@ -128,12 +151,13 @@ def main() -> None:
     xn = x.numpy()
 
     print(
-        f"# fedshield aggregators vs ByzFL {getattr(byzfl, '__version__', 'n/a')} / Flower: "
+        f"# fedshield aggregators vs ByzFL {version('byzfl')} / Flower {version('flwr')}: "
         f"S={s}, d={d}, float32, CPU, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, best of {args.repeats}; f={f}"
     )
     floor, _ = best_time(lambda: x.sum(0), args.repeats)
-    print(f"# floor: updates.sum(0) = {floor * 1e3:.1f} ms (one pass over the matrix)")
+    print(f"# floor: updates.sum(0) = {floor * 1e3:.1f} ms (one pass over the matrix; timed")
+    print("# again next to every rule, ours/floor uses that)")
     header = (
         f"{'rule':18s} {'ours ms':>9s} {'byzfl ms':>9s} {'ours/byzfl':>10s} "
         f"{'ours/floor':>10s} {'flower ms':>9s} {'max|diff|':>10s}"
@@ -143,14 +167,16 @@ def main() -> None:
     for name in args.only or agg.names():
         rule = agg.build(name, **our_kwargs(name, f, s))
         ref = reference if rule.needs_reference else None
-        ours_t, (ours_out, diag) = best_time(
-            lambda r=rule, rf=ref: r.aggregate(x, None, reference=rf), args.repeats
-        )
+
+        def ours(r: agg.Aggregator = rule, rf: torch.Tensor | None = ref) -> Any:
+            return r.aggregate(x, None, reference=rf)
+
+        ours_out, diag = ours()  # warm-up, and the value to compare
         theirs_t, diff, note = None, None, ""
         theirs = byzfl_rule(name, f, diag)
         if theirs is not None:
             try:
-                theirs_t, theirs_out = best_time(lambda t=theirs: t(x), args.repeats)
+                theirs_out = theirs(x)  # warm-up
                 if name in ("geomed", "rfa", "raga"):
                     iters = int(diag["agg/iterations"])
                     same = agg.build(name, max_iter=iters, tol=0.0, init="zeros")
@@ -158,6 +184,14 @@ def main() -> None:
                 diff = float((ours_out - theirs_out).abs().max())
             except Exception as err:  # e.g. torch.quantile's input size limit
                 note = f"  byzfl failed: {type(err).__name__}: {str(err)[:60]}"
+                theirs = None
+        fns: list[Callable[[], Any]] = [ours, lambda: x.sum(0)]
+        if theirs is not None:
+            fns.append(lambda t=theirs: t(x))
+        times = paired_times(fns, args.repeats)
+        ours_t, floor = times[0], times[1]
+        if theirs is not None:
+            theirs_t = times[2]
         fl_t = None
         fl = None if args.no_flower else flower_rule(name, f, s)
         if fl is not None:

@@ -433,3 +433,12 @@ def test_rfa_is_translation_equivariant_and_raga_ignores_weights() -> None:
     assert float((rfa(x, heavy) - x[0]).norm()) < float((rfa(x) - x[0]).norm())
     torch.testing.assert_close(agg.build("raga")(x, heavy), agg.build("raga")(x))
     torch.testing.assert_close(agg.build("geomed")(x, w), rfa(x, w))
+
+
+def test_median_with_ties_matches_the_sorted_definition() -> None:
+    gen = torch.Generator().manual_seed(7)
+    for s in (2, 4, 7, 10):
+        x = torch.randint(0, 3, (s, 200), generator=gen).to(torch.float64)
+        x[0, :5] = torch.inf
+        mid = torch.sort(x, dim=0).values[(s - 1) // 2 : s // 2 + 1].mean(0)
+        torch.testing.assert_close(agg.build("median")(x), mid)

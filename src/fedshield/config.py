@@ -89,6 +89,9 @@ class EvalConfig(Section):
     batch_size: int = Field(1000, ge=1)
     per_client: bool = False
     target_acc: float | None = Field(None, gt=0.0, le=1.0, description="report rounds to reach it")
+    metrics: list[str] = Field([], description="registered evaluators run at the final round")
+    metrics_every: int | None = Field(None, ge=1, description="also run them every k rounds")
+    params: dict[str, dict[str, Any]] = Field({}, description="per-evaluator keyword arguments")
 
 
 class CheckpointConfig(Section):

@@ -1,7 +1,9 @@
-"""Model registry (SPEC §9). ``build_model(name, input_shape, num_classes, **params)``."""
+"""Model registry (SPEC §9). ``build_model(name, input_shape, num_classes, **params)``.
+Every module here registers its models on import."""
 
-from fedshield.models import cnn as _cnn  # noqa: F401  (fills the registry)
-from fedshield.models import resnet as _resnet  # noqa: F401
+from fedshield._plugins import import_submodules
 from fedshield.models.base import MODELS, Classifier, build_model
+
+import_submodules(__name__)
 
 __all__ = ["MODELS", "Classifier", "build_model"]

@@ -80,6 +80,9 @@ def build_components(cfg: ExperimentConfig) -> Components:
     client_cls = _get(CLIENT_ALGORITHMS, c.algorithm, "client.algorithm")
     client = client_cls(spec, parse_params(client_cls.params_schema, c.params, "client.params"))
 
+    server_cls = _get(SERVER_ALGORITHMS, s.algorithm, "server.algorithm")
+    if "aggregator" not in s.model_fields_set:  # e.g. server.algorithm = "drag" → "drag" rule
+        s.aggregator = server_cls.default_aggregator
     agg_cls = _get(AGGREGATORS, s.aggregator, "server.aggregator")
     aggregator = _construct("aggregator", "server.aggregator_args", agg_cls, s.aggregator_args)
     try:
@@ -87,7 +90,6 @@ def build_components(cfg: ExperimentConfig) -> Components:
     except ConfigError as err:
         raise ConfigError(f"server.aggregator={s.aggregator!r}: {err}") from None
 
-    server_cls = _get(SERVER_ALGORITHMS, s.algorithm, "server.algorithm")
     server = server_cls(
         aggregator,
         lr=s.lr,
@@ -104,6 +106,13 @@ def build_components(cfg: ExperimentConfig) -> Components:
             f"attack.fraction={cfg.attack.fraction} but attack.name='none'; "
             f"choose an attack (see `fedshield list attacks`)"
         )
+    import fedshield.eval as eval_pkg
+
+    for name in cfg.eval.metrics:
+        _get(eval_pkg.EVALUATORS, name, "eval.metrics")
+    unknown = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
+    if unknown:
+        raise ConfigError(f"eval.params.{unknown[0]}: no such evaluator in eval.metrics")
     if server.needs_root and cfg.data.root_size == 0:
         raise ConfigError(
             f"server.aggregator={s.aggregator!r} needs a root dataset: set data.root_size > 0"
@@ -117,6 +126,7 @@ class Experiment:
     components: Components
     bundle: DataBundle
     clients: list[TensorData]
+    train: TensorData
     root: TensorData | None
     val: TensorData | None
     model: nn.Module
@@ -164,6 +174,7 @@ def build(cfg: ExperimentConfig) -> Experiment:
         components=components,
         bundle=bundle,
         clients=clients,
+        train=train,
         root=held.get("root"),
         val=held.get("val"),
         model=model,

@@ -258,6 +258,9 @@ class Simulator:
         self.state = RunState(rnd + 1, step_params, step_buffers, new_state, st.client_states)
         if rnd % cfg.eval.every == 0 or rnd == cfg.rounds:
             metrics.update(self.evaluate())
+        every = cfg.eval.metrics_every
+        if cfg.eval.metrics and (rnd == cfg.rounds or (every and rnd % every == 0)):
+            metrics.update(self.evaluate_extra(rnd))
         return metrics
 
     def _screen(self, updates: list[ClientUpdate], d: int) -> tuple[list[ClientUpdate], int]:
@@ -285,6 +288,23 @@ class Simulator:
             ]
             out.update({"client/mean_acc": float(np.mean(accs)), "client/worst_acc": min(accs)})
         return out
+
+    def evaluate_extra(self, rnd: int) -> dict[str, float]:
+        """The registered evaluators of ``eval.metrics`` on the global model."""
+        from fedshield.eval.base import EvalInputs, run_evaluators
+
+        set_params(self.model, self.state.params)
+        set_buffers(self.model, self.state.buffers)
+        inputs = EvalInputs(
+            bundle=self.exp.bundle,
+            clients=self.exp.clients,
+            train=self.exp.train,
+            device=self.device,
+            batch_size=self.cfg.eval.batch_size,
+            seed=self.cfg.seed,
+            round=rnd,
+        )
+        return run_evaluators(self.model, inputs, self.cfg.eval.metrics, self.cfg.eval.params)
 
     # -- the loop ------------------------------------------------------------------------
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

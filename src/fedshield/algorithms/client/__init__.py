@@ -1,11 +1,13 @@
-"""Local update rules (SPEC §1, §4, §7, §8)."""
+"""Local update rules (SPEC §1, §4, §7, §8). Every module here registers itself."""
 
-from fedshield.algorithms.client import sgd as _sgd  # noqa: F401  (fills the registry)
+from fedshield._plugins import import_submodules
 from fedshield.algorithms.client.base import (
     CLIENT_ALGORITHMS,
     ClientAlgorithm,
     ClientContext,
     LocalSpec,
 )
+
+import_submodules(__name__)
 
 __all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm", "ClientContext", "LocalSpec"]

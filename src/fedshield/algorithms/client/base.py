@@ -90,7 +90,12 @@ class ClientAlgorithm:
         return F.cross_entropy(model(x), y)
 
     def adjust_grads(
-        self, model: nn.Module, payload: Payload, state: dict[str, Tensor], start: list[Tensor]
+        self,
+        model: nn.Module,
+        payload: Payload,
+        state: dict[str, Tensor],
+        start: list[Tensor],
+        step: int,
     ) -> None:
         """Modify ``p.grad`` in place before the optimizer step (default: nothing)."""
 
@@ -125,13 +130,14 @@ class ClientAlgorithm:
         start = [p.detach().clone() for p in model.parameters()] if self.uses_start else []
         total = torch.zeros((), device=ctx.device)
         steps = spec.num_steps(len(data))
-        for idx in batch_indices(len(data), spec.batch_size, steps, ctx.generator):
+        batches = batch_indices(len(data), spec.batch_size, steps, ctx.generator)
+        for step, idx in enumerate(batches):
             x, y = data.batch(idx, ctx.device)
             opt.zero_grad(set_to_none=True)
             with autocast(ctx):
                 loss = self.loss(model, x, y, payload)
             loss.backward()
-            self.adjust_grads(model, payload, state, start)
+            self.adjust_grads(model, payload, state, start, step)
             opt.step()
             total += loss.detach().float()
         update = ClientUpdate(

@@ -1,11 +1,13 @@
-"""Server algorithms (SPEC §1–§5, §7, §8)."""
+"""Server algorithms (SPEC §1–§5, §7, §8). Every module here registers itself."""
 
-from fedshield.algorithms.server import fedavg as _fedavg  # noqa: F401  (fills the registry)
+from fedshield._plugins import import_submodules
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerAlgorithm,
     ServerServices,
     ServerStep,
 )
+
+import_submodules(__name__)
 
 __all__ = ["SERVER_ALGORITHMS", "ServerAlgorithm", "ServerServices", "ServerStep"]

@@ -63,6 +63,8 @@ class ServerAlgorithm:
     """Base: broadcast θ, aggregate pseudo-gradients with the configured rule, step η_g."""
 
     params_schema: type[Params] = NoParams
+    #: The aggregator used when the config leaves ``server.aggregator`` unset.
+    default_aggregator: str = "mean"
 
     def __init__(
         self,

@@ -39,6 +39,46 @@ def coverage_mean(deltas: Tensor, weights: Tensor | None, masks: Tensor) -> Tens
 class FedAvg(ServerAlgorithm):
     """Aggregate pseudo-gradients with the configured rule, then θ += η_g · Δ."""
 
+    def reference(
+        self,
+        params: Tensor,
+        buffers: Tensor,
+        state: State,
+        deltas: Tensor,
+        ctx: RoundContext,
+        services: ServerServices,
+    ) -> Tensor | None:
+        """The reference direction r^t handed to the rule (root-data direction by default)."""
+        if not self.aggregator.needs_reference:
+            return None
+        return services.root_update(params, buffers, ctx).delta
+
+    def aggregate(
+        self,
+        params: Tensor,
+        buffers: Tensor,
+        state: State,
+        updates: list[ClientUpdate],
+        ctx: RoundContext,
+        services: ServerServices,
+    ) -> tuple[Tensor, Tensor, dict[str, float]]:
+        """(Δ, aggregated buffers, diagnostics) for this round's updates."""
+        deltas = stack_deltas(updates)
+        weights = client_weights(updates, self.weighting, deltas)
+        metrics: dict[str, float] = {}
+        masks = [u.mask for u in updates]
+        if any(m is not None for m in masks):
+            full = deltas.new_ones(deltas.shape[1], dtype=torch.bool)
+            stacked = torch.stack([full if m is None else m for m in masks])
+            agg = coverage_mean(deltas, weights, stacked)
+        else:
+            ref = self.reference(params, buffers, state, deltas, ctx, services)
+            if ref is not None:
+                metrics["agg/ref_norm"] = float(ref.norm())
+            agg, diag = self.aggregator.aggregate(deltas, weights, reference=ref)
+            metrics.update(diag)
+        return agg, mean_buffers(updates, weights), metrics
+
     def update(
         self,
         params: Tensor,
@@ -48,25 +88,19 @@ class FedAvg(ServerAlgorithm):
         ctx: RoundContext,
         services: ServerServices,
     ) -> ServerStep:
-        deltas = stack_deltas(updates)
-        weights = client_weights(updates, self.weighting, deltas)
-        metrics: dict[str, float] = {}
-        masks = [u.mask for u in updates]
-        if any(m is not None for m in masks):
-            full = deltas.new_ones(deltas.shape[1], dtype=bool)
-            stacked = [full if m is None else m for m in masks]
-            agg = coverage_mean(deltas, weights, torch.stack(stacked))
-        else:
-            reference = None
-            if self.aggregator.needs_reference:
-                root = services.root_update(params, buffers, ctx)
-                reference = root.delta
-                metrics["agg/ref_norm"] = float(reference.norm())
-            agg, diag = self.aggregator.aggregate(deltas, weights, reference=reference)
-            metrics.update(diag)
-        return ServerStep(
-            params=params + self.lr * agg,
-            buffers=mean_buffers(updates, weights),
-            state=state,
-            metrics=metrics,
-        )
+        agg, new_buffers, metrics = self.aggregate(params, buffers, state, updates, ctx, services)
+        return ServerStep(params + self.lr * agg, new_buffers, state, metrics)
+
+
+@SERVER_ALGORITHMS.register("brdrag")
+class BRDRAG(FedAvg):
+    """BR-DRAG (SPEC §3): root-data reference + the ``brdrag`` calibration (eq. 15)."""
+
+    default_aggregator = "brdrag"
+
+
+@SERVER_ALGORITHMS.register("fltrust")
+class FLTrust(FedAvg):
+    """FLTrust (Cao et al. 2021; SPEC §5): root-data reference + trust-weighted mean."""
+
+    default_aggregator = "fltrust"

@@ -1,0 +1,58 @@
+"""Proximal local objectives: FedProx and FedACG's client (SPEC §4)."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
+from fedshield.algorithms.params import Params
+from fedshield.sim.context import Payload
+
+
+class ProxParams(Params):
+    mu: float = Field(0.01, ge=0.0, description="proximal weight")
+
+
+@CLIENT_ALGORITHMS.register("fedprox")
+class FedProx(ClientAlgorithm):
+    """F_m(θ) + (μ/2)‖θ − θ_start‖²: the gradient gains μ(θ − θ_start) (SPEC §4, μ = 0.01).
+
+    With FedACG's server the start point is the look-ahead model θ̂ and μ plays β
+    (use the ``fedacg`` client, whose default is β = 0.001)."""
+
+    params_schema = ProxParams
+    uses_start = True
+
+    @property
+    def mu(self) -> float:
+        return self.params.mu  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def adjust_grads(
+        self,
+        model: nn.Module,
+        payload: Payload,
+        state: dict[str, Tensor],
+        start: list[Tensor],
+        step: int,
+    ) -> None:
+        for p, p0 in zip(model.parameters(), start):
+            if p.grad is not None:
+                p.grad.add_(p - p0, alpha=self.mu)
+
+
+class ACGParams(Params):
+    beta: float = Field(0.001, ge=0.0, description="proximal weight towards the look-ahead model")
+
+
+@CLIENT_ALGORITHMS.register("fedacg")
+class FedACGClient(FedProx):
+    """FedACG client: minimise F_m(θ) + (β/2)‖θ − θ̂‖² from the look-ahead θ̂ (SPEC §4)."""
+
+    params_schema = ACGParams
+
+    @property
+    def mu(self) -> float:
+        return self.params.beta  # type: ignore[attr-defined]

@@ -1,0 +1,41 @@
+"""The evaluator contract: ``fn(model, inputs, **params) -> dict[str, float]``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from fedshield.data.bundle import DataBundle, TensorData
+from fedshield.registry import Registry
+
+
+@dataclass(frozen=True)
+class EvalInputs:
+    """What an evaluator may look at besides the model (set to eval mode by the caller)."""
+
+    bundle: DataBundle
+    clients: list[TensorData]
+    train: TensorData
+    device: torch.device
+    batch_size: int
+    seed: int
+    round: int
+
+
+Evaluator = Callable[..., dict[str, float]]
+EVALUATORS: Registry[Evaluator] = Registry("evaluator")
+
+
+def run_evaluators(
+    model: nn.Module, inputs: EvalInputs, names: list[str], params: dict[str, dict]
+) -> dict[str, float]:
+    out: dict[str, float] = {}
+    was_training = model.training
+    model.eval()
+    for name in names:
+        out.update(EVALUATORS.get(name)(model, inputs, **params.get(name, {})))
+    model.train(was_training)
+    return out
