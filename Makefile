@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/fedshield run --preset demo --out runs/demo
+	$(VENV)/bin/fedshield sweep --grid demo --out runs/demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

@@ -442,3 +442,10 @@ def test_median_with_ties_matches_the_sorted_definition() -> None:
         x[0, :5] = torch.inf
         mid = torch.sort(x, dim=0).values[(s - 1) // 2 : s // 2 + 1].mean(0)
         torch.testing.assert_close(agg.build("median")(x), mid)
+
+
+def test_median_infinite_middle_values_are_not_nan() -> None:
+    inf = torch.inf
+    x = torch.tensor([[1.0, inf, 0.0], [inf, inf, float("nan")], [inf, 2.0, 1.0], [0.0, inf, 2.0]])
+    out = agg.build("median")(x)
+    assert out[0] == inf and out[1] == inf and torch.isnan(out[2])  # NaN stays NaN

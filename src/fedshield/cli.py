@@ -55,14 +55,7 @@ def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -
         torch.set_num_threads(cfg.run.threads)
     sim = Simulator(build(cfg), out, resume=resume)
     show = cfg.run.progress and not quiet
-    columns = [
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("round {task.completed}/{task.total}"),
-        TextColumn("{task.fields[acc]}"),
-        TimeElapsedColumn(),
-    ]
-    with Progress(*columns, console=console, disable=not show, transient=False) as bar:
+    with Progress(*_columns(), console=console, disable=not show, transient=False) as bar:
         task = bar.add_task(cfg.name, total=cfg.rounds, completed=sim.state.round - 1, acc="")
 
         def on_round(m: dict[str, Any]) -> None:
@@ -92,6 +85,7 @@ def print_summaries(summaries: list[dict[str, Any]]) -> None:
 
 LIST_KINDS = (
     "presets",
+    "grids",
     "datasets",
     "partitioners",
     "models",
@@ -135,6 +129,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         if kind == "presets":
             for name in preset_names():
                 table.add_row(name, read_preset(name).get("description", ""))
+        elif kind == "grids":
+            from fedshield.sweep import grid_names, read_grid
+
+            for name in grid_names():
+                table.add_row(name, read_grid(grid=name)[0].get("description", ""))
         else:
             reg = regs[kind]
             for name in reg.names():
@@ -150,6 +149,40 @@ def cmd_report(args: argparse.Namespace) -> int:
     print_summaries(summaries)
     console.print(f"curves: {png}")
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedshield.sweep import expand, read_grid, run_sweep
+
+    if (args.grid_file is None) == (args.grid is None):
+        raise FedshieldError("give a grid file or --grid NAME (see `fedshield list grids`)")
+    spec, where = read_grid(args.grid_file, args.grid)
+    for item in args.set or []:
+        spec.setdefault("set", []).append(item)
+    name, runs = expand(spec, where)
+    out = Path(args.out) if args.out else Path("runs") / name
+    console.print(f"sweep {name}: {len(runs)} runs → {out}")
+    show = not args.quiet
+    with Progress(*_columns(), console=console, disable=not show) as bar:
+        task = bar.add_task(name, total=len(runs), acc="")
+
+        def done(s: dict[str, Any]) -> None:
+            bar.update(task, advance=1, acc=f"{s['name']}: {s.get('final_test_acc', 0):.4f}")
+
+        summaries = run_sweep(runs, out, jobs=args.jobs, on_done=done)
+    print_summaries(summaries)
+    console.print(f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}")
+    return 0
+
+
+def _columns() -> list[Any]:
+    return [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[acc]}"),
+        TimeElapsedColumn(),
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("dirs", nargs="+", help="run directories")
     rep.add_argument("--out", default="report", help="directory for the comparison files")
     rep.set_defaults(func=cmd_report)
+    sw = sub.add_parser("sweep", help="run a grid of configs; one comparison table + curves")
+    sw.add_argument("grid_file", nargs="?", help="grid TOML file")
+    sw.add_argument("--grid", help="a bundled grid (see `fedshield list grids`)")
+    sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override for every run")
+    sw.add_argument("--out", help="output directory (default runs/<grid name>)")
+    sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes")
+    sw.add_argument("-q", "--quiet", action="store_true")
+    sw.set_defaults(func=cmd_sweep)
     return p
 
 

@@ -70,11 +70,20 @@ def plot_overlay(
     return path
 
 
-def compare_runs(dirs: list[Path], out: Path) -> tuple[list[dict[str, Any]], Path]:
+def compare_runs(
+    dirs: list[Path], out: Path, extra: list[dict[str, Any]] | None = None
+) -> tuple[list[dict[str, Any]], Path]:
+    """Write comparison.md/.csv and accuracy.png for ``dirs``; ``extra`` adds per-run columns
+    (a sweep's parameters)."""
     loaded = [load_run(d) for d in dirs]
     out.mkdir(parents=True, exist_ok=True)
     summaries = [s for s, _ in loaded]
-    atomic_write_text(out / "comparison.md", markdown_table(summaries))
-    atomic_write_text(out / "comparison.csv", csv_table(summaries))
+    columns = COLUMNS
+    if extra:
+        for s, e in zip(summaries, extra):
+            s.update(e)
+        columns = ("name", *[k for k in extra[0] if k != "variant"], *COLUMNS[1:])
+    atomic_write_text(out / "comparison.md", markdown_table(summaries, columns))
+    atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
     png = plot_overlay([(s["name"], r) for s, r in loaded], out / "accuracy.png")
     return summaries, png

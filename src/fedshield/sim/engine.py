@@ -84,6 +84,20 @@ class RunState:
         )
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """A round's decisions before any client trains: context (cohort, attackers) and the
+    broadcast payload. ``skip_training``: selected attackers whose rows the update attack
+    overwrites upload zeros instead of training."""
+
+    ctx: RoundContext
+    payload: Any
+    skip_training: bool
+
+    def trains(self, k: int) -> bool:
+        return not (self.skip_training and k in self.ctx.byzantine)
+
+
 class Simulator:
     """Runs an :class:`Experiment`, writing outputs to ``out`` (when given)."""
 
@@ -198,15 +212,18 @@ class Simulator:
         return trainer.local_update(self.model, Payload(params, buffers), self.exp.root, g, {})
 
     # -- one round -----------------------------------------------------------------------
-    def run_round(self, rnd: int) -> dict[str, Any]:
+    # A round is split in three phases so the Flower strategy can run the same body with the
+    # network in the middle: begin_round (configure_train), client_update (ClientApp),
+    # end_round (aggregate_train). run_round chains them in process.
+    def begin_round(self, rnd: int) -> RoundPlan:
+        """Cohort S^t, Byzantine subset A^t and the broadcast payload of round ``rnd``."""
         cfg = self.cfg
-        st = self.state
         cohort = sample_cohort(cfg.seed, rnd, cfg.data.num_clients, cfg.server.clients_per_round)
         byz = self._byzantine(rnd, cohort)
         ctx = RoundContext(rnd, cohort, byz, cfg.seed, cfg.data.num_clients, self.device)
-        server, attack = self.comp.server, self.comp.attack
-        payload = server.broadcast(st.params, st.buffers, st.server_state, ctx)
-
+        st = self.state
+        payload = self.comp.server.broadcast(st.params, st.buffers, st.server_state, ctx)
+        attack = self.comp.attack
         # Attacks that ignore their own update need no training, unless no benign row exists
         # for the omniscient ones to read.
         skip_training = (
@@ -214,25 +231,45 @@ class Simulator:
             and not attack.needs_own_update
             and len(byz) < len(cohort)
         )
-        updates: list[ClientUpdate] = []
-        for k in cohort:
-            is_byz = k in byz
-            if is_byz and skip_training:  # the attack overwrites this row; no need to train
-                updates.append(
-                    ClientUpdate(
-                        k, torch.zeros_like(st.params), len(self.exp.clients[k]), st.buffers
-                    )
-                )
-                continue
-            state = st.client_states.setdefault(k, self.comp.client.init_state(st.params.numel()))
-            updates.append(self._train(self._client_data(k, is_byz), payload, k, rnd, state))
+        return RoundPlan(ctx, payload, skip_training)
 
+    def client_update(self, plan: RoundPlan, k: int) -> ClientUpdate:
+        """Client ``k``'s upload for ``plan`` (before update attacks), state kept in process."""
+        st = self.state
+        if not plan.trains(k):  # the attack overwrites this row; no need to train
+            return ClientUpdate(
+                k, torch.zeros_like(st.params), len(self.exp.clients[k]), st.buffers
+            )
+        state = st.client_states.setdefault(k, self.comp.client.init_state(st.params.numel()))
+        return self.train_client(k, plan.payload, plan.ctx.round, k in plan.ctx.byzantine, state)
+
+    def train_client(
+        self, k: int, payload: Any, rnd: int, byzantine: bool, state: dict[str, Tensor]
+    ) -> ClientUpdate:
+        """Local training of client ``k`` on its (possibly poisoned) data, seeded by
+        (seed, round, client); the Flower ClientApp calls this with its own state."""
+        return self._train(self._client_data(k, byzantine), payload, k, rnd, state)
+
+    def run_round(self, rnd: int) -> dict[str, Any]:
+        plan = self.begin_round(rnd)
+        return self.end_round(plan, [self.client_update(plan, k) for k in plan.ctx.cohort])
+
+    def end_round(
+        self, plan: RoundPlan, updates: list[ClientUpdate], apply_update_attack: bool = True
+    ) -> dict[str, Any]:
+        """Update attack, screening, server step, evaluation; returns the round's metrics.
+        ``updates`` are in cohort order; ``apply_update_attack=False`` when the attackers
+        already rewrote their own rows (row-local attacks on Flower SuperNodes)."""
+        cfg = self.cfg
+        st = self.state
+        rnd, ctx, byz = plan.ctx.round, plan.ctx, plan.ctx.byzantine
+        server, attack = self.comp.server, self.comp.attack
         metrics: dict[str, Any] = {"round": rnd, "byz/count": len(byz)}
         benign = [u for u in updates if u.client_id not in byz]
         losses = [u.metrics["train/loss"] for u in benign if "train/loss" in u.metrics]
         if losses:
             metrics["train/loss"] = float(np.mean(losses))
-        if byz and isinstance(attack, UpdateAttack):
+        if byz and isinstance(attack, UpdateAttack) and apply_update_attack:
             mask = torch.tensor([u.client_id in byz for u in updates], device=self.device)
             forged = attack(
                 torch.stack([u.delta for u in updates]),
@@ -242,6 +279,9 @@ class Simulator:
             for i, u in enumerate(updates):
                 if mask[i]:
                     u.delta = forged[i]
+        n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
+        # One-way bytes per client: the active prefix a subnet client reports (SPEC §8).
+        sent = sum(int(u.metrics.get("comm/bytes", n_bytes)) for u in updates)
         updates, rejected = self._screen(updates, st.params.numel())
         metrics["sys/rejected"] = rejected
         if not updates:
@@ -252,9 +292,9 @@ class Simulator:
             step = server.post_step(step, ctx, self)
             metrics.update(step.metrics)
             step_params, step_buffers, new_state = step.params, step.buffers, step.state
-        n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
-        metrics["comm/up_bytes"] = n_bytes * len(cohort)
-        metrics["comm/down_bytes"] = n_bytes * len(cohort)
+        metrics["comm/up_bytes"] = metrics["comm/down_bytes"] = sent
+        prev = self.records[-1].get("comm/cum_gib", 0.0) if self.records else 0.0
+        metrics["comm/cum_gib"] = prev + 2 * sent / 2**30  # both directions (eq. 16)
         self.state = RunState(rnd + 1, step_params, step_buffers, new_state, st.client_states)
         if rnd % cfg.eval.every == 0 or rnd == cfg.rounds:
             metrics.update(self.evaluate())

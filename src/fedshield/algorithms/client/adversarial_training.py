@@ -1,0 +1,212 @@
+"""Federated adversarial-training baselines of seed 003 (SPEC §7): a local AT loss + FedAvg
+(or any configured aggregator).
+
+* ``fedpgd``    — Madry PGD-AT: CE(f(x'), y), x' = PGD-K(CE);
+* ``fedfat``    — our reading of FedFAT: L_NAT + L_AT = CE(f(x), y) + CE(f(x'), y);
+* ``fedtrades`` — CE(f(x), y) + β KL(p(x) ‖ p(x')), x' maximises the KL (β = 6);
+* ``fedmart``   — MART's boosted CE on x' + β KL · (1 − p_y(x)) (β = 6);
+* ``calfat``    — CE(s·(z' + τ log π_k), y) on x' generated TRADES-style on the calibrated
+  logits (s = 10, τ = 0.1, π_k the client's class prior).
+
+The attack budget defaults to SPEC §7's ε (8/255 on colour inputs, 0.1 on grayscale, read
+off the batch's channel count) with step ε/4 and K = 10 steps. Adversarial examples are
+generated with the model in eval mode (BatchNorm running statistics untouched by the
+attack's forward passes), as the TRADES, MART and CalFAT reference code does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import Tensor, nn
+
+from fedshield.adversarial import pgd, trades_pgd
+from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
+from fedshield.algorithms.params import Params
+from fedshield.data.bundle import TensorData
+from fedshield.losses import (
+    calibrated_ce,
+    calibrated_logits,
+    class_log_prior,
+    mart_loss,
+    trades_loss,
+)
+from fedshield.sim.context import ClientUpdate, Payload
+
+GRAYSCALE_EPS = 0.1
+COLOUR_EPS = 8 / 255
+
+
+class ATParams(Params):
+    eps: float | None = Field(
+        None, ge=0.0, description="L∞ budget; unset: 8/255 on colour, 0.1 on grayscale"
+    )
+    alpha: float | None = Field(None, gt=0.0, description="PGD step; unset: eps/4")
+    steps: int = Field(10, ge=0, description="PGD steps K of the training attack")
+    attack_eval_mode: bool = Field(
+        True, description="generate x' with the model in eval mode (reference-code behaviour)"
+    )
+
+
+def default_eps(x: Tensor) -> float:
+    """SPEC §7 default budget: 0.1 on grayscale (1 channel), 8/255 on colour inputs."""
+    return GRAYSCALE_EPS if x.shape[1] == 1 else COLOUR_EPS
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Temporarily switch ``model`` to eval mode (restoring its previous mode)."""
+    was_training = model.training
+    if enabled:
+        model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+class AdversarialClient(ClientAlgorithm):
+    """Local SGD on an adversarial loss; subclasses define :meth:`loss`."""
+
+    params_schema: type[Params] = ATParams
+
+    def budget(self, x: Tensor) -> tuple[float, float]:
+        p = self.params
+        eps = p.eps if p.eps is not None else default_eps(x)  # type: ignore[attr-defined]
+        alpha = p.alpha if p.alpha is not None else eps / 4  # type: ignore[attr-defined]
+        return eps, alpha
+
+    def pgd_examples(
+        self, model: nn.Module, x: Tensor, y: Tensor, steps: int | None = None
+    ) -> Tensor:
+        """x' = PGD-K with CE and a uniform random start (global RNG, which the engine seeds
+        per (seed, round, client))."""
+        eps, alpha = self.budget(x)
+        k = self.params.steps if steps is None else steps  # type: ignore[attr-defined]
+        with eval_mode(model, self.params.attack_eval_mode):  # type: ignore[attr-defined]
+            return pgd(model, x, y, eps, alpha, k)
+
+    def trades_examples(
+        self, model: nn.Module, x: Tensor, transform: object | None = None
+    ) -> Tensor:
+        """x' maximising KL(p(x) ‖ p(x')) (TRADES' inner problem), optionally on transformed
+        logits (CalFAT's calibration)."""
+        eps, alpha = self.budget(x)
+        with eval_mode(model, self.params.attack_eval_mode):  # type: ignore[attr-defined]
+            return trades_pgd(
+                model, x, eps, alpha, self.params.steps,  # type: ignore[attr-defined]
+                logit_transform=transform,  # type: ignore[arg-type]
+            )  # fmt: skip
+
+
+@CLIENT_ALGORITHMS.register("fedpgd")
+class FedPGD(AdversarialClient):
+    """FedPGD: Madry PGD-AT, CE on x' only (SPEC §7)."""
+
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        return F.cross_entropy(model(self.pgd_examples(model, x, y)), y)
+
+
+@CLIENT_ALGORITHMS.register("fedfat")
+class FedFAT(AdversarialClient):
+    """FedFAT (our reading, SPEC §7): CE(f(x), y) + CE(f(x'), y)."""
+
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        x_adv = self.pgd_examples(model, x, y)
+        return F.cross_entropy(model(x), y) + F.cross_entropy(model(x_adv), y)
+
+
+class BetaParams(ATParams):
+    beta: float = Field(6.0, ge=0.0, description="weight β of the KL term")
+
+
+@CLIENT_ALGORITHMS.register("fedtrades")
+class FedTRADES(AdversarialClient):
+    """FedTRADES: CE(x) + β KL(p(x) ‖ p(x')), x' from TRADES' KL maximisation (SPEC §7)."""
+
+    params_schema = BetaParams
+
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        x_adv = self.trades_examples(model, x)
+        return trades_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
+
+
+@CLIENT_ALGORITHMS.register("fedmart")
+class FedMART(AdversarialClient):
+    """FedMART: BCE-boosted CE on x' + β KL · (1 − p_y(x)), x' = PGD-K (SPEC §7)."""
+
+    params_schema = BetaParams
+
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        x_adv = self.pgd_examples(model, x, y)
+        return mart_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
+
+
+class CalFATParams(ATParams):
+    scale: float = Field(10.0, gt=0.0, description="logit scale s")
+    tau: float = Field(0.1, ge=0.0, description="prior weight τ in z + τ log π_k")
+
+
+LOG_PRIOR_KEY = "calfat/log_prior"
+
+
+@CLIENT_ALGORITHMS.register("calfat")
+class CalFAT(AdversarialClient):
+    """CalFAT (Chen et al., NeurIPS 2022; SPEC §7): calibrated CE on TRADES-style x'.
+
+    The client's log-prior is computed once per round from its labels and handed to
+    :meth:`loss` through a copy of the payload's extras (nothing is kept on ``self``)."""
+
+    params_schema = CalFATParams
+
+    def local_update(
+        self,
+        model: nn.Module,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
+        num_classes = _num_classes(model, data, ctx.device)
+        log_prior = class_log_prior(data.class_counts(num_classes)).to(ctx.device)
+        extras = {**payload.extras, LOG_PRIOR_KEY: log_prior}
+        local = Payload(payload.params, payload.buffers, extras)
+        return super().local_update(model, local, data, ctx, state)
+
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        p = self.params
+        log_prior = payload.extras[LOG_PRIOR_KEY]
+
+        def calibrate(z: Tensor) -> Tensor:
+            return calibrated_logits(z, log_prior, p.tau)  # type: ignore[attr-defined]
+
+        x_adv = self.trades_examples(model, x, calibrate)
+        return calibrated_ce(model(x_adv), y, log_prior, p.scale, p.tau)  # type: ignore[attr-defined]
+
+
+def _num_classes(model: nn.Module, data: TensorData, device: torch.device) -> int:
+    """C from the classifier head, or from one forward pass for other modules."""
+    head = getattr(model, "head", None)
+    if isinstance(head, nn.Linear):
+        return head.out_features
+    with torch.no_grad(), eval_mode(model):
+        x, _ = data.batch(torch.arange(1), device)
+        return int(model(x).shape[1])
+
+
+__all__ = [
+    "ATParams",
+    "AdversarialClient",
+    "BetaParams",
+    "CalFAT",
+    "FedFAT",
+    "FedMART",
+    "FedPGD",
+    "FedTRADES",
+    "default_eps",
+    "eval_mode",
+]

@@ -1,0 +1,182 @@
+"""FedCART's client (SPEC §7; seed 003 §2–3): contrastive-aligned adversarial training of
+(r, h), plus per-class gradient prototypes of the auxiliary classifier h'.
+
+Per mini-batch (x, y), with x' = PGD-K(CE) against (r, h):
+
+    L_CART = L_NAT + L_AT + γ · L_Align
+    L_NAT = CE(h(r(x)), y),  L_AT = CE(h(r(x')), y),  L_Align = SupCon({ẑ} ∪ {ẑ'}) (τ = 0.1)
+    γ = ι · (1 − (1/B) Σ_i 1[argmax h(r(x_i)) = argmax h(r(x'_i))])   (no gradient; ι = 1)
+
+``at_loss = "trades" | "mart"`` replaces L_NAT + L_AT by the TRADES or MART loss on (r, h)
+("any AT loss + FedCART", seed 003 Tab. 6). Switches ``nat``, ``at``, ``align`` are the
+ablations "no L_NAT", "no L_AT", "no L_Align".
+
+Prototypes (when the server asks: payload extra ``fedcart/proto_head``) are computed on the
+model *as received* (r^{(t)}, h'^{(t)}), as CReFF does: for each local class c,
+g_{k,c} = mean over its samples of ∇_{h'}[CE(h'(r(x)), y) and CE(h'(r(x')), y)], with x'
+against the received (r, h). Uploaded as extras ``fedcart/prototypes`` [C, C·D + C] and
+``fedcart/counts`` [C]; ``fedcart/head_shape`` = (C, D) is always uploaded.
+
+Our choice (``proto_views = "mean"``, default): a prototype averages the natural and the
+adversarial per-sample gradients (½ of SPEC §7's sum), so ḡ_c has the scale of the single
+CE gradient that the server's virtual features are matched to; with the sum the target's
+bias component lies outside the reachable range. ``proto_views = "sum"`` is SPEC's form.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import Tensor, nn
+
+from fedshield.algorithms.client.adversarial_training import AdversarialClient, ATParams, eval_mode
+from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientContext
+from fedshield.data.bundle import TensorData
+from fedshield.errors import ConfigError
+from fedshield.losses import align_loss, class_gradient_sums, mart_loss, trades_loss
+from fedshield.models.dual_head import DualHead
+from fedshield.sim.context import ClientUpdate, Payload
+from fedshield.sim.flat import set_buffers, set_params
+
+PROTO_HEAD = "fedcart/proto_head"  # payload: 0 → prototypes of h', 1 → of h ("no h'")
+PROTOTYPES = "fedcart/prototypes"
+COUNTS = "fedcart/counts"
+HEAD_SHAPE = "fedcart/head_shape"
+
+
+class FedCARTParams(ATParams):
+    nat: bool = Field(True, description="L_NAT term (false: ablation 'no L_NAT')")
+    at: bool = Field(True, description="L_AT term (false: ablation 'no L_AT')")
+    align: bool = Field(True, description="γ·L_Align term (false: ablation 'no L_Align')")
+    tau: float = Field(0.1, gt=0.0, description="SupCon temperature τ")
+    iota: float = Field(1.0, ge=0.0, description="ι in γ = ι·(1 − agreement)")
+    at_loss: Literal["ce", "trades", "mart"] = Field(
+        "ce", description="ce: L_NAT + L_AT; trades/mart: that loss instead (AT loss + FedCART)"
+    )
+    beta: float = Field(6.0, ge=0.0, description="β of the TRADES/MART KL term")
+    proto_steps: int | None = Field(
+        None, ge=0, description="PGD steps for the prototypes' x' (unset: steps; 0: natural only)"
+    )
+    proto_views: Literal["mean", "sum"] = Field(
+        "mean", description="prototype = mean (ours) or sum (SPEC) of the two views' gradients"
+    )
+    proto_batch: int = Field(256, ge=1, description="batch size of the prototype pass")
+
+    @model_validator(mode="after")
+    def _check(self) -> FedCARTParams:
+        if self.at_loss != "ce" and not (self.nat and self.at):
+            raise ValueError(
+                f"nat/at switch the CE terms only; with at_loss={self.at_loss!r} the "
+                f"{self.at_loss.upper()} loss replaces both, so leave them true"
+            )
+        if not (self.nat or self.at or self.align):
+            raise ValueError("nat, at and align are all false: the local loss would be empty")
+        return self
+
+
+@CLIENT_ALGORITHMS.register("fedcart")
+class FedCARTClient(AdversarialClient):
+    """L_CART local training of (r, h) and gradient prototypes of h' (SPEC §7)."""
+
+    params_schema = FedCARTParams
+
+    # -- local loss ------------------------------------------------------------------
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        p: FedCARTParams = self.params  # type: ignore[assignment]
+        net = _dual(model)
+        main = net.main_path()
+        x_adv = None
+        if p.at_loss == "trades":
+            x_adv = self.trades_examples(main, x)
+        elif p.at or p.align or p.at_loss == "mart":
+            x_adv = self.pgd_examples(main, x, y)
+        z = net.forward_features(x)
+        logits = net.main_head(z)
+        z_adv = net.forward_features(x_adv) if x_adv is not None else None
+        logits_adv = net.main_head(z_adv) if z_adv is not None else None
+
+        terms: list[Tensor] = []
+        if p.at_loss == "trades":
+            terms.append(trades_loss(logits, logits_adv, y, p.beta))
+        elif p.at_loss == "mart":
+            terms.append(mart_loss(logits, logits_adv, y, p.beta))
+        else:
+            if p.nat:
+                terms.append(F.cross_entropy(logits, y))
+            if p.at:
+                terms.append(F.cross_entropy(logits_adv, y))
+        if p.align:
+            assert z_adv is not None and logits_adv is not None
+            with torch.no_grad():  # γ is a weight, not a path for gradients
+                agree = (logits.argmax(1) == logits_adv.argmax(1)).float().mean()
+                gamma = p.iota * (1.0 - agree)
+            terms.append(gamma * align_loss(z, z_adv, y, p.tau))
+        return torch.stack(terms).sum()
+
+    # -- prototypes ------------------------------------------------------------------
+    def finish(
+        self,
+        model: nn.Module,
+        update: ClientUpdate,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
+        net = _dual(model)
+        c, d = net.head.out_features, net.num_features
+        update.extras[HEAD_SHAPE] = torch.tensor([c, d], dtype=torch.float32, device=ctx.device)
+        flag = payload.extras.get(PROTO_HEAD)
+        if flag is None:  # the server does no CART step: save the prototype pass
+            return update
+        # Prototypes are taken at the received model w'_k = (r^{(t)}, h'^{(t)}), not the
+        # locally trained one (CReFF): reset the shared model object to the payload.
+        set_params(net, payload.params)
+        set_buffers(net, payload.buffers)
+        head = net.main_head if float(flag) >= 0.5 else net.head
+        protos, counts = self.prototypes(net, head, data, ctx.device)
+        update.extras[PROTOTYPES] = protos
+        update.extras[COUNTS] = counts
+        return update
+
+    def prototypes(
+        self, net: DualHead, head: nn.Linear, data: TensorData, device: torch.device
+    ) -> tuple[Tensor, Tensor]:
+        """Per-class mean gradients of ``head`` ([C, C·D + C]) and class counts ([C])."""
+        p: FedCARTParams = self.params  # type: ignore[assignment]
+        steps = p.steps if p.proto_steps is None else p.proto_steps
+        c = head.out_features
+        w, b = head.weight.detach(), head.bias.detach()
+        sums = torch.zeros(c, w.numel() + c, device=device)
+        counts = torch.zeros(c, device=device)
+        views = 2 if steps > 0 else 1
+        n = len(data)
+        # Eval mode throughout: features as the inference model computes them.
+        with eval_mode(net):
+            for start in range(0, n, p.proto_batch):
+                x, y = data.batch(torch.arange(start, min(start + p.proto_batch, n)), device)
+                xs = [x]
+                if steps > 0:
+                    xs.append(self.pgd_examples(net.main_path(), x, y, steps))
+                for xv in xs:
+                    with torch.no_grad():
+                        s, k = class_gradient_sums(net.forward_features(xv), w, b, y, c)
+                    sums += s
+                counts += k
+        denom = counts * (views if p.proto_views == "mean" else 1)
+        return sums / denom.clamp_min(1.0)[:, None], counts
+
+
+def _dual(model: nn.Module) -> DualHead:
+    if not isinstance(model, DualHead):
+        raise ConfigError(
+            f"client.algorithm='fedcart' needs model.name='dual_head' (r, h, h'), got "
+            f"{type(model).__name__}; set model.params.backbone to the network you want"
+        )
+    return model
+
+
+__all__ = ["COUNTS", "HEAD_SHAPE", "PROTOTYPES", "PROTO_HEAD", "FedCARTClient", "FedCARTParams"]

@@ -1,0 +1,170 @@
+"""Robust evaluation of the inference model (SPEC §7): evaluators ``robust`` and ``groups``.
+
+``robust``: natural accuracy, FGSM(ε), PGD-20 (step ε/4, random start), CW∞ (CW margin,
+κ = 50, 30 steps), AutoAttack standard (via torchattacks; skipped with a warning and
+``robust/aa_skipped = 1`` when the package is missing or ``autoattack = false``) and
+"Robust AVG" = the mean of FGSM, CW, PGD-20 and AA (of those that ran). With
+``groups = true`` it adds the per-group metrics below from the same per-sample results.
+
+``groups``: natural and PGD-20 accuracy per class-frequency group. Classes are grouped by
+their training-set count n_c: Majority n_c > ``majority_min``, Minority n_c <
+``minority_max``, Medium in between (150 / 45 as for CIFAR-100-LT in seed 003).
+
+ε defaults to 8/255 on colour data and 0.1 on grayscale (SPEC §7, our choice);
+``max_samples`` evaluates a seeded random subset of the test set (for CPU runs).
+Keys: ``robust/natural``, ``robust/fgsm``, ``robust/pgd20``, ``robust/cw``, ``robust/aa``,
+``robust/avg``, ``groups/<majority|medium|minority>/<natural|pgd20|classes>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor, nn
+
+from fedshield.adversarial import EVAL_ATTACKS, MissingDependencyError, robust_correct
+from fedshield.algorithms.params import Params, parse_params
+from fedshield.eval.base import EVALUATORS, EvalInputs
+
+log = logging.getLogger("fedshield")
+
+GROUPS = ("majority", "medium", "minority")
+
+
+class GroupParams(Params):
+    eps: float | None = Field(None, ge=0.0, description="unset: 8/255 colour, 0.1 grayscale")
+    pgd_steps: int = Field(20, ge=1)
+    pgd_alpha: float | None = Field(None, gt=0.0, description="unset: eps/4")
+    max_samples: int | None = Field(None, ge=1, description="seeded test subset (CPU runs)")
+    batch_size: int = Field(256, ge=1)
+    seed: int | None = Field(None, ge=0, description="attack/subset seed; unset: run seed")
+    majority_min: int = Field(150, ge=0, description="Majority: n_c > majority_min")
+    minority_max: int = Field(45, ge=0, description="Minority: n_c < minority_max")
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> GroupParams:
+        if self.minority_max > self.majority_min + 1:
+            raise ValueError(
+                f"minority_max={self.minority_max} must not exceed majority_min + 1 "
+                f"({self.majority_min + 1}): the groups would overlap"
+            )
+        return self
+
+
+class RobustParams(GroupParams):
+    fgsm: bool = True
+    cw: bool = True
+    cw_steps: int = Field(30, ge=1)
+    kappa: float = Field(50.0, ge=0.0)
+    autoattack: bool = Field(True, description="false: skip AutoAttack (slow on CPU)")
+    autoattack_version: str = "standard"
+    groups: bool = Field(False, description="also report the per-group metrics")
+
+
+def default_eps(input_shape: tuple[int, ...]) -> float:
+    return 0.1 if input_shape[0] == 1 else 8 / 255
+
+
+def class_groups(counts: Tensor, majority_min: int, minority_max: int) -> dict[str, Tensor]:
+    """Boolean class masks of the Majority / Medium / Minority groups from n_c."""
+    major = counts > majority_min
+    minor = counts < minority_max
+    return {"majority": major, "medium": ~(major | minor), "minority": minor}
+
+
+def group_accuracy(correct: Tensor, y: Tensor, mask: Tensor) -> float | None:
+    """Accuracy over the samples whose class is in ``mask`` (None when there are none)."""
+    sel = mask[y]
+    return float(correct[sel].float().mean()) if bool(sel.any()) else None
+
+
+def _test_set(inputs: EvalInputs, max_samples: int | None, seed: int) -> tuple[Tensor, Tensor]:
+    test = inputs.bundle.test
+    idx = torch.arange(len(test))
+    if max_samples is not None and max_samples < len(test):
+        g = torch.Generator().manual_seed(seed)
+        idx = torch.sort(torch.randperm(len(test), generator=g)[:max_samples]).values
+    return test.batch(idx, "cpu")
+
+
+def _group_metrics(
+    p: GroupParams, inputs: EvalInputs, y: Tensor, results: dict[str, Tensor]
+) -> dict[str, float]:
+    counts = inputs.train.class_counts(inputs.bundle.num_classes).cpu()
+    out: dict[str, float] = {}
+    for name, mask in class_groups(counts, p.majority_min, p.minority_max).items():
+        out[f"groups/{name}/classes"] = float(mask.sum())
+        for key, correct in results.items():
+            acc = group_accuracy(correct, y, mask)
+            if acc is not None:  # an empty group has no accuracy (and JSON has no NaN)
+                out[f"groups/{name}/{key}"] = acc
+    return out
+
+
+def _pgd(p: GroupParams, eps: float, seed: int) -> Any:
+    return EVAL_ATTACKS.build("pgd", eps=eps, alpha=p.pgd_alpha, steps=p.pgd_steps, seed=seed)
+
+
+@EVALUATORS.register("robust")
+def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
+    """Natural, FGSM, PGD-20, CW∞, AutoAttack and Robust AVG accuracy (SPEC §7)."""
+    p = parse_params(RobustParams, params, "eval.params.robust")
+    assert isinstance(p, RobustParams)
+    seed = inputs.seed if p.seed is None else p.seed
+    eps = p.eps if p.eps is not None else default_eps(inputs.bundle.input_shape)
+    x, y = _test_set(inputs, p.max_samples, seed)
+    pgd_key = f"pgd{p.pgd_steps}"
+    attacks: dict[str, Any] = {}
+    if p.fgsm:
+        attacks["fgsm"] = EVAL_ATTACKS.build("fgsm", eps=eps)
+    attacks[pgd_key] = _pgd(p, eps, seed)
+    if p.cw:
+        attacks["cw"] = EVAL_ATTACKS.build(
+            "cw", eps=eps, steps=p.cw_steps, kappa=p.kappa, seed=seed
+        )
+    out: dict[str, float] = {"robust/eps": eps, "robust/n": float(len(y))}
+    if p.autoattack:
+        try:
+            attacks["aa"] = EVAL_ATTACKS.build(
+                "autoattack", eps=eps, version=p.autoattack_version, seed=seed
+            )
+        except MissingDependencyError as err:
+            log.warning("robust evaluation: AutoAttack skipped (%s)", err)
+    if "aa" not in attacks:
+        out["robust/aa_skipped"] = 1.0
+
+    t0 = time.perf_counter()
+    results = {"natural": robust_correct(model, x, y, None, batch_size=p.batch_size)}
+    for name, attack in attacks.items():
+        results[name] = robust_correct(model, x, y, attack, batch_size=p.batch_size)
+    for name, correct in results.items():
+        out[f"robust/{name}"] = float(correct.float().mean())
+    robust_keys = [k for k in ("fgsm", "cw", pgd_key, "aa") if k in results]
+    out["robust/avg"] = sum(out[f"robust/{k}"] for k in robust_keys) / len(robust_keys)
+    out["robust/wall_s"] = time.perf_counter() - t0
+    if p.groups:
+        out.update(_group_metrics(p, inputs, y, {k: results[k] for k in ("natural", pgd_key)}))
+    return out
+
+
+@EVALUATORS.register("groups")
+def groups(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
+    """Natural and PGD-20 accuracy per Majority / Medium / Minority group (SPEC §7)."""
+    p = parse_params(GroupParams, params, "eval.params.groups")
+    seed = inputs.seed if p.seed is None else p.seed
+    eps = p.eps if p.eps is not None else default_eps(inputs.bundle.input_shape)
+    x, y = _test_set(inputs, p.max_samples, seed)
+    results = {
+        "natural": robust_correct(model, x, y, None, batch_size=p.batch_size),
+        f"pgd{p.pgd_steps}": robust_correct(
+            model, x, y, _pgd(p, eps, seed), batch_size=p.batch_size
+        ),
+    }
+    return _group_metrics(p, inputs, y, results)
+
+
+__all__ = ["GroupParams", "RobustParams", "class_groups", "group_accuracy", "groups", "robust"]

@@ -1,0 +1,140 @@
+"""Gradient prototypes of a linear classifier and virtual-feature gradient matching
+(FedCART's CART step, SPEC §7; after CReFF, Shang et al., IJCAI 2022).
+
+A linear classifier h'(z) = W z + b (W: [C, D], b: [C]) has, for one sample (z, y), the
+cross-entropy gradient in closed form:
+
+    ∂CE/∂W = (p − e_y) zᵀ,   ∂CE/∂b = p − e_y,   p = softmax(W z + b)
+
+Gradients are flattened as ``[W.flatten(), b]`` (P = C·D + C entries), the order of
+``nn.Linear.parameters()``, so a prototype lines up with the classifier's slice of the flat
+parameter vector. The closed form is exact (tests compare it with autograd) and, unlike a
+per-sample ``autograd.grad`` loop, costs one matrix product per class.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Distance = Literal["mse", "cos"]
+
+
+def _residual(z: Tensor, weight: Tensor, bias: Tensor, y: Tensor) -> Tensor:
+    """p − e_y for every sample (the logit gradient of CE); works on [..., D] features."""
+    p = F.softmax(z @ weight.T + bias, dim=-1)
+    return p - F.one_hot(y, weight.shape[0]).to(p)
+
+
+def linear_ce_grad_per_sample(z: Tensor, weight: Tensor, bias: Tensor, y: Tensor) -> Tensor:
+    """Per-sample ∇_{(W,b)} CE(h'(z_i), y_i), shape [N, C·D + C]."""
+    e = _residual(z, weight, bias, y)
+    g_w = e[:, :, None] * z[:, None, :]
+    return torch.cat([g_w.flatten(1), e], dim=1)
+
+
+def linear_ce_grad(z: Tensor, weight: Tensor, bias: Tensor, y: Tensor) -> Tensor:
+    """∇_{(W,b)} of the batch-mean CE, shape [C·D + C]; differentiable w.r.t. z, W, b."""
+    e = _residual(z, weight, bias, y)
+    return torch.cat([(e.T @ z).flatten(), e.sum(0)]) / z.shape[0]
+
+
+def class_mean_grads(z: Tensor, weight: Tensor, bias: Tensor, classes: Tensor) -> Tensor:
+    """For K classes with V features each (``z``: [K, V, D], labels ``classes``: [K]), the
+    gradient of class k's mean CE, shape [K, P] — the synthetic side of the matching."""
+    k, v, _ = z.shape
+    e = _residual(z, weight, bias, classes[:, None].expand(k, v))
+    g_w = torch.einsum("kvc,kvd->kcd", e, z) / v
+    return torch.cat([g_w.flatten(1), e.mean(1)], dim=1)
+
+
+@torch.no_grad()
+def class_gradient_sums(
+    z: Tensor, weight: Tensor, bias: Tensor, y: Tensor, num_classes: int
+) -> tuple[Tensor, Tensor]:
+    """Σ over each class's samples of the per-sample gradient ([C, P]) and the counts ([C]).
+
+    Dividing a row by its count gives the per-class prototype g_{k,c} (the mean per-sample
+    gradient); sums are returned so callers can accumulate over mini-batches and views.
+    """
+    e = _residual(z, weight, bias, y)
+    d = z.shape[1]
+    sums = z.new_zeros(num_classes, num_classes * d + num_classes)
+    counts = torch.bincount(y, minlength=num_classes).to(z.dtype)
+    for c in torch.unique(y).tolist():
+        m = y == c
+        sums[c, : num_classes * d] = (e[m].T @ z[m]).flatten()
+        sums[c, num_classes * d :] = e[m].sum(0)
+    return sums, counts
+
+
+def match_distance(g_syn: Tensor, g_real: Tensor, num_classes: int, kind: Distance) -> Tensor:
+    """Σ_c dist(g_syn_c, g_real_c) over the rows of [K, P] gradients.
+
+    ``mse``: Σ ‖g_syn − g_real‖² (SPEC §7). ``cos``: CReFF's layer-wise distance, Σ over the
+    rows of the weight gradient of (1 − cos); CReFF ignores the bias there, and so do we.
+    """
+    if kind == "mse":
+        return (g_syn - g_real).pow(2).sum()
+    if kind == "cos":
+        k = g_syn.shape[0]
+        w_syn = g_syn[:, :-num_classes].reshape(k, num_classes, -1)
+        w_real = g_real[:, :-num_classes].reshape(k, num_classes, -1)
+        dot = (w_syn * w_real).sum(-1)
+        # CReFF's 1e-6 guards rows that are exactly zero.
+        cos = dot / (w_syn.norm(dim=-1) * w_real.norm(dim=-1) + 1e-6)
+        return (1.0 - cos).sum()
+    raise ValueError(f"distance must be 'mse' or 'cos', got {kind!r}")
+
+
+def synthesize_features(
+    z_init: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    classes: Tensor,
+    targets: Tensor,
+    *,
+    iters: int = 100,
+    lr: float = 0.1,
+    momentum: float = 0.0,
+    distance: Distance = "mse",
+) -> tuple[Tensor, float, float]:
+    """Gradient matching (SPEC §7; FedCART eq. 9): T_V SGD steps on the virtual features
+    Z_v ([K, V, D], class ``classes[k]`` in row k) minimising
+    Σ_k dist(∇_{h'} CE(h'(Z_{v,k}), c_k), ḡ_{c_k}) with h' = (weight, bias) held fixed.
+
+    Returns (Z_v, distance before, distance after).
+    """
+    w, b = weight.detach(), bias.detach()
+    targets = targets.detach()
+    c = w.shape[0]
+    z = z_init.detach().clone().requires_grad_(True)
+    opt = torch.optim.SGD([z], lr=lr, momentum=momentum)
+
+    def objective() -> Tensor:
+        return match_distance(class_mean_grads(z, w, b, classes), targets, c, distance)
+
+    start = None
+    for _ in range(iters):
+        loss = objective()
+        start = float(loss) if start is None else start
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        end = float(objective())
+    return z.detach(), end if start is None else start, end
+
+
+__all__ = [
+    "Distance",
+    "class_gradient_sums",
+    "class_mean_grads",
+    "linear_ce_grad",
+    "linear_ce_grad_per_sample",
+    "match_distance",
+    "synthesize_features",
+]
