@@ -63,6 +63,12 @@ def _fmt(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
+def _short(key: str) -> str:
+    """Column/run label of a dotted key: its last part, or the section for ``*.name``."""
+    parts = key.split(".")
+    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
+
+
 def expand(spec: dict[str, Any], where: Path) -> tuple[str, list[RunSpec]]:
     """The runs of a grid file: variants × cartesian grid, each a validated config."""
     allowed = {"name", "description", "base", "file", "set", "grid", "variant"}
@@ -94,7 +100,7 @@ def expand(spec: dict[str, Any], where: Path) -> tuple[str, list[RunSpec]]:
             grid_set = [f"{k}={json.dumps(v)}" for k, v in zip(keys, values)]
             label = "_".join(
                 [var.get("name", "")]
-                + [f"{k.split('.')[-1]}={_fmt(v)}" for k, v in zip(keys, values)]
+                + [f"{_short(k)}={_fmt(v)}" for k, v in zip(keys, values)]
             ).strip("_")
             label = label or name
             raw = cfgmod.apply_overrides(
