@@ -82,7 +82,8 @@ def compare_runs(
     if extra:
         for s, e in zip(summaries, extra):
             s.update(e)
-        columns = ("name", *[k for k in extra[0] if k != "variant"], *COLUMNS[1:])
+        keys = [k for k in extra[0] if k != "variant" or any(e.get("variant") for e in extra)]
+        columns = ("name", *keys, *COLUMNS[1:])
     atomic_write_text(out / "comparison.md", markdown_table(summaries, columns))
     atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
     png = plot_overlay([(s["name"], r) for s, r in loaded], out / "accuracy.png")
