@@ -182,3 +182,15 @@ def test_brdrag_survives_noise_where_fedavg_collapses(small_cfg):
     assert clean > 0.8
     assert fedavg < clean - 0.3
     assert brdrag > clean - 0.1
+
+
+def test_fig10_diagnostics_cover_benign_rows_only():
+    from fedshield.algorithms.server.fedavg import benign_geometry
+
+    ups = _updates([[2.0, 0.0], [0.0, 4.0], [-100.0, 0.0]])
+    ctx = RoundContext(1, (0, 1, 2), (2,), 0, 3, torch.device("cpu"))
+    deltas = torch.stack([u.delta for u in ups])
+    out = benign_geometry(deltas, torch.tensor([1.0, 0.0]), ups, ctx)
+    assert out["agg/benign_rho_min"] == pytest.approx(0.25)
+    assert out["agg/benign_rho_max"] == pytest.approx(0.5)
+    assert out["agg/benign_mean_cos"] == pytest.approx(0.5)

@@ -35,6 +35,29 @@ def coverage_mean(deltas: Tensor, weights: Tensor | None, masks: Tensor) -> Tens
     return num / den.clamp_min(1e-12) * (den > 0)
 
 
+def benign_geometry(
+    deltas: Tensor, ref: Tensor, updates: list[ClientUpdate], ctx: RoundContext
+) -> dict[str, float]:
+    """Seed 000 Fig. 10 quantities over the benign rows: ρ_m = ‖r‖/‖g_m‖ (min, max) and the
+    mean cos(g_m, r). The rule's own ``agg/*`` diagnostics cover every row."""
+    benign = torch.tensor([u.client_id not in ctx.byzantine for u in updates], device=deltas.device)
+    out = {"agg/ref_norm": float(ref.norm())}
+    rows = deltas[benign]
+    if rows.shape[0] == 0 or not bool(torch.isfinite(rows).all()):
+        return out
+    norms = rows.norm(dim=1)
+    ok = norms > 0
+    if bool(ok.any()) and float(ref.norm()) > 0:
+        rho = ref.norm() / norms[ok]
+        cos = (rows[ok] @ ref) / (norms[ok] * ref.norm())
+        out |= {
+            "agg/benign_rho_min": float(rho.min()),
+            "agg/benign_rho_max": float(rho.max()),
+            "agg/benign_mean_cos": float(cos.mean()),
+        }
+    return out
+
+
 @SERVER_ALGORITHMS.register("fedavg")
 class FedAvg(ServerAlgorithm):
     """Aggregate pseudo-gradients with the configured rule, then θ += η_g · Δ."""
@@ -74,7 +97,7 @@ class FedAvg(ServerAlgorithm):
         else:
             ref = self.reference(params, buffers, state, deltas, ctx, services)
             if ref is not None:
-                metrics["agg/ref_norm"] = float(ref.norm())
+                metrics.update(benign_geometry(deltas, ref, updates, ctx))
             agg, diag = self.aggregator.aggregate(deltas, weights, reference=ref)
             metrics.update(diag)
         return agg, mean_buffers(updates, weights), metrics
