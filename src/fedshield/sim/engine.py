@@ -154,7 +154,10 @@ class Simulator:
 
         saved = tomllib.loads(saved_text)
         now = tomllib.loads(self.config_text)
-        saved.pop("rounds", None), now.pop("rounds", None)  # extending a run is allowed
+        # Extending a run is allowed, and so is resuming on other hardware (run.*: device,
+        # threads, progress bar), which does not change what is computed.
+        for key in ("rounds", "run"):
+            saved.pop(key, None), now.pop(key, None)
         if saved != now:
             diff = sorted(_diff_keys(saved, now))
             raise ConfigError(
@@ -353,15 +356,21 @@ class Simulator:
         for rnd in range(self.state.round, cfg.rounds + 1):
             t0 = time.perf_counter()
             m = self.run_round(rnd)
-            self.records.append(m)
-            if self.metrics is not None:
-                self.metrics.append(m)
-                self.timing.append({"round": rnd, "wall_s": time.perf_counter() - t0})
-                if rnd % cfg.checkpoint.every == 0 or rnd == cfg.rounds:
-                    self.save()
+            self.record(m, time.perf_counter() - t0)
             if on_round is not None:
                 on_round(m)
         return self.finish(time.perf_counter() - t_start)
+
+    def record(self, m: dict[str, Any], wall_s: float) -> None:
+        """Keep a finished round: metrics.jsonl, timing.jsonl, checkpoint when due (also
+        called by the Flower strategy, so both backends write the same files)."""
+        rnd = m["round"]
+        self.records.append(m)
+        if self.metrics is not None:
+            self.metrics.append(m)
+            self.timing.append({"round": rnd, "wall_s": wall_s})
+            if rnd % self.cfg.checkpoint.every == 0 or rnd == self.cfg.rounds:
+                self.save()
 
     def save(self) -> None:
         assert self.out is not None
