@@ -7,15 +7,20 @@ For each registered rule: our time, ByzFL's time for the same rule with paramete
 so that both compute the same thing (the ``max|diff|`` column checks it), the ratio, the
 time of one pass over the matrix (``updates.sum(0)``, the floor of any O(S·d) rule) and
 Flower's numpy version where it has one. Times are the best of ``--repeats`` runs after a
-warm-up call. Geometric median: ByzFL runs a fixed number of Weiszfeld iterations, so it is
-given the count our tolerance-based stopping rule used (same ν), i.e. the same work, and
-``max|diff|`` compares it with ours run the ByzFL way (start at 0, that many iterations).
+warm-up call, ours, ByzFL's and the floor interleaved so that load from other processes on a
+shared machine hits them alike (Flower: one timed call). ``--threads 1`` gives the steadiest
+ratios on a busy machine.
+
+Geometric median: ByzFL runs a fixed number of Weiszfeld iterations, so it is given the
+count our tolerance-based stopping rule used (same ν), i.e. the same work, and ``max|diff|``
+compares it with ours run the ByzFL way (start at 0, that many iterations).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -144,9 +149,11 @@ def main() -> None:
     d = args.dim or (10**5 if args.quick else 10**6)
 
     gen = torch.Generator().manual_seed(0)
-    # Heterogeneous-looking updates: a shared direction plus per-client noise.
+    # Heterogeneous-looking updates: a shared direction plus per-client noise, and f
+    # Byzantine rows sending a scaled sign flip, so the robust rules have work to do.
     base = torch.randn(d, generator=gen)
     x = 0.5 * base + torch.randn(s, d, generator=gen)
+    x[:f] *= -3.0
     reference = base + 0.5 * torch.randn(d, generator=gen)
     xn = x.numpy()
 
@@ -155,11 +162,9 @@ def main() -> None:
         f"S={s}, d={d}, float32, CPU, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, best of {args.repeats}; f={f}"
     )
-    floor, _ = best_time(lambda: x.sum(0), args.repeats)
-    print(f"# floor: updates.sum(0) = {floor * 1e3:.1f} ms (one pass over the matrix; timed")
-    print("# again next to every rule, ours/floor uses that)")
+    print(f"# load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     header = (
-        f"{'rule':18s} {'ours ms':>9s} {'byzfl ms':>9s} {'ours/byzfl':>10s} "
+        f"{'rule':18s} {'ours ms':>9s} {'byzfl ms':>9s} {'ours/byzfl':>10s} {'floor ms':>9s} "
         f"{'ours/floor':>10s} {'flower ms':>9s} {'max|diff|':>10s}"
     )
     print(header)
@@ -179,6 +184,7 @@ def main() -> None:
                 theirs_out = theirs(x)  # warm-up
                 if name in ("geomed", "rfa", "raga"):
                     iters = int(diag["agg/iterations"])
+                    note = f"  [{iters} Weiszfeld iterations]"
                     same = agg.build(name, max_iter=iters, tol=0.0, init="zeros")
                     ours_out = same(x)
                 diff = float((ours_out - theirs_out).abs().max())
@@ -198,8 +204,9 @@ def main() -> None:
             fl_t, _ = best_time(lambda g=fl: g(xn), 1)
         floor_ratio = fmt_ratio(ours_t, floor) if name in O_SD_RULES else "-"
         print(
-            f"{name:18s} {fmt_ms(ours_t)} {fmt_ms(theirs_t)} {fmt_ratio(ours_t, theirs_t):>10s} "
-            f"{floor_ratio:>10s} {fmt_ms(fl_t)} "
+            f"{name:18s} {fmt_ms(ours_t)} {fmt_ms(theirs_t):>9s} "
+            f"{fmt_ratio(ours_t, theirs_t):>10s} {fmt_ms(floor)} {floor_ratio:>10s} "
+            f"{fmt_ms(fl_t):>9s} "
             f"{'-' if diff is None else f'{diff:10.2e}':>10s}{note}"
         )
 

@@ -153,6 +153,15 @@ def test_shape_dtype_device_and_inputs_untouched(name: str, dtype: torch.dtype) 
     assert torch.equal(x, before[0])
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ALL)
+def test_cuda_matches_cpu(name: str) -> None:
+    x, w, r = data(torch.float64)
+    out = run(name, x.cuda(), w.cuda(), r.cuda())
+    assert out.device.type == "cuda" and out.dtype == torch.float64
+    torch.testing.assert_close(out.cpu(), run(name, x, w, r))
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_permutation_invariant(name: str) -> None:
     x, w, r = data(torch.float64)
@@ -449,3 +458,18 @@ def test_median_infinite_middle_values_are_not_nan() -> None:
     x = torch.tensor([[1.0, inf, 0.0], [inf, inf, float("nan")], [inf, 2.0, 1.0], [0.0, inf, 2.0]])
     out = agg.build("median")(x)
     assert out[0] == inf and out[1] == inf and torch.isnan(out[2])  # NaN stays NaN
+
+
+def test_blocked_helpers_match_direct_formulas(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedshield.aggregators import _ops
+
+    x = torch.randn(8, 5_003, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    whole = {n: agg.build(n)(x) for n in ("raga", "centered_clipping")}
+    monkeypatch.setattr(_ops, "_BLOCK_ELEMS", 8 * 1024)  # force several column blocks
+    blocks = _ops.column_blocks(x)
+    assert len(blocks) == 5 and blocks[-1].stop == x.shape[1]
+    xc = x - x.mean(0)
+    torch.testing.assert_close(_ops.centered_gram(x), xc @ xc.T)
+    torch.testing.assert_close(_ops.row_dists(x, x[3]), (x - x[3]).norm(dim=1))
+    for name, out in whole.items():
+        torch.testing.assert_close(agg.build(name)(x), out)

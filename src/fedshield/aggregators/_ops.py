@@ -119,15 +119,46 @@ def masked_stat(values: Tensor, mask: Tensor, how: str) -> float:
 
 
 # -- pairwise geometry ------------------------------------------------------------------------
+#: Column blocks of about this many elements (8 MiB of float32) stay in a CPU's last-level
+#: cache; larger blocks lose the cache, smaller ones pay more per-op (thread sync) overhead.
+_BLOCK_ELEMS = 1 << 21
+
+
+def column_blocks(x: Tensor) -> list[slice]:
+    """Column slices for cache blocking on CPU; one slice covering everything elsewhere.
+
+    Used where a rule needs a temporary of the shape of ``x`` (x − centre): block by block
+    it never leaves the cache, which halves the time on CPU at d = 10^6, and saves the
+    ``[S, d]`` allocation. A loop over a few dozen blocks, each fully vectorised.
+    """
+    s, d = x.shape
+    if x.device.type != "cpu":
+        return [slice(0, d)]
+    step = max(1024, _BLOCK_ELEMS // max(s, 1))
+    return [slice(i, min(i + step, d)) for i in range(0, d, step)]
+
+
+def row_dists(x: Tensor, centre: Tensor) -> Tensor:
+    """``[S]`` distances ‖x_i − centre‖, computed directly (no Gram-trick cancellation)."""
+    sq = x.new_zeros(x.shape[0])
+    for blk in column_blocks(x):
+        sq += torch.linalg.vector_norm(x[:, blk] - centre[blk], dim=1).square()
+    return sq.sqrt()
+
+
 def centered_gram(x: Tensor) -> Tensor:
-    """``[S, S]`` Gram matrix of the mean-centred rows (one matmul).
+    """``[S, S]`` Gram matrix of the mean-centred rows.
 
     Centring first keeps the Gram trick accurate when the rows share a large common offset
     (e.g. models θ_m rather than updates g_m): the rounding error of ‖x_i − x_j‖² is then
     relative to the spread of the rows, not to ‖x_i‖².
     """
-    xc = x - x.mean(dim=0)
-    return xc @ xc.T
+    mean = x.mean(dim=0)
+    g = x.new_zeros(x.shape[0], x.shape[0])
+    for blk in column_blocks(x):
+        xc = x[:, blk] - mean[blk]
+        g.addmm_(xc, xc.T)
+    return g
 
 
 def sq_dists_from_gram(g: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ L = ``iters`` = 1: the paper reports that one clipping iteration suffices in pra
 paper's choice is the previous round's aggregate/momentum, which the server algorithm
 holds — and zero otherwise (ByzFL's and the paper's code's first-round default).
 
-Distances are computed directly as ‖g_i − v‖ (one ``[S, d]`` temporary per iteration), not
+Distances are computed directly as ‖g_i − v‖ (block by block, see ``_ops.row_dists``), not
 through the Gram trick: τ is compared with distances that may be small next to ‖g_i‖.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import check_float, check_int, row_norms
+from fedshield.aggregators._ops import check_float, check_int, row_dists
 from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, check_updates
 
 
@@ -45,7 +45,7 @@ class CenteredClipping(Aggregator):
         scale = w
         for _ in range(self.iters):
             # τ/0 = inf → min(1, inf) = 1: a row sitting on the centre is left as is.
-            scale = (self.tau / row_norms(updates - v)).clamp_max(1.0)
+            scale = (self.tau / row_dists(updates, v)).clamp_max(1.0)
             coef = w * scale
             # v + Σ w_i s_i (g_i − v) = (1 − Σ w_i s_i) v + Σ w_i s_i g_i: one GEMV.
             v = (1.0 - coef.sum()) * v + coef @ updates

@@ -9,9 +9,9 @@ for at most ``max_iter`` iterations, stopping once the objective Σ_i α_i ‖z 
 by less than ``tol`` relatively. SPEC defaults: ν = 1e-6, 100 iterations, tol = 1e-6.
 
 Every iterate is a convex combination z = Σ_j β_j x_j, so ‖z − x_i‖² = βᵀGβ − 2(Gβ)_i + G_ii
-with G the Gram matrix of the (mean-centred) rows: one ``[S, d]`` matmul up front, then each
-iteration is O(S²) on an ``[S, S]`` float64 matrix, and one GEMV builds z at the end. The
-cost is independent of the iteration count, where a textbook loop pays O(S·d) per iteration.
+with G the Gram matrix of the (mean-centred) rows: one O(S²·d) matmul pass up front, then
+each iteration is O(S²) on an ``[S, S]`` float64 matrix, and one GEMV builds z at the end.
+The cost hardly depends on the iteration count; a textbook loop pays O(S·d) per iteration.
 
 * ``geomed`` / ``rfa`` use the caller's weights (RFA: sample counts n_m), ``raga`` is uniform.
 * RFA is stated on models, θ^{t+1} = GeoMed({θ_m^{t,U}}). The minimiser is translation
@@ -104,7 +104,9 @@ class GeoMed(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        alpha = check_updates(updates, weights if self.use_weights else None)
+        alpha = check_updates(updates, weights)  # validates the weights' shape either way
+        if not self.use_weights:
+            alpha = torch.full_like(alpha, 1.0 / alpha.numel())
         z, iters, obj = geometric_median(
             updates, alpha, nu=self.nu, max_iter=self.max_iter, tol=self.tol, init=self.init
         )

@@ -4,7 +4,8 @@ score(i) = Σ of the squared distances from g_i to its S − f − 2 nearest oth
 Krum returns the update with the lowest score, Multi-Krum the (weighted) average of the m
 lowest-scoring ones (m = S − f by default). Both need S > 2f + 2.
 
-All S² distances come from one matmul of the mean-centred rows (see ``_ops.centered_gram``).
+All S² distances come from the Gram matrix of the mean-centred rows, one pass of matmuls
+(see ``_ops.centered_gram``).
 """
 
 from __future__ import annotations
