@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml
 	# torch/torchvision pinned to the releases on this machine's disk (see README).
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e '.[test,flower]'
+	# AutoAttack/FGSM reference (see pyproject: its requests pin conflicts with flwr's).
+	$(PY) -m pip install -q --no-deps 'torchattacks>=3.5'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -37,8 +37,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
 
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
-    if args.backend == "flower":
-        raise FedshieldError("--backend flower is not available in this build yet")
+    if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
+        from fedshield.flower import run_simulation
+
+        out = _out_dir(args.out, cfg.name, args.resume)
+        quiet = args.quiet or not cfg.run.progress
+        verbose = getattr(args, "verbose", False)
+        summary = run_simulation(cfg, out, args.resume, quiet=quiet, verbose=verbose)
+        summary["out"] = str(out)
+        print_summaries([summary])
+        return 0
     summary = run_config(cfg, _out_dir(args.out, cfg.name, args.resume), args.resume, args.quiet)
     print_summaries([summary])
     return 0

@@ -1,0 +1,34 @@
+"""Where a configured attack runs on Flower (SPEC §6 on a real network).
+
+* **Data attacks** (``label_flip``): on the malicious SuperNode, which poisons its own data
+  and then trains honestly.
+* **Row-local update attacks** (``sign_flip``, ``scaling``: they read only the attacker's own
+  update, ``needs_own_update = True``): on the malicious SuperNode, after local training.
+* **Omniscient update attacks** (``min_max``, ``min_sum``, ``alie``, ``ipm``; they read the
+  round's benign updates) and attacks that ignore the own update (``noise``): in the
+  strategy, which is the only place that sees every update of the round. This models the
+  literature's omniscient colluding adversary. ``noise`` is placed there too because it
+  draws from the round's shared attack stream, so Flower and simulator runs match exactly.
+
+An attack class may state its placement explicitly with a class attribute
+``omniscient = True`` (strategy) or ``False`` (SuperNode); otherwise ``needs_own_update``
+decides, as above.
+"""
+
+from __future__ import annotations
+
+from fedshield.attacks.base import DataAttack, UpdateAttack
+
+
+def runs_on_client(attack: object) -> bool:
+    """True when the malicious SuperNode applies ``attack`` itself."""
+    if isinstance(attack, DataAttack):
+        return True
+    if isinstance(attack, UpdateAttack):
+        return not bool(getattr(attack, "omniscient", not attack.needs_own_update))
+    return False
+
+
+def local_update_attack(attack: object) -> bool:
+    """True for an update attack that the SuperNode applies to its own update."""
+    return isinstance(attack, UpdateAttack) and runs_on_client(attack)

@@ -1,0 +1,128 @@
+"""The fedshield ClientApp: any registered client algorithm on a Flower SuperNode.
+
+A SuperNode serves one fedshield client, the one whose index is its node config's
+``partition-id`` (set by the simulation engine, or ``--node-config "partition-id=K
+num-partitions=M"`` on a real SuperNode). It receives the fully resolved experiment config
+with every train message and rebuilds the experiment from it (cached per process): the same
+dataset, root/validation carve-out and seeded partition as the server, so partition ``K``
+is exactly the simulator's client ``K``. Node config ``data-root`` (where this host keeps
+the datasets) and ``device`` override the config's ``data.root`` and ``run.device``.
+
+Per-client state (SCAFFOLD's h_m, ...) lives in the node's ``Context.state`` across rounds,
+never on the server. Malicious nodes apply data attacks and row-local update attacks here
+(:mod:`fedshield.flower.byzantine`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from collections import OrderedDict
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict, UserConfig
+from flwr.clientapp import ClientApp
+from torch import Tensor
+
+from fedshield import config as config_mod
+from fedshield.errors import ConfigError
+from fedshield.flower import codec
+from fedshield.sim.builder import build
+from fedshield.sim.context import ClientUpdate, Payload, make_generator
+from fedshield.sim.engine import Simulator
+
+app = ClientApp()
+
+_LOCAL_ATTACK = 0xA77  # purpose tag of the generator a SuperNode hands its own attack
+_CACHE_SIZE = 2  # experiments kept per process (a sweep switches configs between runs)
+_runtimes: OrderedDict[str, Simulator] = OrderedDict()
+
+
+def node_partition(node_config: UserConfig) -> tuple[int, int | None]:
+    """(partition-id, num-partitions or None) of this SuperNode."""
+    if "partition-id" not in node_config:
+        raise ConfigError(
+            "this SuperNode has no partition-id; start it with "
+            "--node-config 'partition-id=K num-partitions=M' (K = its fedshield client index)"
+        )
+    n = node_config.get("num-partitions")
+    return int(node_config["partition-id"]), None if n is None else int(n)  # type: ignore[arg-type]
+
+
+def runtime(config_toml: str, node_config: UserConfig) -> Simulator:
+    """The experiment of ``config_toml`` as this node sees it (data path and device are
+    the node's), built once per process and config."""
+    overrides = {k: str(node_config[k]) for k in ("data-root", "device") if k in node_config}
+    key = hashlib.sha256((config_toml + repr(sorted(overrides.items()))).encode()).hexdigest()
+    if key in _runtimes:
+        _runtimes.move_to_end(key)
+        return _runtimes[key]
+    raw = tomllib.loads(config_toml)
+    if "data-root" in overrides:
+        raw.setdefault("data", {})["root"] = overrides["data-root"]
+    if "device" in overrides:
+        raw.setdefault("run", {})["device"] = overrides["device"]
+    cfg = config_mod.validate(raw, "config sent by the ServerApp")
+    if cfg.run.threads:  # as the simulator's CLI does; else the runtime's default (Ray: 1)
+        torch.set_num_threads(cfg.run.threads)
+    sim = Simulator(build(cfg))
+    _runtimes[key] = sim
+    while len(_runtimes) > _CACHE_SIZE:
+        _runtimes.popitem(last=False)
+    return sim
+
+
+def load_state(store: RecordDict, task: codec.Task, sim: Simulator, d: int) -> dict[str, Tensor]:
+    """This run's client state from the node's ``Context.state`` (initialised on first
+    participation, as the simulator does); other runs' states are dropped."""
+    for key in list(store.array_records):
+        if key.startswith(codec.CLIENT_STATE) and key != task.state_key:
+            del store[key]
+    if task.state_key in store.array_records:
+        return codec.record_to_tensors(store.array_records[task.state_key], sim.device)
+    return sim.comp.client.init_state(d)
+
+
+def local_update(
+    sim: Simulator, task: codec.Task, payload: Payload, store: RecordDict
+) -> ClientUpdate:
+    """This client's upload, exactly as :meth:`Simulator.client_update` computes it, with
+    the client state kept in ``store`` (the node's ``Context.state``)."""
+    k = task.client_id
+    if not task.train:  # the strategy overwrites this attacker's row: report the size only
+        zeros = torch.zeros_like(payload.params)
+        return ClientUpdate(k, zeros, len(sim.exp.clients[k]), payload.buffers)
+    state = load_state(store, task, sim, payload.params.numel())
+    update = sim.train_client(k, payload, task.round, task.byzantine, state)
+    store[task.state_key] = codec.tensors_to_record(state)
+    if task.byzantine and task.local_attack:
+        attack = sim.comp.attack
+        gen = make_generator(sim.cfg.seed, task.round, k, _LOCAL_ATTACK, device=sim.device)
+        own = torch.ones(1, dtype=torch.bool, device=update.delta.device)
+        update.delta = attack(update.delta[None], own, generator=gen)[0]  # type: ignore[operator]
+    return update
+
+
+@app.query()
+def hello(msg: Message, context: Context) -> Message:
+    """Discovery: tell the strategy which fedshield client this node serves."""
+    k, n = node_partition(context.node_config)
+    m = int(msg.content.config_records[codec.HELLO]["num-clients"])  # type: ignore[arg-type]
+    if n is not None and n != m:
+        raise ConfigError(f"node has num-partitions={n} but the run has data.num_clients={m}")
+    if not 0 <= k < m:
+        raise ConfigError(f"node partition-id={k} outside 0..{m - 1} (data.num_clients={m})")
+    return Message(RecordDict({codec.NODE: ConfigRecord({"partition-id": k})}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One round of local training with the configured client algorithm."""
+    task = codec.Task.from_record(msg.content.config_records[codec.TASK])
+    k, _ = node_partition(context.node_config)
+    if task.client_id != k:
+        raise ConfigError(f"message for client {task.client_id} reached partition-id={k}")
+    sim = runtime(task.config_toml, context.node_config)
+    payload = codec.decode_payload(msg.content.array_records[codec.PAYLOAD], sim.device)
+    update = local_update(sim, task, payload, context.state)
+    return Message(codec.encode_update(update), reply_to=msg)

@@ -1,0 +1,87 @@
+"""The fedshield ServerApp (``flwr run``) and the server side shared with the simulation.
+
+``flwr run`` passes the run config of ``[tool.flwr.app.config]`` (pyproject.toml) and
+``--run-config`` overrides; the keys are:
+
+* ``preset``: a bundled preset name (default ``demo``), or
+* ``config``: path of an experiment TOML on the SuperLink host (wins over ``preset``);
+* ``overrides``: ``KEY=VALUE`` items separated by spaces, as ``fedshield run --set``;
+* ``out``: output directory on the SuperLink host (default ``runs/<name>-flower``);
+* ``resume``: continue the run in ``out`` from its checkpoint;
+* ``round-timeout``: seconds to wait for a round's replies (default 3600).
+
+Outputs are the simulator's: ``config.toml``, ``metrics.jsonl``, ``timing.jsonl``,
+``checkpoint.pt``, ``summary.json``, plots and ``report.md``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import Context, UserConfig
+from flwr.serverapp import Grid, ServerApp
+
+from fedshield import config as config_mod
+from fedshield.config import ExperimentConfig
+from fedshield.flower.strategy import FedshieldStrategy
+from fedshield.sim.builder import build
+from fedshield.sim.engine import Simulator
+
+app = ServerApp()
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    cfg: ExperimentConfig
+    out: Path
+    resume: bool = False
+    round_timeout: float = 3600.0
+
+
+def settings_from_run_config(run_config: UserConfig) -> ServerSettings:
+    """Resolve the experiment from the Flower run config (see the module docstring)."""
+    path = str(run_config.get("config", "") or "") or None
+    preset = str(run_config.get("preset", "") or "") or None
+    overrides = shlex.split(str(run_config.get("overrides", "") or ""))
+    cfg = config_mod.load(path, preset=None if path else preset, overrides=overrides)
+    out = str(run_config.get("out", "") or "") or f"runs/{cfg.name}-flower"
+    return ServerSettings(
+        cfg=cfg,
+        out=Path(out).expanduser().resolve(),
+        resume=bool(run_config.get("resume", False)),
+        round_timeout=float(run_config.get("round-timeout", 3600.0)),  # type: ignore[arg-type]
+    )
+
+
+def prepare(cfg: ExperimentConfig, out: Path | None, resume: bool = False) -> Simulator:
+    """Build the server side (data, model, components, output dir) before any node is
+    contacted, so a bad config or an occupied ``out`` fails in seconds."""
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    return Simulator(build(cfg), out, resume=resume)
+
+
+def serve(
+    grid: Grid,
+    sim: Simulator,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    round_timeout: float = 3600.0,
+) -> dict[str, Any]:
+    """Run the experiment of ``sim`` over ``grid``; write outputs; return the summary."""
+    strategy = FedshieldStrategy(sim, on_round)
+    t0 = time.perf_counter()
+    strategy.run(grid, timeout=round_timeout)
+    return sim.finish(time.perf_counter() - t0)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Entry point of ``flwr run``: one fedshield experiment on the connected SuperNodes."""
+    s = settings_from_run_config(context.run_config)
+    serve(grid, prepare(s.cfg, s.out, s.resume), round_timeout=s.round_timeout)
