@@ -33,7 +33,13 @@ from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
 from fedshield.sim.builder import Experiment
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
-from fedshield.sim.context import ClientUpdate, RoundContext, derive_seed, make_generator
+from fedshield.sim.context import (
+    ClientUpdate,
+    RoundContext,
+    derive_seed,
+    make_generator,
+    seed_global_rng,
+)
 from fedshield.sim.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
 
@@ -190,7 +196,7 @@ class Simulator:
         self, data: TensorData, payload: Any, client_id: int, rnd: int, state: dict[str, Tensor]
     ) -> ClientUpdate:
         seed = self.cfg.seed
-        torch.manual_seed(derive_seed(seed, rnd, client_id, _TORCH))  # dropout & co.
+        seed_global_rng(derive_seed(seed, rnd, client_id, _TORCH), self.device)  # dropout
         ctx = ClientContext(
             client_id=client_id,
             round=rnd,
@@ -211,7 +217,7 @@ class Simulator:
         g = ClientContext(
             -1, ctx.round, make_generator(self.cfg.seed, ctx.round, _ROOT), self.device
         )
-        torch.manual_seed(derive_seed(self.cfg.seed, ctx.round, _ROOT, _TORCH))
+        seed_global_rng(derive_seed(self.cfg.seed, ctx.round, _ROOT, _TORCH), self.device)
         return trainer.local_update(self.model, Payload(params, buffers), self.exp.root, g, {})
 
     # -- one round -----------------------------------------------------------------------
