@@ -228,7 +228,7 @@ def test_drag_hand_examples() -> None:
     torch.testing.assert_close(lam, torch.tensor([0.5, 0.5, 0.0]))
     torch.testing.assert_close(v, torch.tensor([[0.5, 0.5], [-0.5, 0.5], [0.0, 3.0]]))
     # opposite to r with c = 0.5: λ = 2c = 1, v = ‖g‖ r/‖r‖ — fully turned onto r
-    v1, lam1, _ = agg.drag_calibrate(torch.tensor([-4.0, 0.0]), torch.tensor([1.0, 0.0]))
+    v1, lam1, _ = agg.drag_calibrate(torch.tensor([-4.0, 0.0]), torch.tensor([1.0, 0.0]), c=0.5)
     torch.testing.assert_close(v1, torch.tensor([4.0, 0.0]))
     assert float(lam1) == pytest.approx(1.0)
     out, diag = agg.build("drag", c=0.5).aggregate(x, reference=r)

@@ -50,7 +50,7 @@ def test_drag_reference_momentum():
     assert "ref" not in srv.broadcast(torch.zeros(2), torch.zeros(0), {}, CTX).extras
     step = srv.update(torch.zeros(2), torch.zeros(0), {}, ups, CTX, None)
     r0 = torch.tensor([0.5, 0.5])  # r^0 = (1/S) Σ g^0
-    v, _, _ = aggregators.drag_calibrate(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), r0, 0.5)
+    v, _, _ = aggregators.drag_calibrate(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), r0, 0.2)
     delta = v.mean(0)
     torch.testing.assert_close(step.params, delta)
     torch.testing.assert_close(step.state["ref"], 0.75 * r0 + 0.25 * delta)
