@@ -77,8 +77,8 @@ def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -
 
 def print_summaries(summaries: list[dict[str, Any]]) -> None:
     table = Table(title="results")
-    for col in ("run", "rounds", "final acc", "best acc", "rounds to target", "out"):
-        table.add_column(col)
+    for col in ("run", "rounds", "final acc", "best acc", "rounds to target"):
+        table.add_column(col, no_wrap=col == "run")
     for s in summaries:
         table.add_row(
             s["name"],
@@ -86,9 +86,13 @@ def print_summaries(summaries: list[dict[str, Any]]) -> None:
             f"{s.get('final_test_acc', float('nan')):.4f}",
             f"{s.get('best_test_acc', float('nan')):.4f}",
             str(s.get("rounds_to_target", "-")),
-            str(s.get("out", "")),
         )
     console.print(table)
+    outs = sorted({str(Path(s["out"]).parent) for s in summaries if s.get("out")})
+    if len(summaries) == 1 and summaries[0].get("out"):
+        console.print(f"outputs: {summaries[0]['out']}")
+    elif outs:
+        console.print(f"outputs under: {', '.join(outs)}")
 
 
 LIST_KINDS = (
