@@ -15,6 +15,8 @@ def test_forward_backward_and_feature_split(name):
     out = model(x)
     assert out.shape == (2, 7)
     out.sum().backward()
+    if hasattr(model, "forward_exits"):  # multi-exit: model(x) is the deepest exit only
+        sum(z.sum() for z in model.forward_exits(x)).backward()
     assert all(p.grad is not None for p in model.parameters())
     z = model.forward_features(x)
     assert z.shape == (2, model.num_features)

@@ -1,4 +1,4 @@
-"""Multi-exit ViT for depth-heterogeneous FL (SPEC §8; seed 002 §III-A, eq. for u_e).
+"""Multi-exit ViT for depth-heterogeneous FL (SPEC §8 "Model"; seed 002 §III-A, §IV).
 
 L stages (timm ``VisionTransformer`` blocks) with one exit after each. Exit e reads the
 tokens z_e after block e and returns logits = W_e u_e + b_e with
@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from fedshield.errors import ConfigError, DataError
 from fedshield.models.base import MODELS, Classifier
+from fedshield.routing import Policy, exit_threshold
 
 PAPER_CHECKPOINT = "vit_small_patch16_224.augreg_in21k_ft_in1k"
 PAPER_HF_REPO = f"timm/{PAPER_CHECKPOINT}"
@@ -256,12 +257,10 @@ class EarlyExitViT(Classifier):
     # -- routed inference ---------------------------------------------------------------
     @torch.no_grad()
     def forward_routed(
-        self, x: Tensor, policy: Any, client_score: Tensor | float = 0.0
+        self, x: Tensor, policy: Policy | str, client_score: Tensor | float = 0.0
     ) -> tuple[Tensor, Tensor]:
         """(0-based exit index, prediction) with real early exit: samples accepted at e
         leave the batch, so deeper blocks run only on the deferred ones (SPEC §8 eq. 12)."""
-        from fedshield.routing import exit_threshold
-
         n = x.shape[0]
         exit_idx = torch.full((n,), self.num_exits - 1, dtype=torch.long, device=x.device)
         preds = torch.empty(n, dtype=torch.long, device=x.device)
@@ -302,12 +301,18 @@ def _per_channel(v: float | Sequence[float], chans: int, key: str) -> tuple[floa
 
 
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        sd: Any = load_file(str(path))
-    else:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+            sd: Any = load_file(str(path))
+        else:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # unpickling / format errors of many kinds
+        raise DataError(
+            f"{path}: cannot read a state dict ({type(err).__name__}: {err}); expected a "
+            f"timm checkpoint saved with torch.save (.pth/.pt/.bin) or .safetensors"
+        ) from None
     for key in ("model", "state_dict"):  # common checkpoint wrappers
         if isinstance(sd, dict) and isinstance(sd.get(key), dict):
             sd = sd[key]
@@ -412,15 +417,19 @@ def eevit_small(
     input_shape: tuple[int, int, int],
     num_classes: int,
     *,
-    pretrained: bool = True,
+    pretrained: bool = False,
     pretrained_path: str | None = None,
     depth: int = 6,
-    drop_path_rate: float = 0.1,
+    drop_path_rate: float = 0.0,
     img_size: int = 224,
     exit_mode: ExitMode = "stage",
 ) -> EarlyExitViT:
     """The paper model: first ``depth`` = 6 blocks of ViT-S/16 (dim 384, 6 heads),
-    224×224 bicubic inputs, AugReg normalisation (seed 002 §IV)."""
+    224×224 bicubic inputs, AugReg normalisation (seed 002 §IV).
+
+    Random init unless ``pretrained`` (offline HF cache) or ``pretrained_path`` is set
+    (SPEC §8); the paper presets set ``pretrained = true``, which fails with a clear
+    error naming the cache when the weights are absent."""
     mean, std = _AUGREG_MEAN_STD
     return eevit(
         input_shape,

@@ -1,4 +1,4 @@
-"""Depth-limited multi-exit local training (SPEC §8; seed 002 §III-B, eqs. 2–4).
+"""Depth-limited multi-exit local training (SPEC §8 "Local loss"; seed 002 §III-B).
 
 Client k trains the prefix of depth m_k (stem + blocks 1..m_k + exits 1..m_k) with
 
@@ -20,12 +20,13 @@ is trained, and how its update maps back onto the global vector) and the loss op
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fedshield.algorithms.client._augment import (
@@ -43,7 +44,7 @@ from fedshield.algorithms.client.base import (
 from fedshield.algorithms.params import Params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
-from fedshield.models.eevit import prefix_bytes
+from fedshield.models.eevit import EarlyExitViT, prefix_bytes
 from fedshield.sim.context import ClientUpdate, Payload
 from fedshield.sim.flat import get_buffers, get_params, set_buffers, set_params
 
@@ -75,6 +76,12 @@ class MultiExitParams(Params):
     mix_switch_prob: float = Field(0.5, ge=0.0, le=1.0)
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     randaugment: str | None = Field(None, description="timm config, e.g. 'rand-m9-mstd0.5'")
+
+    @model_validator(mode="after")
+    def _round_budget(self) -> MultiExitParams:
+        if self.schedule == "round_cosine" and self.schedule_rounds is None:
+            raise ValueError("schedule = 'round_cosine' needs schedule_rounds (the round budget)")
+        return self
 
 
 # -- the loss (pure functions, tested on worked examples) ------------------------------
@@ -155,7 +162,7 @@ class Subnet:
     over the global flat vector (None = the whole model).
     """
 
-    model: nn.Module
+    model: EarlyExitViT
     depth: int
     params: list[tuple[str, nn.Parameter]]
     mask: Tensor | None
@@ -165,15 +172,19 @@ class Subnet:
         return get_params(self.model) - start
 
 
-def _need_multi_exit(model: nn.Module) -> None:
-    if not hasattr(model, "forward_exits") or not hasattr(model, "num_exits"):
+def as_multi_exit(model: nn.Module) -> EarlyExitViT:
+    if not isinstance(model, EarlyExitViT):
         raise ConfigError(
             "this client algorithm needs a multi-exit model (model.name = 'eevit' or "
             f"'eevit_small'), got {type(model).__name__}"
         )
+    return model
 
 
-def cycled(values: list, client_id: int, default: object) -> object:
+T = TypeVar("T")
+
+
+def cycled(values: Sequence[T], client_id: int, default: T) -> T:
     """Tier of a client: values[k mod len] (SPEC §8 "resource tiers cycled")."""
     return values[client_id % len(values)] if values else default
 
@@ -189,28 +200,27 @@ class MultiExit(ClientAlgorithm):
         return self.params  # type: ignore[return-value]
 
     def depth_for(self, client_id: int, num_exits: int) -> int:
-        m = int(cycled(self.p.depths, client_id, num_exits))  # type: ignore[arg-type]
+        m = cycled(self.p.depths, client_id, num_exits)
         if not 1 <= m <= num_exits:
             raise ConfigError(f"client.params.depths: {m} is outside 1..{num_exits} exits")
         return m
 
-    def make_subnet(self, model: nn.Module, ctx: ClientContext) -> Subnet:
-        m = self.depth_for(ctx.client_id, model.num_exits)  # type: ignore[attr-defined]
+    def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+        m = self.depth_for(ctx.client_id, model.num_exits)
         # A full-depth client sends no mask, so all-full-depth runs keep the configured
         # (e.g. robust) aggregator instead of the coverage mean.
-        mask = None if m == model.num_exits else model.prefix_mask(m)  # type: ignore[attr-defined]
-        return Subnet(model, m, model.prefix_parameters(m), mask)  # type: ignore[attr-defined]
+        mask = None if m == model.num_exits else model.prefix_mask(m)
+        return Subnet(model, m, model.prefix_parameters(m), mask)
 
     def exit_logits(self, net: Subnet, x: Tensor) -> list[Tensor]:
-        return net.model.forward_exits(x, net.depth)  # type: ignore[operator]
+        return net.model.forward_exits(x, net.depth)
 
     def lr_at(self, rnd: int, step: int, steps: int) -> float:
         lr, lo = self.spec.lr, self.p.lr_min
         if self.p.schedule == "local_cosine":
             frac = step / max(steps, 1)
         elif self.p.schedule == "round_cosine":
-            if self.p.schedule_rounds is None:
-                raise ConfigError("client.params.schedule = 'round_cosine' needs schedule_rounds")
+            assert self.p.schedule_rounds is not None  # checked by MultiExitParams
             frac = min((rnd - 1) / self.p.schedule_rounds, 1.0)
         else:
             return lr
@@ -219,7 +229,7 @@ class MultiExit(ClientAlgorithm):
     def optimizer(self, net: Subnet) -> torch.optim.Optimizer:
         # Only the active prefix is optimised: AdamW's decoupled weight decay would
         # otherwise shrink parameters this client never trains.
-        skip = getattr(net.model, "no_weight_decay", lambda: set())()
+        skip = net.model.no_weight_decay()
         decay = [p for n, p in net.params if p.ndim > 1 and n not in skip]
         rest = [p for n, p in net.params if not (p.ndim > 1 and n not in skip)]
         groups = [
@@ -238,12 +248,12 @@ class MultiExit(ClientAlgorithm):
         ctx: ClientContext,
         state: dict[str, Tensor],
     ) -> ClientUpdate:
-        _need_multi_exit(model)
-        set_params(model, payload.params)
-        set_buffers(model, payload.buffers)
-        net = self.make_subnet(model, ctx)
+        vit = as_multi_exit(model)
+        set_params(vit, payload.params)
+        set_buffers(vit, payload.buffers)
+        net = self.make_subnet(vit, ctx)
         net.model.train()
-        num_classes = int(model.num_classes)  # type: ignore[attr-defined]
+        num_classes = vit.num_classes
         p, spec = self.p, self.spec
         opt = self.optimizer(net)
         mix = make_mixup(
@@ -333,8 +343,8 @@ class ReeFL(MultiExit):
 
     params_schema = ReeFLParams
 
-    def make_subnet(self, model: nn.Module, ctx: ClientContext) -> Subnet:
-        if getattr(model, "exit_mode", None) != "recurrent":
+    def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+        if model.exit_mode != "recurrent":
             raise ConfigError(
                 "client.algorithm = 'reefl' needs model.params.exit_mode = 'recurrent'"
             )

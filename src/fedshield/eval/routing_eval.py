@@ -1,0 +1,273 @@
+"""Early-exit routing evaluators (SPEC §8 "Metrics"; seed 002 §III-D–G, §IV).
+
+``routing`` — clean routing of the global multi-exit model:
+
+* global test set: full depth (top-1/top-5), per-exit accuracy, DepthFL's exit ensemble,
+  and for every global policy (``a = 0``: fixed, global_resource, robust) accuracy, top-5,
+  exit histogram, average depth ē, depth saving 1 − ē/L and the accept/defer
+  decomposition 𝓔_{e|A_e}, 𝓔_{e|D_e}, 𝓔_{e+1|D_e};
+* client-local test data: mean / worst client accuracy and depth for all five policies
+  (client-aware ones use the client's S_k, so they are evaluated only here, as the seed
+  prescribes) and for full depth;
+* the client profile S_k (SPEC §8 "Client profiling").
+
+``routing_adv`` — the same global policies on FGSM and PGD-10 examples generated against
+the deepest exit (``model(x)``) with ε ∈ {1e-4, 1e-3, 1e-2}; no adversarial training.
+
+Our choices (all parameters): client-local test sets are drawn from the global test set
+with each client's training label distribution (``client_test_size`` samples, per-class
+counts by largest remainder, without replacement while a class has enough test samples);
+clients are profiled with the evaluated global model on up to ``profile_samples`` of their
+training samples — before round 1 the exit heads are untrained (random init, even with a
+pretrained trunk), so a round-0 confidence term would be noise; PGD's step is
+``pgd_step_ratio`` · ε (2.5ε/10 = ε/4, Madry et al.) with a uniform random start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from fedshield.adversarial import fgsm, pgd
+from fedshield.data.bundle import TensorData
+from fedshield.errors import ConfigError
+from fedshield.eval.base import EVALUATORS, EvalInputs
+from fedshield.routing import POLICIES, profile_clients, route, routing_metrics
+from fedshield.sim.context import make_generator
+
+ALL_POLICIES = ("fixed", "global_resource", "robust", "client_resource", "client_robust")
+GLOBAL_POLICIES = ("fixed", "global_resource", "robust")
+_CLIENT_TEST, _PROFILE, _ADV = 0xC7, 0x9F, 0xAD  # purposes mixed into derived seeds
+
+
+def _need_exits(model: nn.Module) -> None:
+    if not hasattr(model, "forward_exits"):
+        raise ConfigError(
+            "eval.metrics 'routing'/'routing_adv' need a multi-exit model "
+            f"(model.name = 'eevit' or 'eevit_small'), got {type(model).__name__}"
+        )
+
+
+@torch.no_grad()
+def exit_probs(
+    model: nn.Module,
+    x: Tensor,
+    batch_size: int,
+    device: torch.device,
+    depth: int | None = None,
+) -> Tensor:
+    """Softmax of exits 1..depth, ``[L, N, C]`` float32 on the CPU."""
+    out = []
+    for start in range(0, x.shape[0], batch_size):
+        xb = x[start : start + batch_size].to(device)
+        if xb.dtype == torch.uint8:
+            xb = xb.float().div_(255.0)
+        logits = model.forward_exits(xb, depth)  # type: ignore[operator]
+        out.append(torch.stack([z.float().softmax(-1) for z in logits]).cpu())
+    return torch.cat(out, dim=1)
+
+
+def _float_x(data: TensorData) -> Tensor:
+    return data.x.float().div(255.0) if data.x.dtype == torch.uint8 else data.x
+
+
+def _acc(probs: Tensor, labels: Tensor) -> float:
+    return float((probs.argmax(-1) == labels).double().mean()) if labels.numel() else float("nan")
+
+
+def topk_acc(probs: Tensor, labels: Tensor, k: int = 5) -> float:
+    """Top-k accuracy of ``[N, C]`` probabilities (k capped at C)."""
+    k = min(k, probs.shape[-1])
+    hit = (probs.topk(k, dim=-1).indices == labels[:, None]).any(-1)
+    return float(hit.double().mean()) if labels.numel() else float("nan")
+
+
+def client_test_sets(
+    test: TensorData,
+    clients: Sequence[TensorData],
+    num_classes: int,
+    size: int,
+    seed: int,
+) -> list[TensorData]:
+    """Per-client test subsets with the client's training label distribution (our choice;
+    the bundles carry no per-client test split). Per-class counts by largest remainder;
+    drawn without replacement while the class has enough test samples, else with."""
+    rng = np.random.default_rng([seed, _CLIENT_TEST])
+    by_class = [np.flatnonzero(test.y.numpy() == c) for c in range(num_classes)]
+    out = []
+    for data in clients:
+        q = data.class_counts(num_classes).double().numpy()
+        q = q / q.sum()
+        raw = q * size
+        counts = np.floor(raw).astype(int)
+        rest = size - counts.sum()
+        counts[np.argsort(-(raw - counts), kind="stable")[:rest]] += 1
+        idx = []
+        for c, n in enumerate(counts):
+            pool = by_class[c]
+            if n == 0 or pool.size == 0:
+                continue
+            idx.append(rng.choice(pool, size=n, replace=n > pool.size))
+        sel = torch.from_numpy(np.concatenate(idx)) if idx else torch.zeros(0, dtype=torch.long)
+        out.append(test.subset(sel))
+    return out
+
+
+def _policy_dict(prefix: str, probs: Tensor, labels: Tensor, policy: str) -> dict[str, float]:
+    """One global policy's metrics; per-exit accuracy is policy-free, so reported once."""
+    exit_idx, _ = route(probs, policy)
+    metrics = routing_metrics(probs, labels, exit_idx).as_dict(prefix)
+    out = {k: v for k, v in metrics.items() if not k.endswith("/acc") or k == f"{prefix}/acc"}
+    routed = probs.gather(0, exit_idx[None, :, None].expand(1, -1, probs.shape[-1]))[0]
+    out[f"{prefix}/top5"] = topk_acc(routed, labels)
+    return out
+
+
+def _check_policies(names: Sequence[str]) -> list[str]:
+    for name in names:
+        POLICIES.get(name)  # raises naming the registered policies
+    return list(names)
+
+
+@EVALUATORS.register("routing")
+def routing_eval(
+    model: nn.Module,
+    inputs: EvalInputs,
+    *,
+    policies: Sequence[str] = ALL_POLICIES,
+    client_test_size: int = 200,
+    profile_samples: int = 512,
+    num_shallow: int = 2,
+    entropy_weight: float = 0.6,
+    confidence_weight: float = 0.4,
+) -> dict[str, float]:
+    """Clean routing metrics on the global test set and on client-local test data."""
+    _need_exits(model)
+    names = _check_policies(policies)
+    dev, bs = inputs.device, inputs.batch_size
+    test = inputs.bundle.test
+    probs = exit_probs(model, test.x, bs, dev)
+    labels = test.y.cpu()
+    num_exits = probs.shape[0]
+    out: dict[str, float] = {
+        "route/full/acc": _acc(probs[-1], labels),
+        "route/full/top5": topk_acc(probs[-1], labels),
+        "route/ensemble/acc": _acc(probs.mean(0), labels),
+    }
+    for e in range(num_exits):
+        out[f"route/exit/{e + 1}/acc"] = _acc(probs[e], labels)
+
+    # Profile clients once (S_k), from their class counts and shallow-exit confidence.
+    g = make_generator(inputs.seed, _PROFILE)
+    shallow = []
+    for data in inputs.clients:
+        n = len(data)
+        sel = torch.randperm(n, generator=g)[:profile_samples] if n > profile_samples else None
+        x = data.x if sel is None else data.x[sel]
+        shallow.append(exit_probs(model, x, bs, dev, depth=min(num_shallow, num_exits)))
+    counts = torch.stack([c.class_counts(inputs.bundle.num_classes).cpu() for c in inputs.clients])
+    profile = profile_clients(
+        counts,
+        shallow,
+        num_shallow=num_shallow,
+        entropy_weight=entropy_weight,
+        confidence_weight=confidence_weight,
+    )
+    for k, s in enumerate(profile.score.tolist()):
+        out[f"profile/{k}/score"] = s
+
+    for name in names:
+        if not POLICIES.build(name).client_aware:
+            out.update(_policy_dict(f"route/{name}", probs, labels, name))
+
+    # Client-local test data: every policy, client-aware ones with the client's S_k.
+    local = client_test_sets(
+        test, inputs.clients, inputs.bundle.num_classes, client_test_size, inputs.seed
+    )
+    local_probs = [exit_probs(model, d.x, bs, dev) for d in local]
+    full = [_acc(p[-1], d.y) for p, d in zip(local_probs, local)]
+    out["route_local/full/mean_acc"] = float(np.mean(full))
+    out["route_local/full/worst_acc"] = float(np.min(full))
+    for name in names:
+        accs, depths = [], []
+        for k, (p, d) in enumerate(zip(local_probs, local)):
+            m = routing_metrics(p, d.y, route(p, name, float(profile.score[k]))[0])
+            accs.append(m.accuracy)
+            depths.append(m.avg_depth)
+        key = f"route_local/{name}"
+        out[f"{key}/mean_acc"] = float(np.mean(accs))
+        out[f"{key}/worst_acc"] = float(np.min(accs))
+        out[f"{key}/avg_depth"] = float(np.mean(depths))
+        out[f"{key}/depth_saving"] = 1 - float(np.mean(depths)) / num_exits
+    return out
+
+
+@EVALUATORS.register("routing_adv")
+def routing_adv_eval(
+    model: nn.Module,
+    inputs: EvalInputs,
+    *,
+    policies: Sequence[str] = GLOBAL_POLICIES,
+    attacks: Sequence[str] = ("fgsm", "pgd"),
+    eps: Sequence[float] = (1e-4, 1e-3, 1e-2),
+    pgd_steps: int = 10,
+    pgd_step_ratio: float = 0.25,
+    adv_samples: int | None = None,
+    clamp: tuple[float, float] | None = (0.0, 1.0),
+) -> dict[str, float]:
+    """Routing accuracy and depth saving under FGSM / PGD against the deepest exit."""
+    _need_exits(model)
+    names = _check_policies(policies)
+    if any(POLICIES.build(n).client_aware for n in names):
+        raise ConfigError("eval.params.routing_adv.policies: use global policies (a = 0)")
+    unknown = sorted(set(attacks) - {"fgsm", "pgd"})
+    if unknown:
+        raise ConfigError(f"eval.params.routing_adv.attacks: unknown {unknown} (fgsm, pgd)")
+    dev, bs = inputs.device, inputs.batch_size
+    test = inputs.bundle.test
+    n = len(test) if adv_samples is None else min(adv_samples, len(test))
+    # A seeded random subset, so a capped evaluation is not biased by the test-set order.
+    sel = torch.randperm(len(test), generator=make_generator(inputs.seed, _ADV))[:n]
+    x_all, y_all = _float_x(test)[sel], test.y[sel]
+    clamp_t = tuple(clamp) if clamp is not None else None
+    # Clean routing on the same subset: the reference each attacked number compares with.
+    clean = exit_probs(model, x_all, bs, dev)
+    out: dict[str, float] = {"route_adv/clean/full/acc": _acc(clean[-1], y_all)}
+    for name in names:
+        m = routing_metrics(clean, y_all, route(clean, name)[0])
+        out[f"route_adv/clean/{name}/acc"] = m.accuracy
+        out[f"route_adv/clean/{name}/depth_saving"] = m.depth_saving
+    for attack in attacks:
+        for i, e in enumerate(eps):
+            gen = make_generator(inputs.seed, inputs.round, _ADV, i)
+            advs = []
+            for start in range(0, n, bs):
+                xb, yb = x_all[start : start + bs].to(dev), y_all[start : start + bs].to(dev)
+                if attack == "fgsm":
+                    advs.append(fgsm(model, xb, yb, e, clamp=clamp_t).cpu())
+                else:
+                    step = pgd_step_ratio * e
+                    adv = pgd(model, xb, yb, e, step, pgd_steps, clamp=clamp_t, generator=gen)
+                    advs.append(adv.cpu())
+            probs = exit_probs(model, torch.cat(advs), bs, dev)
+            key = f"route_adv/{attack}/{e:g}"
+            out[f"{key}/full/acc"] = _acc(probs[-1], y_all)
+            for name in names:
+                m = routing_metrics(probs, y_all, route(probs, name)[0])
+                out[f"{key}/{name}/acc"] = m.accuracy
+                out[f"{key}/{name}/depth_saving"] = m.depth_saving
+    return out
+
+
+__all__ = [
+    "ALL_POLICIES",
+    "GLOBAL_POLICIES",
+    "client_test_sets",
+    "exit_probs",
+    "routing_adv_eval",
+    "routing_eval",
+    "topk_acc",
+]

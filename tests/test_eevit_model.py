@@ -1,0 +1,208 @@
+"""Multi-exit ViT (SPEC §8): exits, subnets and their bytes, routed inference, pretrained
+weights (state dict round trip, 6-block truncation, offline HF cache, clear errors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from fedshield.errors import ConfigError, DataError
+from fedshield.models import build_model
+from fedshield.models.eevit import (
+    PAPER_HF_REPO,
+    EarlyExitViT,
+    eevit_small,
+    prefix_bytes,
+    truncate_vit_state_dict,
+)
+from fedshield.routing import route
+from fedshield.sim.flat import get_params
+
+
+def tiny(shape=(1, 8, 8), **kw) -> EarlyExitViT:
+    torch.manual_seed(0)
+    args = {"patch_size": 2, "embed_dim": 32, "num_heads": 2, "depth": 4, **kw}
+    return build_model("eevit", shape, 10, **args)
+
+
+@pytest.mark.parametrize(
+    ("shape", "patch"), [((1, 28, 28), 7), ((1, 28, 28), 4), ((1, 8, 8), 2), ((3, 32, 32), 4)]
+)
+def test_exits_on_bundled_shapes(shape, patch) -> None:
+    m = tiny(shape, patch_size=patch).eval()
+    x = torch.rand(3, *shape)
+    exits = m.forward_exits(x)
+    assert len(exits) == m.num_exits == 4
+    assert all(z.shape == (3, 10) for z in exits)
+    torch.testing.assert_close(m(x), exits[-1])  # forward = deepest exit
+    assert len(m.forward_exits(x, depth=2)) == 2
+    torch.testing.assert_close(m.forward_exits(x, depth=2)[1], exits[1])
+
+
+def test_exit_representation_is_ln_of_cls_and_patch_mean() -> None:
+    m = tiny().eval()
+    x = torch.rand(2, 1, 8, 8)
+    z = m.vit.blocks[0](m.stem(x))
+    u = (z[:, 0] + z[:, 1:].mean(1)) / 2  # SPEC §8: u_e = LN((z_cls + mean_j z_j) / 2)
+    expected = m.exits[0].fc(torch.nn.functional.layer_norm(u, (32,), *_ln(m.exits[0].norm)))
+    torch.testing.assert_close(m.forward_exits(x, 1)[0], expected)
+
+
+def _ln(norm):
+    return norm.weight, norm.bias, norm.eps
+
+
+def test_grey_input_through_rgb_stem_and_resize() -> None:
+    m = tiny((1, 28, 28), in_chans=3, img_size=32, patch_size=8).eval()
+    assert m.vit.patch_embed.proj.in_channels == 3
+    assert m(torch.rand(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_bad_geometry_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="patch_size"):
+        tiny((1, 28, 28), patch_size=5)
+    with pytest.raises(ConfigError, match="exit_mode"):
+        tiny(exit_mode="shared")
+
+
+def _module_numel(*modules) -> int:
+    return sum(p.numel() for mod in modules for p in mod.parameters())
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_subnet_of_depth_m_carries_exactly_its_prefix(m) -> None:
+    model = tiny()
+    v = model.vit
+    stem = _module_numel(v.patch_embed) + v.cls_token.numel() + v.pos_embed.numel()
+    prefix = stem + _module_numel(*v.blocks[:m], *model.exits[:m])
+    mask = model.prefix_mask(m)
+    assert int(mask.sum()) == prefix
+    assert prefix_bytes(model, mask) == 4 * prefix  # float32
+    # The mask marks exactly the parameters of those modules, in flat-vector order.
+    for p in model.parameters():
+        p.data.zero_()
+    for _, p in model.prefix_parameters(m):
+        p.data.fill_(1.0)
+    assert torch.equal(get_params(model) == 1.0, mask)
+    assert prefix_bytes(model, None) == 4 * sum(p.numel() for p in model.parameters())
+
+
+def test_recurrent_exit_is_shared_and_always_covered() -> None:
+    m = tiny(exit_mode="recurrent").eval()
+    assert not hasattr(m, "exits")
+    assert len(m.forward_exits(torch.rand(2, 1, 8, 8))) == 4
+    shared = torch.cat([p.reshape(-1) for p in m.rexit.parameters()])
+    for p in m.parameters():
+        p.data.zero_()
+    for p in m.rexit.parameters():
+        p.data.fill_(1.0)
+    # Depth 1 already holds the whole shared exit.
+    assert bool(m.prefix_mask(1)[get_params(m) == 1.0].all())
+    assert int((get_params(m) == 1.0).sum()) == shared.numel()
+
+
+@pytest.mark.parametrize("mode", ["stage", "recurrent"])
+@pytest.mark.parametrize("policy", ["fixed", "robust", "client_robust"])
+def test_routed_inference_matches_route_on_all_exits(mode, policy) -> None:
+    m = tiny(exit_mode=mode).eval()
+    # Sharpen the heads so that some samples leave early and some go deep.
+    for p in m.parameters():
+        p.data.mul_(3.0)
+    x = torch.rand(64, 1, 8, 8)
+    with torch.no_grad():
+        probs = torch.stack([z.softmax(-1) for z in m.forward_exits(x)])
+    score = torch.rand(64)
+    idx, pred = route(probs, policy, score)
+    idx2, pred2 = m.forward_routed(x, policy, score)
+    assert torch.equal(idx, idx2) and torch.equal(pred, pred2)
+
+
+# -- pretrained weights -------------------------------------------------------------------
+
+
+def _timm_vit(depth: int = 8) -> VisionTransformer:
+    torch.manual_seed(1)
+    return VisionTransformer(
+        img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=32, depth=depth,
+        num_heads=2,
+    )  # fmt: skip
+
+
+def _assert_trunk_equal(model: EarlyExitViT, sd: dict, depth: int) -> None:
+    ours = model.vit.state_dict()
+    for key in ("cls_token", "pos_embed", "patch_embed.proj.weight"):
+        torch.testing.assert_close(ours[key], sd[key])
+    for b in range(depth):
+        for key in ("attn.qkv.weight", "mlp.fc2.bias", "norm1.weight"):
+            torch.testing.assert_close(ours[f"blocks.{b}.{key}"], sd[f"blocks.{b}.{key}"])
+
+
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors"])
+def test_pretrained_state_dict_round_trip_with_truncation(tmp_path: Path, suffix) -> None:
+    src = _timm_vit(depth=8)
+    sd = src.state_dict()
+    path = tmp_path / f"vit{suffix}"
+    if suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(path))
+    else:
+        torch.save({"model": sd}, path)  # a wrapped checkpoint is unwrapped
+    m = build_model(
+        "eevit", (3, 16, 16), 10, patch_size=4, embed_dim=32, num_heads=2, depth=6,
+        pretrained_path=str(path),
+    )  # fmt: skip
+    _assert_trunk_equal(m, sd, 6)
+    trunc = truncate_vit_state_dict(sd, 6)
+    assert "blocks.5.mlp.fc1.weight" in trunc and "blocks.6.mlp.fc1.weight" not in trunc
+    assert not any(k.startswith(("norm.", "head.")) for k in trunc)
+
+
+def test_paper_model_from_a_vit_small_state_dict(tmp_path: Path) -> None:
+    torch.manual_seed(2)
+    src = VisionTransformer(
+        patch_size=16, embed_dim=384, depth=12, num_heads=6, num_classes=1000
+    )  # ViT-S/16's architecture (random weights; no network here)
+    sd = src.state_dict()
+    torch.save(sd, tmp_path / "vit_s16.pth")
+    m = eevit_small((3, 32, 32), 100, pretrained_path=str(tmp_path / "vit_s16.pth"))
+    assert m.num_exits == 6 and m.img_size == 224 and len(m.vit.blocks) == 6
+    _assert_trunk_equal(m, sd, 6)
+    assert m(torch.rand(1, 3, 32, 32)).shape == (1, 100)  # CIFAR → bicubic 224
+
+
+def test_pretrained_from_offline_hf_cache(tmp_path: Path, monkeypatch) -> None:
+    from huggingface_hub import constants
+    from safetensors.torch import save_file
+
+    sd = _timm_vit(depth=6).state_dict()
+    repo = tmp_path / ("models--" + PAPER_HF_REPO.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(snap / "model.safetensors"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    m = build_model(
+        "eevit", (3, 16, 16), 10, patch_size=4, embed_dim=32, num_heads=2, depth=6,
+        pretrained=True,
+    )  # fmt: skip
+    _assert_trunk_equal(m, sd, 6)
+
+
+def test_missing_weights_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    with pytest.raises(DataError, match="nope.pth not found"):
+        eevit_small((3, 32, 32), 10, pretrained_path=str(tmp_path / "nope.pth"))
+    (tmp_path / "bad.pth").write_text("not a checkpoint")
+    with pytest.raises(DataError, match="bad.pth: cannot read a state dict"):
+        eevit_small((3, 32, 32), 10, pretrained_path=str(tmp_path / "bad.pth"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(DataError, match="vit_small_patch16_224.augreg_in21k_ft_in1k.*empty"):
+        eevit_small((3, 32, 32), 10, pretrained=True)
+    # Without pretrained weights the same architecture starts from random init.
+    assert eevit_small((3, 32, 32), 10, pretrained=False, depth=1).num_exits == 1
