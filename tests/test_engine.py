@@ -87,7 +87,7 @@ def _write_cfg(raw, path):
 
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume(small_cfg, tmp_path):
-    raw = dict(small_cfg, rounds=12)
+    raw = dict(small_cfg, rounds=12, run={"progress": False, "threads": 1})
     raw["client"] = dict(raw["client"], local_steps=40)
     cfg_file = _write_cfg(raw, tmp_path / "c.toml")
     cmd = [sys.executable, "-m", "fedshield", "run", str(cfg_file), "-q"]
