@@ -17,6 +17,8 @@ def test_forward_backward_and_feature_split(name):
     out.sum().backward()
     if hasattr(model, "forward_exits"):  # multi-exit: model(x) is the deepest exit only
         sum(z.sum() for z in model.forward_exits(x)).backward()
+    if hasattr(model, "forward_main"):  # dual head: h is trained via forward_main only (§7)
+        model.forward_main(x).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     z = model.forward_features(x)
     assert z.shape == (2, model.num_features)

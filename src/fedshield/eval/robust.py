@@ -11,7 +11,9 @@ their training-set count n_c: Majority n_c > ``majority_min``, Minority n_c <
 ``minority_max``, Medium in between (150 / 45 as for CIFAR-100-LT in seed 003).
 
 ε defaults to 8/255 on colour data and 0.1 on grayscale (SPEC §7, our choice);
-``max_samples`` evaluates a seeded random subset of the test set (for CPU runs).
+``max_samples`` evaluates a seeded random subset of the test set (for CPU runs), and
+``autoattack_max_samples`` runs AutoAttack on a seeded random k of those (``robust/aa_n``);
+Robust AVG then averages each attack's accuracy on its own samples.
 Keys: ``robust/natural``, ``robust/fgsm``, ``robust/pgd20``, ``robust/cw``, ``robust/aa``,
 ``robust/avg``, ``groups/<majority|medium|minority>/<natural|pgd20|classes>``.
 """
@@ -29,10 +31,12 @@ from torch import Tensor, nn
 from fedshield.adversarial import EVAL_ATTACKS, MissingDependencyError, robust_correct
 from fedshield.algorithms.params import Params, parse_params
 from fedshield.eval.base import EVALUATORS, EvalInputs
+from fedshield.sim.context import derive_seed
 
 log = logging.getLogger("fedshield")
 
 GROUPS = ("majority", "medium", "minority")
+_AA_SUBSET = 0xAA  # purpose mixed into the seed of AutoAttack's subset
 
 
 class GroupParams(Params):
@@ -62,6 +66,9 @@ class RobustParams(GroupParams):
     kappa: float = Field(50.0, ge=0.0)
     autoattack: bool = Field(True, description="false: skip AutoAttack (slow on CPU)")
     autoattack_version: str = "standard"
+    autoattack_max_samples: int | None = Field(
+        None, ge=1, description="AutoAttack on a seeded random k of the evaluated samples"
+    )
     groups: bool = Field(False, description="also report the per-group metrics")
 
 
@@ -82,13 +89,20 @@ def group_accuracy(correct: Tensor, y: Tensor, mask: Tensor) -> float | None:
     return float(correct[sel].float().mean()) if bool(sel.any()) else None
 
 
+def subset_indices(n: int, k: int | None, seed: int) -> Tensor:
+    """Sorted indices of a seeded uniform random k-subset of range(n) (all when k ≥ n).
+
+    Uniform, not a prefix: test sets are often stored class by class, so the first k
+    samples would all belong to the first classes."""
+    if k is None or k >= n:
+        return torch.arange(n)
+    g = torch.Generator().manual_seed(seed)
+    return torch.sort(torch.randperm(n, generator=g)[:k]).values
+
+
 def _test_set(inputs: EvalInputs, max_samples: int | None, seed: int) -> tuple[Tensor, Tensor]:
     test = inputs.bundle.test
-    idx = torch.arange(len(test))
-    if max_samples is not None and max_samples < len(test):
-        g = torch.Generator().manual_seed(seed)
-        idx = torch.sort(torch.randperm(len(test), generator=g)[:max_samples]).values
-    return test.batch(idx, "cpu")
+    return test.batch(subset_indices(len(test), max_samples, seed), "cpu")
 
 
 def _group_metrics(
@@ -140,7 +154,12 @@ def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, flo
     t0 = time.perf_counter()
     results = {"natural": robust_correct(model, x, y, None, batch_size=p.batch_size)}
     for name, attack in attacks.items():
-        results[name] = robust_correct(model, x, y, attack, batch_size=p.batch_size)
+        idx = torch.arange(len(y))
+        if name == "aa":  # its own seeded subset of the evaluated samples
+            idx = subset_indices(len(y), p.autoattack_max_samples, derive_seed(seed, _AA_SUBSET))
+        results[name] = robust_correct(model, x[idx], y[idx], attack, batch_size=p.batch_size)
+    if "aa" in results:
+        out["robust/aa_n"] = float(len(results["aa"]))
     for name, correct in results.items():
         out[f"robust/{name}"] = float(correct.float().mean())
     robust_keys = [k for k in ("fgsm", "cw", pgd_key, "aa") if k in results]

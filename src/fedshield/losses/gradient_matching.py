@@ -120,7 +120,7 @@ def synthesize_features(
     start = None
     for _ in range(iters):
         loss = objective()
-        start = float(loss) if start is None else start
+        start = loss.item() if start is None else start
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

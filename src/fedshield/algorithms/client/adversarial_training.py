@@ -17,7 +17,7 @@ attack's forward passes), as the TRADES, MART and CalFAT reference code does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +91,7 @@ class AdversarialClient(ClientAlgorithm):
             return pgd(model, x, y, eps, alpha, k)
 
     def trades_examples(
-        self, model: nn.Module, x: Tensor, transform: object | None = None
+        self, model: nn.Module, x: Tensor, transform: Callable[[Tensor], Tensor] | None = None
     ) -> Tensor:
         """x' maximising KL(p(x) ‖ p(x')) (TRADES' inner problem), optionally on transformed
         logits (CalFAT's calibration)."""
@@ -99,7 +99,7 @@ class AdversarialClient(ClientAlgorithm):
         with eval_mode(model, self.params.attack_eval_mode):  # type: ignore[attr-defined]
             return trades_pgd(
                 model, x, eps, alpha, self.params.steps,  # type: ignore[attr-defined]
-                logit_transform=transform,  # type: ignore[arg-type]
+                logit_transform=transform,
             )  # fmt: skip
 
 

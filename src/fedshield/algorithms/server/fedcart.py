@@ -103,7 +103,7 @@ def retrain_linear(
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses = (losses + [float(loss)])[-window:]
+        losses = (losses + [loss.item()])[-window:]
     mean = sum(losses) / len(losses) if losses else float("nan")
     return w.detach(), b.detach(), mean
 
@@ -193,10 +193,13 @@ class FedCARTServer(FedAvg):
 
         v = zv.shape[1]
         labels = classes.repeat_interleave(v)
-        if not self.p.retrain_warm_start:  # CReFF: a fresh linear layer every round
-            fresh = torch.nn.Linear(d, c).to(params)
-            weight, bias = fresh.weight.detach(), fresh.bias.detach()
         gen = make_generator(ctx.seed, ctx.round, _RETRAIN)
+        if not self.p.retrain_warm_start:  # CReFF: a fresh linear layer every round
+            # nn.Linear's default init, U(±1/√D), drawn from the seeded generator.
+            bound = d**-0.5
+            fresh = torch.empty(c * d + c).uniform_(-bound, bound, generator=gen)
+            fresh = fresh.to(params)
+            weight, bias = fresh[: c * d].view(c, d), fresh[c * d :]
         w, b, loss = retrain_linear(
             weight, bias, zs.reshape(-1, d), labels,
             steps=self.p.retrain_steps, lr=self.p.retrain_lr,

@@ -1,0 +1,229 @@
+"""fedshield.losses: worked examples and autograd cross-checks (SPEC §7)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import grad, vmap
+
+from fedshield.losses import (
+    align_loss,
+    calibrated_ce,
+    class_gradient_sums,
+    class_log_prior,
+    linear_ce_grad,
+    linear_ce_grad_per_sample,
+    mart_loss,
+    match_distance,
+    supervised_contrastive,
+    synthesize_features,
+    trades_kl,
+    trades_loss,
+)
+from fedshield.losses.gradient_matching import class_mean_grads
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only add synchronisation
+    yield
+    torch.set_num_threads(before)
+
+
+# -- L_Align (supervised contrastive) ----------------------------------------------------
+
+
+def test_align_loss_hand_computed_two_classes():
+    """B = 2, labels (0, 1), both views equal to e_1 and e_2, τ = 1.
+
+    Anchor 0 (ẑ = e_1): Q(0) = {1, 2, 3} with similarities (0, 1, 0), P(0) = {2} (its
+    other view), so its loss is −log(e / (2 + e)) = log(2 + e) − 1; all anchors alike."""
+    z = torch.eye(2)
+    loss = align_loss(z, z.clone(), torch.tensor([0, 1]), tau=1.0)
+    assert loss.item() == pytest.approx(math.log(2 + math.e) - 1, abs=1e-6)
+
+
+def test_align_loss_hand_computed_one_class_and_scale_invariance():
+    """Same features, one label: P(i) = Q(i), each anchor averages log-probs of the three
+    others: −(1/3)(1 − 3 log(2 + e)) = log(2 + e) − 1/3. Features are ℓ2-normalised, so
+    scaling them changes nothing; τ divides the similarities."""
+    z = torch.eye(2)
+    y = torch.tensor([0, 0])
+    expected = math.log(2 + math.e) - 1 / 3
+    assert align_loss(z, z, y, tau=1.0).item() == pytest.approx(expected, abs=1e-6)
+    assert align_loss(3 * z, 0.5 * z, y, tau=1.0).item() == pytest.approx(expected, abs=1e-6)
+    # τ = 0.5: similarities (0, 2, 0) ⇒ log(2 + e²) − 2/3.
+    tau_half = math.log(2 + math.e**2) - 2 / 3
+    assert align_loss(z, z, y, tau=0.5).item() == pytest.approx(tau_half, abs=1e-6)
+
+
+def test_supcon_matches_the_formula_written_as_loops():
+    g = torch.Generator().manual_seed(0)
+    f = torch.randn(10, 5, generator=g)
+    y = torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 0, 1])
+    tau = 0.1
+    z = F.normalize(f, dim=1)
+    total, anchors = 0.0, 0
+    for i in range(10):
+        den = sum(math.exp(float(z[i] @ z[j]) / tau) for j in range(10) if j != i)
+        pos = [p for p in range(10) if p != i and y[p] == y[i]]
+        total += -sum(math.log(math.exp(float(z[i] @ z[p]) / tau) / den) for p in pos) / len(pos)
+        anchors += 1
+    loss = supervised_contrastive(f, y, tau)
+    assert loss.item() == pytest.approx(total / anchors, rel=1e-5)
+    f.requires_grad_(True)
+    supervised_contrastive(f, y, tau).backward()
+    assert torch.isfinite(f.grad).all()  # the −inf diagonal never leaks into the gradient
+
+
+def test_supcon_skips_anchors_without_positives():
+    f = torch.eye(3)
+    assert supervised_contrastive(f, torch.tensor([0, 1, 2])).item() == 0.0
+
+
+# -- TRADES, MART, CalFAT ------------------------------------------------------------------
+
+
+def test_trades_worked_example():
+    """p(x) = (½, ½), p(x') = (¾, ¼): KL = ½ log(4/3); CE(y = 0) = log 2."""
+    nat = torch.tensor([[0.0, 0.0]])
+    adv = torch.tensor([[math.log(3.0), 0.0]])
+    kl = 0.5 * math.log(4 / 3)
+    assert trades_kl(nat, adv).item() == pytest.approx(kl, abs=1e-6)
+    assert trades_loss(nat, adv, torch.tensor([0]), beta=6.0).item() == pytest.approx(
+        math.log(2) + 6 * kl, abs=1e-6
+    )
+    # batchmean: a batch of two identical rows has the same value
+    two = trades_kl(nat.repeat(2, 1), adv.repeat(2, 1)).item()
+    assert two == pytest.approx(kl, abs=1e-6)
+
+
+def test_mart_worked_example():
+    """p(x') = (.5, .3, .2), y = 0 is the top class, so the boosted term uses class 1:
+    BCE = −log .5 − log(1.0001 − .3); p(x) = (.6, .2, .2):
+    KL = .6 log(.6/.5) + .2 log(.2/.3), weighted by (1.0000001 − .6), β = 6."""
+    adv = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    nat = torch.log(torch.tensor([[0.6, 0.2, 0.2]]))
+    bce = -math.log(0.5) - math.log(1.0001 - 0.3 + 1e-12)
+    kl = 0.6 * math.log(0.6 / 0.5) + 0.2 * math.log(0.2 / 0.3)
+    expected = bce + 6.0 * kl * (1.0000001 - 0.6)
+    assert mart_loss(nat, adv, torch.tensor([0]), beta=6.0).item() == pytest.approx(
+        expected, abs=1e-5
+    )
+
+
+def test_mart_wrong_class_is_the_best_other_class():
+    """When the true class is not the top of p(x'), the boosted class is the top one."""
+    adv = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+    nat = adv.clone()
+    expected = -math.log(0.2) - math.log(1.0001 - 0.5 + 1e-12)  # KL = 0
+    assert mart_loss(nat, adv, torch.tensor([0])).item() == pytest.approx(expected, abs=1e-5)
+
+
+def test_calfat_worked_example():
+    """Counts (3, 1) ⇒ π = (¾, ¼); logits (1, 0), s = 10, τ = 0.1:
+    s·(z + τ log π) = (10 + log ¾, log ¼) and CE(y = 1) = softplus(a₀ − a₁)."""
+    log_prior = class_log_prior(torch.tensor([3, 1]))
+    torch.testing.assert_close(log_prior, torch.log(torch.tensor([0.75, 0.25])))
+    a0, a1 = 10 + math.log(0.75), math.log(0.25)
+    expected = math.log1p(math.exp(a0 - a1))
+    got = calibrated_ce(torch.tensor([[1.0, 0.0]]), torch.tensor([1]), log_prior, 10.0, 0.1)
+    assert got.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_calfat_prior_floors_absent_classes_at_one_sample():
+    torch.testing.assert_close(
+        class_log_prior(torch.tensor([3, 0])), torch.log(torch.tensor([0.75, 0.25]))
+    )
+
+
+# -- gradient prototypes and matching ----------------------------------------------------
+
+
+def _linear(c: int = 3, d: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(d, c)
+    return lin.weight.detach(), lin.bias.detach()
+
+
+def _ce(w: torch.Tensor, b: torch.Tensor, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy((z @ w.T + b)[None], y[None])
+
+
+def test_closed_form_gradient_equals_autograd():
+    w, b = _linear()
+    g = torch.Generator().manual_seed(1)
+    z, y = torch.randn(6, 4, generator=g), torch.tensor([0, 1, 2, 2, 1, 0])
+    per = vmap(grad(_ce, argnums=(0, 1)), in_dims=(None, None, 0, 0))(w, b, z, y)
+    expected = torch.cat([per[0].flatten(1), per[1]], dim=1)
+    torch.testing.assert_close(linear_ce_grad_per_sample(z, w, b, y), expected)
+    torch.testing.assert_close(linear_ce_grad(z, w, b, y), expected.mean(0))
+    k = class_mean_grads(z[:2][None], w, b, torch.tensor([0]))
+    torch.testing.assert_close(k[0], linear_ce_grad(z[:2], w, b, torch.tensor([0, 0])))
+
+
+def test_class_prototype_equals_mean_per_sample_gradient_loop():
+    """g_c = mean over class-c samples of ∇_{(W,b)} CE — checked with an autograd loop."""
+    c, d = 3, 4
+    w, b = _linear(c, d)
+    g = torch.Generator().manual_seed(2)
+    z, y = torch.randn(9, d, generator=g), torch.tensor([0, 0, 2, 2, 2, 0, 2, 0, 0])
+    sums, counts = class_gradient_sums(z, w, b, y, c)
+    assert counts.tolist() == [5.0, 0.0, 4.0]
+    for cls in range(c):
+        rows = []
+        for i in torch.nonzero(y == cls).flatten().tolist():
+            wi, bi = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+            _ce(wi, bi, z[i], y[i]).backward()
+            rows.append(torch.cat([wi.grad.flatten(), bi.grad]))
+        if rows:
+            torch.testing.assert_close(sums[cls] / counts[cls], torch.stack(rows).mean(0))
+        else:
+            assert sums[cls].abs().sum() == 0
+
+
+def test_match_distance_forms():
+    a = torch.tensor([[1.0, 0.0, 2.0, 0.0, 1.0, 1.0]])  # C = 2, D = 2: W rows (1,0), (2,0)
+    b = torch.tensor([[0.0, 1.0, 4.0, 0.0, 0.0, 0.0]])
+    assert match_distance(a, b, 2, "mse").item() == pytest.approx(1 + 1 + 4 + 1 + 1)
+    # rows: cos((1,0),(0,1)) = 0 and cos((2,0),(4,0)) = 1; the bias is ignored (CReFF)
+    assert match_distance(a, b, 2, "cos").item() == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="mse"):
+        match_distance(a, b, 2, "l1")  # type: ignore[arg-type]
+
+
+def _clusters(c: int = 4, d: int = 8, n: int = 400) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-negative (post-ReLU-like), well separated class clusters."""
+    g = torch.Generator().manual_seed(3)
+    means = 3 * torch.randn(c, d, generator=g)
+    y = torch.arange(c).repeat_interleave(n // c)
+    return (means[y] + torch.randn(n, d, generator=g)).relu(), y
+
+
+def test_gradient_matching_drives_mse_down_and_retrained_head_classifies_real_features():
+    from fedshield.algorithms.server.fedcart import retrain_linear
+
+    c, d, v = 4, 8, 50
+    z_real, y_real = _clusters(c, d)
+    w, b = _linear(c, d, seed=5)
+    sums, counts = class_gradient_sums(z_real, w, b, y_real, c)
+    protos = sums / counts[:, None]
+    classes = torch.arange(c)
+    z0 = torch.randn(c, v, d, generator=torch.Generator().manual_seed(4))
+    zv, start, end = synthesize_features(z0, w, b, classes, protos, iters=200, lr=1.0)
+    assert end < 0.02 * start
+    # The synthesized features reproduce the real class gradients...
+    gap = (class_mean_grads(zv, w, b, classes) - protos).norm() / protos.norm()
+    assert gap < 0.1
+    before = ((z_real @ w.T + b).argmax(1) == y_real).float().mean()
+    w2, b2, _ = retrain_linear(
+        w, b, zv.reshape(-1, d), classes.repeat_interleave(v),
+        steps=300, lr=0.05, batch_size=32, generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    after = ((z_real @ w2.T + b2).argmax(1) == y_real).float().mean()
+    # ...and h' re-trained on them alone classifies the real features.
+    assert before < 0.5 and after > 0.9
