@@ -320,8 +320,9 @@ class Simulator:
             ok = [
                 u for u in updates if u.delta.shape == (d,) and bool(torch.isfinite(u.delta).all())
             ]
+        kept = {id(u) for u in ok}  # identity: dataclass == would compare tensors
         for u in updates:
-            if u not in ok:
+            if id(u) not in kept:
                 log.warning("rejected update of client %d (non-finite or wrong shape)", u.client_id)
         return ok, len(updates) - len(ok)
 
