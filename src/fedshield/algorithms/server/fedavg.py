@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedshield.aggregators._ops import ref_geometry, rho_ratios
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerAlgorithm,
@@ -40,20 +41,16 @@ def benign_geometry(
 ) -> dict[str, float]:
     """Seed 000 Fig. 10 quantities over the benign rows: ρ_m = ‖r‖/‖g_m‖ (min, max) and the
     mean cos(g_m, r). The rule's own ``agg/*`` diagnostics cover every row."""
+    geo = ref_geometry(deltas, ref)
+    rho, has_rho = rho_ratios(geo)
     benign = torch.tensor([u.client_id not in ctx.byzantine for u in updates], device=deltas.device)
-    out = {"agg/ref_norm": float(ref.norm())}
-    rows = deltas[benign]
-    if rows.shape[0] == 0 or not bool(torch.isfinite(rows).all()):
-        return out
-    norms = rows.norm(dim=1)
-    ok = norms > 0
-    if bool(ok.any()) and float(ref.norm()) > 0:
-        rho = ref.norm() / norms[ok]
-        cos = (rows[ok] @ ref) / (norms[ok] * ref.norm())
+    out = {"agg/ref_norm": float(geo.ref_norm)}
+    ok = benign & has_rho & geo.defined
+    if bool(ok.any()):
         out |= {
-            "agg/benign_rho_min": float(rho.min()),
-            "agg/benign_rho_max": float(rho.max()),
-            "agg/benign_mean_cos": float(cos.mean()),
+            "agg/benign_rho_min": float(rho[ok].min()),
+            "agg/benign_rho_max": float(rho[ok].max()),
+            "agg/benign_mean_cos": float(geo.cos[ok].mean()),
         }
     return out
 
