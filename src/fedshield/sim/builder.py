@@ -52,7 +52,7 @@ class Components:
     attack: UpdateAttack | DataAttack | None
 
 
-def _construct(kind: str, key: str, factory: Any, args: dict[str, Any]) -> Any:
+def _construct(key: str, factory: Any, args: dict[str, Any]) -> Any:
     try:
         return factory(**args)
     except TypeError as err:
@@ -84,7 +84,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     if "aggregator" not in s.model_fields_set:  # e.g. server.algorithm = "drag" → "drag" rule
         s.aggregator = server_cls.default_aggregator
     agg_cls = _get(AGGREGATORS, s.aggregator, "server.aggregator")
-    aggregator = _construct("aggregator", "server.aggregator_args", agg_cls, s.aggregator_args)
+    aggregator = _construct("server.aggregator_args", agg_cls, s.aggregator_args)
     try:
         aggregator.validate(s.clients_per_round)
     except ConfigError as err:
@@ -100,7 +100,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     attack = None
     if cfg.attack.name != "none":
         attack_cls = _get(ATTACKS, cfg.attack.name, "attack.name")
-        attack = _construct("attack", "attack.params", attack_cls, cfg.attack.params)
+        attack = _construct("attack.params", attack_cls, cfg.attack.params)
     elif cfg.attack.fraction > 0:
         raise ConfigError(
             f"attack.fraction={cfg.attack.fraction} but attack.name='none'; "

@@ -146,13 +146,13 @@ class Simulator:
             self._check_same_config(saved["config"], out)
             self.state = RunState.from_dict(saved["state"], self.device)
             last = self.state.round - 1
-            self.records = self.metrics.truncate_after(last) if self.metrics else []
-            self.timing.truncate_after(last) if self.timing else None
+            self.records = self.metrics.truncate_after(last)
+            self.timing.truncate_after(last)
             log.info("resuming %s from round %d", out, self.state.round)
         elif resume and has_run:
             # Killed before the first checkpoint: nothing to keep, start over cleanly.
-            self.metrics.truncate_after(0) if self.metrics else None
-            self.timing.truncate_after(0) if self.timing else None
+            self.metrics.truncate_after(0)
+            self.timing.truncate_after(0)
         atomic_write_text(out / "config.toml", self.config_text)
 
     def _check_same_config(self, saved_text: str, out: Path) -> None:
