@@ -31,9 +31,9 @@ from torch import Tensor, nn
 
 from fedshield import config
 from fedshield.algorithms.client.multi_exit import multi_exit_loss
+from fedshield.core.flat import set_buffers, set_params
 from fedshield.sim.builder import build
 from fedshield.sim.checkpoint import load_checkpoint
-from fedshield.sim.flat import set_buffers, set_params
 
 POLICIES = ("fixed", "global_resource", "robust")
 

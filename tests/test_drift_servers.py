@@ -5,14 +5,14 @@ import torch
 
 from fedshield import aggregators, config
 from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientContext, LocalSpec
-from fedshield.algorithms.params import parse_params
 from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.core.flat import get_params
+from fedshield.core.params import parse_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.sim.builder import build, build_components
-from fedshield.sim.context import ClientUpdate, Payload, RoundContext
 from fedshield.sim.engine import Simulator
-from fedshield.sim.flat import get_params
 
 CTX = RoundContext(1, (0, 1), (), 0, 4, torch.device("cpu"))
 
@@ -104,7 +104,7 @@ def test_scaffold_client_seed_form_stores_first_gradient():
     h = torch.zeros(15)
     state: dict = {}
     up, model, data, theta = _local("scaffold", {}, {"h": h}, state)
-    from fedshield.sim.flat import set_params
+    from fedshield.core.flat import set_params
 
     set_params(model, theta)
     model.zero_grad()

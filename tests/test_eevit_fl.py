@@ -23,13 +23,13 @@ from fedshield.algorithms.client.multi_exit import (
 )
 from fedshield.algorithms.client.width import HeteroFL, HeteroFLParams, narrow_model, width_index
 from fedshield.algorithms.server.fedavg import FedAvg, coverage_mean
+from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.core.flat import get_buffers, get_params, set_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.sim.builder import build
-from fedshield.sim.context import ClientUpdate, Payload, RoundContext
 from fedshield.sim.engine import Simulator
-from fedshield.sim.flat import get_buffers, get_params, set_params
 
 # -- the local loss (SPEC §8, worked examples) ---------------------------------------------
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from timm.models.vision_transformer import VisionTransformer
 
+from fedshield.core.flat import get_params
 from fedshield.errors import ConfigError, DataError
 from fedshield.models import build_model
 from fedshield.models.eevit import (
@@ -19,7 +20,6 @@ from fedshield.models.eevit import (
     truncate_vit_state_dict,
 )
 from fedshield.routing import route
-from fedshield.sim.flat import get_params
 
 
 def tiny(shape=(1, 8, 8), **kw) -> EarlyExitViT:

@@ -19,19 +19,19 @@ from fedshield.algorithms.client.fedcart import (
     FedCARTClient,
     FedCARTParams,
 )
-from fedshield.algorithms.params import parse_params
 from fedshield.algorithms.server.fedcart import (
     FedCARTServer,
     FedCARTServerParams,
     aggregate_prototypes,
 )
+from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.core.flat import get_buffers, get_params
+from fedshield.core.params import parse_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.losses import align_loss, trades_loss
 from fedshield.models import build_model
 from fedshield.models.dual_head import DualHead
-from fedshield.sim.context import ClientUpdate, Payload, RoundContext
-from fedshield.sim.flat import get_buffers, get_params
 
 C, SHAPE = 4, (1, 8, 8)
 

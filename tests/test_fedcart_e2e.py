@@ -10,13 +10,13 @@ import torch
 
 from fedshield import config
 from fedshield.adversarial import MissingDependencyError
+from fedshield.core.context import derive_seed
 from fedshield.data.bundle import DataBundle, TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import EVALUATORS, EvalInputs
 from fedshield.eval.robust import class_groups, subset_indices
 from fedshield.models import build_model
 from fedshield.sim.builder import build, build_components
-from fedshield.sim.context import derive_seed
 from fedshield.sim.engine import Simulator
 
 

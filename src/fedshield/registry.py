@@ -1,64 +1,190 @@
-"""Name → factory registries shared by configs and ``fedshield list``.
+"""Name → component registries: the one construction path of fedshield.
 
-One :class:`Registry` per kind (datasets, models, aggregators, ...). Entries are filled by
-the ``@REG.register("name")`` decorator when the defining module is imported, as timm does,
-so the config vocabulary and the CLI listing can never drift apart.
+One :class:`Registry` per kind (datasets, partitioners, models, aggregators, attacks, client
+and server algorithms, evaluators, routing policies, evaluation attacks). An entry is filled
+by the ``@REG.register("name", tags=...)`` decorator when its module is imported, as timm
+does, and carries:
+
+* ``schema``: the pydantic :class:`~fedshield.core.params.Params` of its parameters (the
+  ``schema=`` argument, else the object's ``params_schema`` attribute). Configs, ``fedshield
+  list``, validation and the conformance tests all read it, so a new entry needs no list to
+  be edited anywhere.
+* ``tags``: facts other components are checked against at build time, so compatibility is
+  decided from the registry, never from hand-kept lists. A tag is a word (``robust``) or a
+  ``key=value1|value2`` pair (``needs_model=dual_head|multi_exit``). See :data:`TAGS`.
+
+User components register the same way, from a module named in the config's ``plugins``
+list or exposed through the ``fedshield.plugins`` entry-point group
+(:func:`fedshield.plugins.load_plugins`).
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+
+from fedshield.core.params import NoParams, Params, parse_params, schema_from_signature
+from fedshield.errors import ConfigError
 
 T = TypeVar("T")
 
+#: The tag vocabulary (documentation and the conformance tests check entries against it).
+TAGS: dict[str, str] = {
+    # aggregators
+    "robust": "a Byzantine-robust rule: self-reported sample counts are not trusted and "
+    "secondary fields (buffers, extras) are aggregated robustly",
+    "needs_reference": "needs a reference direction r (root data or server momentum)",
+    "needs_center": "needs a centre kept in server state (Centered Clipping)",
+    "reference_free": "can aggregate any [K, p] field without a reference or server state",
+    "uses_weights": "honours per-client weights (sample counts)",
+    "min_clients": "has a minimum number of rows (validate(S) may refuse)",
+    # models
+    "family": "model family: family=classifier|dual_head|multi_exit|width",
+    "batchnorm": "has BatchNorm running statistics (buffers)",
+    # client algorithms, evaluators
+    "needs_model": "works only with these model families: needs_model=dual_head|multi_exit",
+    "uploads": "extras it uploads: uploads=dh|prototypes|mask",
+    "vectorizable": "its local update can run batched over a cohort (run.vectorize)",
+    # server algorithms
+    "needs_client": "needs one of these client algorithms: needs_client=fedcart|...",
+    "needs_root": "trains on a server root dataset (data.root_size > 0)",
+    "needs_aggregator": "needs an aggregator with this tag: needs_aggregator=needs_reference",
+    # datasets
+    "bundled": "ships with the installed packages (works offline)",
+    "files": "reads files under data.root",
+}
 
-class RegistryError(KeyError):
-    """An unknown name was requested; the message lists the known names."""
+
+class RegistryError(ConfigError, KeyError):
+    """An unknown name was requested; the message lists the known names (a ConfigError, so
+    the CLI prints it as one line with exit status 2)."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
 
 
-class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, T] = {}
-        self._help: dict[str, str] = {}
+def _first_sentence(doc: str) -> str:
+    """The first paragraph of a docstring, joined into one line (never cut mid-sentence)."""
+    para = doc.strip().split("\n\n", 1)[0]
+    return " ".join(line.strip() for line in para.splitlines()).strip()
 
-    def register(self, name: str, help: str | None = None) -> Callable[[T], T]:
+
+def _parse_tags(tags: Iterable[str]) -> dict[str, frozenset[str]]:
+    out: dict[str, frozenset[str]] = {}
+    for tag in tags:
+        key, _, values = tag.partition("=")
+        out[key] = frozenset(v for v in values.split("|") if v) if values else frozenset()
+    return out
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    """One registered component."""
+
+    kind: str
+    name: str
+    obj: T
+    schema: type[Params]
+    tags: dict[str, frozenset[str]]
+    help: str
+    #: False when the schema was derived from the factory's signature (user plugins that
+    #: declare none); every entry of the package declares one (a conformance test).
+    declared: bool = True
+
+    def has(self, tag: str) -> bool:
+        return tag in self.tags
+
+    def tag_values(self, key: str) -> frozenset[str]:
+        """``{"a", "b"}`` for the tag ``key=a|b``; empty when absent or a bare word."""
+        return self.tags.get(key, frozenset())
+
+    def parse(self, raw: Any, where: str) -> Params:
+        return parse_params(self.schema, raw, where)
+
+    @property
+    def tag_text(self) -> str:
+        return ", ".join(
+            k if not v else f"{k}={'|'.join(sorted(v))}" for k, v in sorted(self.tags.items())
+        )
+
+
+class Registry(Generic[T]):
+    """``context``: the factory arguments the caller supplies itself (a model's input shape,
+    an evaluator's model), left out of a schema derived from the signature."""
+
+    def __init__(self, kind: str, context: tuple[str, ...] = ()) -> None:
+        self.kind = kind
+        self.context = context
+        self._entries: dict[str, Entry[T]] = {}
+
+    def register(
+        self,
+        name: str,
+        help: str | None = None,
+        *,
+        schema: type[Params] | None = None,
+        tags: Iterable[str] = (),
+    ) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
-            self._entries[name] = obj
+            sch = schema or getattr(obj, "params_schema", None)
+            declared = sch is not None
+            if sch is None:
+                sch = schema_from_signature(obj, self.context) if callable(obj) else NoParams
+            if not (isinstance(sch, type) and issubclass(sch, Params)):
+                raise TypeError(f"{self.kind} {name!r}: schema must be a Params subclass")
             doc = help or inspect.getdoc(obj) or ""
-            self._help[name] = doc.strip().splitlines()[0] if doc.strip() else ""
+            parsed = _parse_tags(tags)
+            self._entries[name] = Entry(
+                self.kind, name, obj, sch, parsed, _first_sentence(doc), declared
+            )
+            if isinstance(obj, type):  # let instances answer "which tags do I carry?"
+                obj.registry_tags = parsed  # type: ignore[attr-defined]
+                obj.registry_name = name  # type: ignore[attr-defined]
             return obj
 
         return deco
 
-    def get(self, name: str) -> T:
+    def entry(self, name: str, where: str | None = None) -> Entry[T]:
         try:
             return self._entries[name]
-        except KeyError:
-            close = difflib.get_close_matches(name, self._entries, n=1)
+        except (KeyError, TypeError):
+            close = difflib.get_close_matches(str(name), self._entries, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
+            prefix = f"{where}: " if where else ""
             raise RegistryError(
-                f"unknown {self.kind} {name!r}{hint}; known: {', '.join(sorted(self._entries))}"
+                f"{prefix}unknown {self.kind} {name!r}{hint}; "
+                f"known: {', '.join(sorted(self._entries))}"
             ) from None
 
-    def build(self, name: str, /, **kwargs: Any) -> Any:
-        """Call the registered factory, dropping ``None`` kwargs (timm's convention)."""
-        factory = self.get(name)
-        return factory(**{k: v for k, v in kwargs.items() if v is not None})  # type: ignore[operator]
+    def get(self, name: str, where: str | None = None) -> T:
+        return self.entry(name, where).obj
+
+    def parse(self, name: str, raw: Any, where: str) -> Params:
+        """The validated parameters of entry ``name`` (``where`` names the config key)."""
+        return self.entry(name).parse(raw, where)
+
+    def build(self, name: str, /, *args: Any, where: str | None = None, **params: Any) -> Any:
+        """Validate ``params`` against the entry's schema, then call its factory with them
+        as keyword arguments after ``args`` (the caller's context, e.g. input shape).
+        ``None`` values are dropped first, so unset keys take the defaults (timm's habit)."""
+        entry = self.entry(name, where)
+        given = {k: v for k, v in params.items() if v is not None}
+        p = entry.parse(given, where or f"{self.kind} {name!r}")
+        return entry.obj(*args, **p.kwargs())  # type: ignore[operator]
 
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def entries(self) -> list[Entry[T]]:
+        return [self._entries[n] for n in self.names()]
+
     def help(self, name: str) -> str:
-        return self._help.get(name, "")
+        return self._entries[name].help if name in self._entries else ""
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries
@@ -68,3 +194,11 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def tags_of(obj: Any) -> dict[str, frozenset[str]]:
+    """The registry tags of a component instance or class ({} for unregistered objects)."""
+    return getattr(obj, "registry_tags", {})
+
+
+__all__ = ["TAGS", "Entry", "Registry", "RegistryError", "tags_of"]

@@ -22,7 +22,7 @@ from fedshield.errors import ConfigError, DataError
 from fedshield.registry import Registry
 
 Loader = Callable[..., DataBundle]
-DATASETS: Registry[Loader] = Registry("dataset")
+DATASETS: Registry[Loader] = Registry("dataset", context=("root", "download"))
 
 DIGIT_NAMES = tuple(str(i) for i in range(10))
 

@@ -17,7 +17,9 @@ from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
-PARTITIONERS: Registry[Partitioner] = Registry("partitioner")
+PARTITIONERS: Registry[Partitioner] = Registry(
+    "partitioner", context=("labels", "num_clients", "rng")
+)
 
 MAX_REDRAWS = 1000
 

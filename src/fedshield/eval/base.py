@@ -26,7 +26,7 @@ class EvalInputs:
 
 
 Evaluator = Callable[..., dict[str, float]]
-EVALUATORS: Registry[Evaluator] = Registry("evaluator")
+EVALUATORS: Registry[Evaluator] = Registry("evaluator", context=("model", "inputs"))
 
 
 def run_evaluators(

@@ -29,9 +29,9 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fedshield.adversarial import EVAL_ATTACKS, MissingDependencyError, robust_correct
-from fedshield.algorithms.params import Params, parse_params
+from fedshield.core.context import derive_seed
+from fedshield.core.params import Params, parse_params
 from fedshield.eval.base import EVALUATORS, EvalInputs
-from fedshield.sim.context import derive_seed
 
 log = logging.getLogger("fedshield")
 

@@ -32,11 +32,11 @@ import torch
 from torch import Tensor, nn
 
 from fedshield.adversarial import fgsm, pgd
+from fedshield.core.context import make_generator
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval.base import EVALUATORS, EvalInputs
 from fedshield.routing import POLICIES, profile_clients, route, routing_metrics
-from fedshield.sim.context import make_generator
 
 ALL_POLICIES = ("fixed", "global_resource", "robust", "client_resource", "client_robust")
 GLOBAL_POLICIES = ("fixed", "global_resource", "robust")

@@ -25,10 +25,10 @@ from flwr.clientapp import ClientApp
 from torch import Tensor
 
 from fedshield import config as config_mod
+from fedshield.core.context import ClientUpdate, Payload, make_generator
 from fedshield.errors import ConfigError
 from fedshield.flower import codec
 from fedshield.sim.builder import build
-from fedshield.sim.context import ClientUpdate, Payload, make_generator
 from fedshield.sim.engine import Simulator
 
 app = ClientApp()

@@ -23,7 +23,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
-from fedshield.sim.context import ClientUpdate, Payload
+from fedshield.core.context import ClientUpdate, Payload
 
 PAYLOAD, TASK = "fs.payload", "fs.task"
 UPDATE, METRICS, INFO = "fs.update", "fs.metrics", "fs.info"

@@ -32,10 +32,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedshield.core.context import ClientUpdate
 from fedshield.errors import FedshieldError
 from fedshield.flower import codec
 from fedshield.flower.byzantine import local_update_attack, runs_on_client
-from fedshield.sim.context import ClientUpdate
 from fedshield.sim.engine import RoundPlan, Simulator
 
 log = logging.getLogger("fedshield")

@@ -17,7 +17,7 @@ from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 
 ModelFactory = Callable[..., nn.Module]
-MODELS: Registry[ModelFactory] = Registry("model")
+MODELS: Registry[ModelFactory] = Registry("model", context=("input_shape", "num_classes"))
 
 
 class Classifier(nn.Module):

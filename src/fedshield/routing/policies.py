@@ -7,12 +7,14 @@ A sample leaves at the first exit with C_e(x) > τ_{k,e}(x); exit L always accep
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pydantic import Field, create_model
 from torch import Tensor
 
+from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 from fedshield.routing.signals import ExitSignals, RiskWeights
@@ -68,23 +70,41 @@ _TABLE: dict[str, tuple[tuple[float, float, float, float], str]] = {
 }
 
 
-def _factory(name: str, coeffs: tuple[float, float, float, float]) -> Callable[..., Policy]:
-    a, b, c, d = coeffs
+class RiskWeightParams(Params):
+    entropy: float = Field(0.4, ge=0.0)
+    confidence: float = Field(0.4, ge=0.0)
+    margin: float = Field(0.2, ge=0.0)
 
-    def build(**overrides: Any) -> Policy:
-        # Overrides (tau0, tau_min, tau_max, risk_weights, or a coefficient) keep every
-        # "our choice" value a config parameter.
-        allowed = {f.name for f in fields(Policy)} - {"name"}
-        unknown = set(overrides) - allowed
-        if unknown:
-            raise ConfigError(f"routing policy {name!r}: unknown option(s) {sorted(unknown)}")
-        return replace(Policy(name, a, b, c, d), **overrides)
+
+def _policy_schema(coeffs: tuple[float, float, float, float]) -> type[Params]:
+    """The parameters of one Table I row: its coefficients as defaults, all overridable, so
+    every "our choice" value stays a config parameter."""
+    a, b, c, d = coeffs
+    return create_model(
+        "PolicyParams",
+        __base__=Params,
+        a=(float, Field(a, ge=0.0)),
+        b=(float, Field(b, ge=0.0)),
+        c=(float, Field(c, ge=0.0)),
+        d=(float, Field(d, ge=0.0)),
+        tau0=(float, 0.6),
+        tau_min=(float, 0.45),
+        tau_max=(float, 0.95),
+        risk_weights=(RiskWeightParams, RiskWeightParams()),
+    )
+
+
+def _factory(name: str) -> Callable[..., Policy]:
+    def build(**p: Any) -> Policy:
+        rw = p.pop("risk_weights", None)
+        weights = RiskWeights(**rw.kwargs()) if isinstance(rw, Params) else RiskWeights()
+        return Policy(name, risk_weights=weights, **p)
 
     return build
 
 
 for _name, (_coeffs, _help) in _TABLE.items():
-    POLICIES.register(_name, help=_help)(_factory(_name, _coeffs))
+    POLICIES.register(_name, help=_help, schema=_policy_schema(_coeffs))(_factory(_name))
 
 
 def resolve_policy(policy: Policy | str) -> Policy:

@@ -15,10 +15,10 @@ from torch import nn
 
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
 from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientAlgorithm, LocalSpec
-from fedshield.algorithms.params import parse_params
 from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerAlgorithm
 from fedshield.attacks.base import ATTACKS, DataAttack, UpdateAttack
 from fedshield.config import ExperimentConfig
+from fedshield.core.params import parse_params
 from fedshield.data import DataBundle, TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model

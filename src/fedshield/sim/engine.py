@@ -28,19 +28,19 @@ from torch import Tensor
 from fedshield import config as config_mod
 from fedshield.algorithms.client import ClientContext
 from fedshield.attacks.base import DataAttack, UpdateAttack
-from fedshield.data.bundle import TensorData
-from fedshield.errors import ConfigError
-from fedshield.eval import evaluate
-from fedshield.sim.builder import Experiment
-from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
-from fedshield.sim.context import (
+from fedshield.core.context import (
     ClientUpdate,
     RoundContext,
     derive_seed,
     make_generator,
     seed_global_rng,
 )
-from fedshield.sim.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.data.bundle import TensorData
+from fedshield.errors import ConfigError
+from fedshield.eval import evaluate
+from fedshield.sim.builder import Experiment
+from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
 
 log = logging.getLogger("fedshield")
@@ -211,7 +211,7 @@ class Simulator:
         if self.exp.root is None:
             raise ConfigError("this server algorithm needs data.root_size > 0")
         from fedshield.algorithms.client.sgd import LocalSGD
-        from fedshield.sim.context import Payload
+        from fedshield.core.context import Payload
 
         trainer = LocalSGD(self.comp.client.spec)
         g = ClientContext(

@@ -26,7 +26,8 @@ from torch import Tensor, nn
 
 from fedshield.adversarial import pgd, trades_pgd
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
-from fedshield.algorithms.params import Params
+from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
 from fedshield.losses import (
     calibrated_ce,
@@ -35,7 +36,6 @@ from fedshield.losses import (
     mart_loss,
     trades_loss,
 )
-from fedshield.sim.context import ClientUpdate, Payload
 
 GRAYSCALE_EPS = 0.1
 COLOUR_EPS = 8 / 255

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedshield.algorithms.params import NoParams, Params
+from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import TensorData
 from fedshield.registry import Registry
-from fedshield.sim.context import ClientUpdate, Payload
-from fedshield.sim.flat import get_buffers, get_params, set_buffers, set_params
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,12 @@ from torch import Tensor, nn
 
 from fedshield.algorithms.client.adversarial_training import AdversarialClient, ATParams, eval_mode
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientContext
+from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.flat import set_buffers, set_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.losses import align_loss, class_gradient_sums, mart_loss, trades_loss
 from fedshield.models.dual_head import DualHead
-from fedshield.sim.context import ClientUpdate, Payload
-from fedshield.sim.flat import set_buffers, set_params
 
 PROTO_HEAD = "fedcart/proto_head"  # payload: 0 → prototypes of h', 1 → of h ("no h'")
 PROTOTYPES = "fedcart/prototypes"

@@ -41,12 +41,12 @@ from fedshield.algorithms.client.base import (
     autocast,
     batch_indices,
 )
-from fedshield.algorithms.params import Params
+from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.models.eevit import EarlyExitViT, prefix_bytes
-from fedshield.sim.context import ClientUpdate, Payload
-from fedshield.sim.flat import get_buffers, get_params, set_buffers, set_params
 
 ExitWeights = Literal["linear", "uniform", "last"]
 KDMode = Literal["deepest", "mutual", "none"]

@@ -7,8 +7,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
-from fedshield.algorithms.params import Params
-from fedshield.sim.context import Payload
+from fedshield.core.context import Payload
+from fedshield.core.params import Params
 
 
 class ProxParams(Params):

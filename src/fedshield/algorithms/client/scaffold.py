@@ -17,9 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
-from fedshield.algorithms.params import Params
+from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
-from fedshield.sim.context import ClientUpdate, Payload
 
 
 class ScaffoldParams(Params):

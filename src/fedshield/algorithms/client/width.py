@@ -33,9 +33,9 @@ from fedshield.algorithms.client.multi_exit import (
     Subnet,
     cycled,
 )
+from fedshield.core.flat import get_params, param_slices, set_params
 from fedshield.errors import ConfigError
 from fedshield.models.eevit import EarlyExitViT
-from fedshield.sim.flat import get_params, param_slices, set_params
 
 
 def narrow_model(model: EarlyExitViT, rate: float) -> EarlyExitViT:

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
-from fedshield.algorithms.params import NoParams, Params
+from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.core.params import NoParams, Params
 from fedshield.registry import Registry
-from fedshield.sim.context import ClientUpdate, Payload, RoundContext
 
 State = dict[str, Tensor]
 

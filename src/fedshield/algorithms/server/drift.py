@@ -5,7 +5,6 @@ from __future__ import annotations
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.algorithms.params import Params
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerServices,
@@ -14,8 +13,9 @@ from fedshield.algorithms.server.base import (
     stack_deltas,
 )
 from fedshield.algorithms.server.fedavg import FedAvg
+from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.core.params import Params
 from fedshield.errors import ConfigError
-from fedshield.sim.context import ClientUpdate, Payload, RoundContext
 
 
 class DragParams(Params):

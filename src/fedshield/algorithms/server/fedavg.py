@@ -22,7 +22,7 @@ from fedshield.algorithms.server.base import (
     mean_buffers,
     stack_deltas,
 )
-from fedshield.sim.context import ClientUpdate, RoundContext
+from fedshield.core.context import ClientUpdate, RoundContext
 
 
 def coverage_mean(deltas: Tensor, weights: Tensor | None, masks: Tensor) -> Tensor:

@@ -34,7 +34,6 @@ from torch import Tensor
 
 from fedshield.algorithms.client.base import batch_indices
 from fedshield.algorithms.client.fedcart import COUNTS, HEAD_SHAPE, PROTO_HEAD, PROTOTYPES
-from fedshield.algorithms.params import Params
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerServices,
@@ -42,9 +41,10 @@ from fedshield.algorithms.server.base import (
     State,
 )
 from fedshield.algorithms.server.fedavg import FedAvg
+from fedshield.core.context import ClientUpdate, Payload, RoundContext, make_generator
+from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 from fedshield.losses.gradient_matching import Distance, synthesize_features
-from fedshield.sim.context import ClientUpdate, Payload, RoundContext, make_generator
 
 log = logging.getLogger("fedshield")
 

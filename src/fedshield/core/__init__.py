@@ -1,0 +1,1 @@
+"""Values and helpers shared by every package (no imports from sim/, algorithms/, flower/)."""
