@@ -259,9 +259,13 @@ class Simulator:
         (seed, round, client); the Flower ClientApp calls this with its own state."""
         return self._train(self._client_data(k, byzantine), payload, k, rnd, state)
 
+    def train_cohort(self, plan: RoundPlan) -> list[ClientUpdate]:
+        """Every selected client's upload (before update attacks), in cohort order."""
+        return [self.client_update(plan, k) for k in plan.ctx.cohort]
+
     def run_round(self, rnd: int) -> dict[str, Any]:
         plan = self.begin_round(rnd)
-        return self.end_round(plan, [self.client_update(plan, k) for k in plan.ctx.cohort])
+        return self.end_round(plan, self.train_cohort(plan))
 
     def end_round(
         self, plan: RoundPlan, updates: list[ClientUpdate], apply_update_attack: bool = True
