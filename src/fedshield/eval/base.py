@@ -23,6 +23,9 @@ class EvalInputs:
     batch_size: int
     seed: int
     round: int
+    #: θ^0 as (params, buffers): the model before round 1, a pure function of the config
+    #: (seed 002 profiles clients on it). None when the caller has no such model.
+    initial: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 Evaluator = Callable[..., dict[str, float]]

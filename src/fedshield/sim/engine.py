@@ -120,6 +120,8 @@ class Simulator:
         self.timing = JsonlLog(out / "timing.jsonl") if out else None
         self.records: list[dict[str, Any]] = []
         self.state = self._initial_state()
+        # θ^0 is rebuilt identically from the config on resume (seeded model init).
+        self.initial = (self.state.params.clone(), self.state.buffers.clone())
         if out is not None:
             self._prepare_out(out, resume)
 
@@ -357,6 +359,7 @@ class Simulator:
             batch_size=self.cfg.eval.batch_size,
             seed=self.cfg.seed,
             round=rnd,
+            initial=self.initial,
         )
         return run_evaluators(self.model, inputs, self.cfg.eval.metrics, self.cfg.eval.params)
 
