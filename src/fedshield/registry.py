@@ -40,6 +40,8 @@ TAGS: dict[str, str] = {
     "needs_center": "needs a centre kept in server state (Centered Clipping)",
     "reference_free": "can aggregate any [K, p] field without a reference or server state",
     "uses_weights": "honours per-client weights (sample counts)",
+    "sample_weighted": "defined with sample-count weights n_m whatever server.weighting says "
+    "(RFA); the server passes the counts it trusts",
     "min_clients": "has a minimum number of rows (validate(S) may refuse)",
     # models
     "family": "model family: family=classifier|dual_head|multi_exit|width",
