@@ -71,6 +71,14 @@ class ServerConfig(Section):
     )
     lr: float = Field(1.0, gt=0.0, description="server step size eta_g")
     params: dict[str, Any] = {}
+    trust_counts: bool | None = Field(
+        None,
+        description="believe self-reported sample counts; unset: only without an attack and "
+        "without a robust rule (the simulator then uses the partition sizes it knows)",
+    )
+    max_num_examples: int | None = Field(
+        None, ge=0, description="reject uploads reporting more samples than this"
+    )
 
 
 class AttackConfig(Section):

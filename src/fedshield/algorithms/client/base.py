@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import TensorData
 from fedshield.registry import Registry
@@ -80,6 +81,16 @@ class ClientAlgorithm:
     def __init__(self, spec: LocalSpec, params: Params | None = None) -> None:
         self.spec = spec
         self.params = params if params is not None else self.params_schema()
+
+    # -- what this algorithm uploads (the server checks it: core.integrity) -----------
+    def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
+        """The extras this algorithm may upload, with their exact shapes (SPEC §12); an
+        upload carrying any other extra is rejected."""
+        return {}
+
+    def expected_mask(self, client_id: int, model: nn.Module) -> Tensor | None:
+        """The coverage mask client ``client_id`` must upload (None: full coverage)."""
+        return None
 
     # -- hooks ---------------------------------------------------------------------
     def init_state(self, num_params: int) -> dict[str, Tensor]:

@@ -189,7 +189,7 @@ def cycled(values: Sequence[T], client_id: int, default: T) -> T:
     return values[client_id % len(values)] if values else default
 
 
-@CLIENT_ALGORITHMS.register("multi_exit")
+@CLIENT_ALGORITHMS.register("multi_exit", tags=["needs_model=multi_exit", "uploads=mask"])
 class MultiExit(ClientAlgorithm):
     """Depth-limited multi-exit training with deepest-exit KD (SPEC §8, seed 002)."""
 
@@ -214,6 +214,13 @@ class MultiExit(ClientAlgorithm):
 
     def exit_logits(self, net: Subnet, x: Tensor) -> list[Tensor]:
         return net.model.forward_exits(x, net.depth)
+
+    def expected_mask(self, client_id: int, model: nn.Module) -> Tensor | None:
+        """The mask of this client's subnet, as the server predicts it from the client's
+        tier (an upload with any other mask is rejected, SPEC §12)."""
+        vit = as_multi_exit(model)
+        dev = next(vit.parameters()).device
+        return self.make_subnet(vit, ClientContext(client_id, 0, torch.Generator(), dev)).mask
 
     def lr_at(self, rnd: int, step: int, steps: int) -> float:
         lr, lo = self.spec.lr, self.p.lr_min
@@ -322,7 +329,7 @@ class DepthFLParams(MultiExitParams):
     kd_temperature: float = Field(1.0, gt=0.0)
 
 
-@CLIENT_ALGORITHMS.register("depthfl")
+@CLIENT_ALGORITHMS.register("depthfl", tags=["needs_model=multi_exit", "uploads=mask"])
 class DepthFL(MultiExit):
     """DepthFL (Kim et al., ICLR 2023; SPEC §8 baselines): depth-prefix subnets, CE at
     every active exit plus mutual self-distillation among them (defaults: uniform exit
@@ -335,7 +342,7 @@ class ReeFLParams(MultiExitParams):
     exit_weights: ExitWeights = "uniform"
 
 
-@CLIENT_ALGORITHMS.register("reefl")
+@CLIENT_ALGORITHMS.register("reefl", tags=["needs_model=multi_exit", "uploads=mask"])
 class ReeFL(MultiExit):
     """ReeFL (Lee et al., 2024; SPEC §8 baselines): depth-prefix subnets with one shared
     recurrent exit (``model.params.exit_mode = "recurrent"``); CE at every active exit

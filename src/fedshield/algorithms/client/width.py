@@ -131,7 +131,7 @@ class WidthScaled(MultiExit):
         )
 
 
-@CLIENT_ALGORITHMS.register("heterofl")
+@CLIENT_ALGORITHMS.register("heterofl", tags=["needs_model=multi_exit", "uploads=mask"])
 class HeteroFL(WidthScaled):
     """HeteroFL: width tiers, full depth, CE on the last exit (no early exits)."""
 
@@ -139,7 +139,7 @@ class HeteroFL(WidthScaled):
     name = "heterofl"
 
 
-@CLIENT_ALGORITHMS.register("scalefl")
+@CLIENT_ALGORITHMS.register("scalefl", tags=["needs_model=multi_exit", "uploads=mask"])
 class ScaleFL(WidthScaled):
     """ScaleFL: width and depth tiers, CE at every active exit + KD from the last one."""
 

@@ -108,7 +108,7 @@ def retrain_linear(
     return w.detach(), b.detach(), mean
 
 
-@SERVER_ALGORITHMS.register("fedcart")
+@SERVER_ALGORITHMS.register("fedcart", tags=["needs_client=fedcart"])
 class FedCARTServer(FedAvg):
     """Aggregate with the configured rule, then synthesize Z_v and re-train h' (SPEC §7)."""
 
