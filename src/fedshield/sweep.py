@@ -99,8 +99,7 @@ def expand(spec: dict[str, Any], where: Path) -> tuple[str, list[RunSpec]]:
         for values in itertools.product(*(grid[k] for k in keys)):
             grid_set = [f"{k}={json.dumps(v)}" for k, v in zip(keys, values)]
             label = "_".join(
-                [var.get("name", "")]
-                + [f"{_short(k)}={_fmt(v)}" for k, v in zip(keys, values)]
+                [var.get("name", "")] + [f"{_short(k)}={_fmt(v)}" for k, v in zip(keys, values)]
             ).strip("_")
             label = label or name
             raw = cfgmod.apply_overrides(

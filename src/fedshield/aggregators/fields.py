@@ -54,9 +54,7 @@ def to_finite(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x.to(dtype)
 
 
-def aggregate_field(
-    rows: Tensor, weights: Tensor | None, rule: Aggregator
-) -> tuple[Tensor, str]:
+def aggregate_field(rows: Tensor, weights: Tensor | None, rule: Aggregator) -> tuple[Tensor, str]:
     """``(aggregate [p], rule applied)`` of a ``[K, p]`` field (see the module docstring).
     ``weights`` (e.g. sample or class counts) are used by the mean and by rules that honour
     weights; ``None`` is uniform."""
