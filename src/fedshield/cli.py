@@ -37,6 +37,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
 
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
+    if args.resume:
+        target = _out_dir(args.out, cfg.name, True)
+        if not ((target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()):
+            raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
 

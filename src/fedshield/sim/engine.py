@@ -49,6 +49,7 @@ from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
 from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
+from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
 
@@ -128,6 +129,7 @@ class Simulator:
         self.metrics = JsonlLog(out / "metrics.jsonl") if out else None
         self.timing = JsonlLog(out / "timing.jsonl") if out else None
         self.records: list[dict[str, Any]] = []
+        self.callbacks: list[Callback] = default_callbacks()
         self.state = self._initial_state()
         st = self.state
         self._spec = UploadSpec(
@@ -162,6 +164,10 @@ class Simulator:
             raise ConfigError(
                 f"{out} already holds a run; pass --resume to continue it or choose another --out"
             )
+        if resume:
+            # Temporary files of a write that a crash interrupted (atomic_write_bytes).
+            for tmp in out.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
         if resume and ckpt.exists():
             saved = load_checkpoint(ckpt)
             self._check_same_config(saved["config"], out)
@@ -305,7 +311,6 @@ class Simulator:
         """Update attack, upload checks, server step, evaluation; returns the round's
         metrics. ``updates`` are in cohort order; ``apply_update_attack=False`` when the
         attackers already rewrote their own rows (row-local attacks on Flower SuperNodes)."""
-        cfg = self.cfg
         st = self.state
         rnd, ctx, byz = plan.ctx.round, plan.ctx, plan.ctx.byzantine
         server, attack = self.comp.server, self.comp.attack
@@ -343,11 +348,6 @@ class Simulator:
         prev = self.records[-1].get("comm/cum_gib", 0.0) if self.records else 0.0
         metrics["comm/cum_gib"] = prev + 2 * sent / 2**30  # both directions (eq. 16)
         self.state = new_state
-        if rnd % cfg.eval.every == 0 or rnd == cfg.rounds:
-            metrics.update(self.evaluate())
-        every = cfg.eval.metrics_every
-        if cfg.eval.metrics and (rnd == cfg.rounds or (every and rnd % every == 0)):
-            metrics.update(self.evaluate_extra(rnd))
         return metrics
 
     def _apply_update_attack(self, plan: RoundPlan, updates: list[ClientUpdate]) -> None:
@@ -402,27 +402,38 @@ class Simulator:
         return run_evaluators(self.model, inputs, self.cfg.eval.metrics, self.cfg.eval.params)
 
     # -- the loop ------------------------------------------------------------------------
-    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+        callbacks: list[Callback] | None = None,
+    ) -> dict[str, Any]:
+        """Run the remaining rounds; ``on_round(record)`` after each (a progress bar),
+        ``callbacks`` after the built-in ones (see :mod:`fedshield.sim.callbacks`)."""
         cfg = self.cfg
+        if on_round is not None:
+            self.callbacks.append(OnRound(on_round))
+        self.callbacks.extend(callbacks or [])
+        for cb in self.callbacks:
+            cb.on_run_start(self)
         t_start = time.perf_counter()
         for rnd in range(self.state.round, cfg.rounds + 1):
             t0 = time.perf_counter()
             m = self.run_round(rnd)
             self.record(m, time.perf_counter() - t0)
-            if on_round is not None:
-                on_round(m)
-        return self.finish(time.perf_counter() - t_start)
+        summary = self.finish(time.perf_counter() - t_start)
+        for cb in self.callbacks:
+            cb.on_run_end(self, summary)
+        return summary
 
-    def record(self, m: dict[str, Any], wall_s: float) -> None:
-        """Keep a finished round: metrics.jsonl, timing.jsonl, checkpoint when due (also
-        called by the Flower strategy, so both backends write the same files)."""
-        rnd = m["round"]
+    def record(self, m: dict[str, Any], wall_s: float) -> dict[str, Any]:
+        """Complete a round: run the callbacks (evaluation, metrics/timing files,
+        checkpoint, progress, ...) on its record, in place, and keep it. The Flower
+        strategy calls this too, so both backends write the same files."""
+        timing: dict[str, Any] = {"round": m["round"], "wall_s": wall_s}
+        for cb in self.callbacks:
+            cb.after_round(self, m, timing)
         self.records.append(m)
-        if self.metrics is not None:
-            self.metrics.append(m)
-            self.timing.append({"round": rnd, "wall_s": wall_s})
-            if rnd % self.cfg.checkpoint.every == 0 or rnd == self.cfg.rounds:
-                self.save()
+        return m
 
     def save(self) -> None:
         assert self.out is not None
