@@ -195,6 +195,7 @@ class CaseResult:
     corruption: str
     bad_rows: int
     finite: bool
+    robust: bool = False
     rejected: dict[str, float] = field(default_factory=dict)
     step_norm: float = 0.0
     bound: float = float("inf")
@@ -244,7 +245,9 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
     sim.records = []
     g = torch.Generator().manual_seed(seed)
     ups = [_clone(u) for u in pair.honest]
-    res = CaseResult(pair.server, pair.aggregator, pair.masks, corruption, bad_rows, True)
+    res = CaseResult(
+        pair.server, pair.aggregator, pair.masks, corruption, bad_rows, True, pair.robust
+    )
     applied = [CORRUPTIONS[corruption](u, g) for u in ups[:bad_rows]]
     if not any(applied):
         res.skipped = True
