@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from fedshield.errors import FedshieldError
+from fedshield.runner import progress_columns
 
 console = Console(stderr=False)
 
@@ -57,39 +58,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
-    """Build and run one experiment with a progress bar; return its summary."""
-    import torch
+    """Build and run one experiment with a progress bar (see :func:`fedshield.runner.run`)."""
+    from fedshield.runner import run
 
-    from fedshield.sim.builder import build
-    from fedshield.sim.engine import Simulator
-
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    sim = Simulator(build(cfg), out, resume=resume)
-    show = cfg.run.progress and not quiet
-    with Progress(*_columns(), console=console, disable=not show, transient=False) as bar:
-        task = bar.add_task(cfg.name, total=cfg.rounds, completed=sim.state.round - 1, acc="")
-
-        def on_round(m: dict[str, Any]) -> None:
-            acc = f"acc {m['test_acc']:.4f}" if "test_acc" in m else bar.tasks[task].fields["acc"]
-            bar.update(task, completed=m["round"], acc=acc)
-
-        summary = sim.run(on_round)
-    summary["out"] = str(out)
-    return summary
+    return run(cfg, out, resume=resume, quiet=quiet, console=console)
 
 
 def print_summaries(summaries: list[dict[str, Any]]) -> None:
+    """The results table: every run's accuracy and its evaluators' headline metrics."""
+    from fedshield.report import fmt, headline_keys, label_runs
+
+    label_runs(summaries)
+    heads = headline_keys(summaries)
     table = Table(title="results")
-    for col in ("run", "rounds", "final acc", "best acc", "rounds to target"):
-        table.add_column(col, no_wrap=col == "run")
+    for col in ("run", "rounds", "final acc", "best acc", "to target", *heads):
+        table.add_column(col, no_wrap=col == "run", overflow="fold")
     for s in summaries:
         table.add_row(
-            s["name"],
+            s["label"],
             str(s.get("rounds", "")),
-            f"{s.get('final_test_acc', float('nan')):.4f}",
-            f"{s.get('best_test_acc', float('nan')):.4f}",
-            str(s.get("rounds_to_target", "-")),
+            fmt(s.get("final_test_acc")),
+            fmt(s.get("best_test_acc")),
+            fmt(s.get("rounds_to_target")),
+            *[fmt(s.get(k)) for k in heads],
         )
     console.print(table)
     outs = sorted({str(Path(s["out"]).parent) for s in summaries if s.get("out")})
@@ -175,30 +166,29 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec, where = read_grid(args.grid_file, args.grid)
     for item in args.set or []:
         spec.setdefault("set", []).append(item)
-    name, runs = expand(spec, where)
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        except ValueError:
+            raise FedshieldError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
+    name, runs = expand(spec, where, seeds)
     out = Path(args.out) if args.out else Path("runs") / name
     console.print(f"sweep {name}: {len(runs)} runs → {out}")
     show = not args.quiet
-    with Progress(*_columns(), console=console, disable=not show) as bar:
-        task = bar.add_task(name, total=len(runs), acc="")
+    with Progress(*progress_columns(), console=console, disable=not show) as bar:
+        task = bar.add_task(name, total=len(runs), acc="", last="")
 
         def done(s: dict[str, Any]) -> None:
             bar.update(task, advance=1, acc=f"{s['name']}: {s.get('final_test_acc', 0):.4f}")
 
         summaries = run_sweep(runs, out, jobs=args.jobs, on_done=done)
     print_summaries(summaries)
+    for extra in ("cells.md", "pivot.md"):
+        if (out / extra).exists():
+            console.print((out / extra).read_text(), markup=False, highlight=False)
     console.print(f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}")
     return 0
-
-
-def _columns() -> list[Any]:
-    return [
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[acc]}"),
-        TimeElapsedColumn(),
-    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override for every run")
     sw.add_argument("--out", help="output directory (default runs/<grid name>)")
     sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes")
+    sw.add_argument("--seeds", help="repeat every run for these seeds, e.g. 0,1,2")
     sw.add_argument("-q", "--quiet", action="store_true")
     sw.set_defaults(func=cmd_sweep)
     return p

@@ -69,14 +69,38 @@ def _short(key: str) -> str:
     return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
 
 
-def expand(spec: dict[str, Any], where: Path) -> tuple[str, list[RunSpec]]:
-    """The runs of a grid file: variants × cartesian grid, each a validated config."""
-    allowed = {"name", "description", "base", "file", "set", "grid", "variant"}
+def _seeds(value: Any) -> list[int]:
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    )
+    if not ok or len(set(value)) != len(value):
+        raise ConfigError(f"grid.seeds: expected a list of distinct seeds >= 0, got {value!r}")
+    return list(value)
+
+
+def expand(
+    spec: dict[str, Any], where: Path, seeds: list[int] | None = None
+) -> tuple[str, list[RunSpec]]:
+    """The runs of a grid file: variants × cartesian grid (× seeds), each a validated config.
+    ``seeds`` (``--seeds``) overrides the grid's ``seeds`` key; with seeds every run is
+    repeated per seed, named ``<run>_seed=<s>``, and tables report mean ± std and a 95 %
+    interval per cell."""
+    allowed = {"name", "description", "base", "file", "set", "grid", "variant", "seeds"}
     unknown = sorted(set(spec) - allowed)
     if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(allowed), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
-            f"grid: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})"
+            f"grid: unknown key {unknown[0]!r} ({hint}allowed: {', '.join(sorted(allowed))})"
         )
+    if seeds is None and "seeds" in spec:
+        seeds = _seeds(spec["seeds"])
+    elif seeds is not None:
+        seeds = _seeds(seeds)
     name = spec.get("name", "sweep")
     if "file" in spec:
         base = cfgmod.read_toml(where / spec["file"])
@@ -102,12 +126,16 @@ def expand(spec: dict[str, Any], where: Path) -> tuple[str, list[RunSpec]]:
                 [var.get("name", "")] + [f"{_short(k)}={_fmt(v)}" for k, v in zip(keys, values)]
             ).strip("_")
             label = label or name
-            raw = cfgmod.apply_overrides(
-                base, [*common, *vset, *grid_set, f"name={json.dumps(label)}"]
-            )
-            cfgmod.validate(raw, f"grid run {label}")
             params = {"variant": var.get("name", "")} | dict(zip(keys, values))
-            runs.append(RunSpec(label, raw, params))
+            for seed in seeds or [None]:
+                run_label = label if seed is None else f"{label}_seed={seed}"
+                sets = [*common, *vset, *grid_set, f"name={json.dumps(run_label)}"]
+                if seed is not None:
+                    sets.append(f"seed={seed}")
+                raw = cfgmod.apply_overrides(base, sets)
+                cfgmod.validate(raw, f"grid run {run_label}")
+                run_params = params if seed is None else params | {"seed": seed}
+                runs.append(RunSpec(run_label, raw, run_params))
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError("grid: two runs share a name; give each variant a distinct name")

@@ -49,6 +49,11 @@ class ScaffoldClient(ClientAlgorithm):
         start: list[Tensor],
         step: int,
     ) -> None:
+        # A parameter the loss does not reach (FedCART's h', a frozen exit) has no gradient:
+        # its ∇F is 0, and the correction h − h_m still applies to it.
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for p in model.parameters()]
         flat = torch.cat([g.reshape(-1) for g in grads])
         if step == 0:
