@@ -574,3 +574,16 @@ def test_mixed_depth_run_with_augmentation_is_deterministic(tmp_path) -> None:
         Simulator(build(config.validate(raw)), tmp_path / out).run()
     a = (tmp_path / "a" / "metrics.jsonl").read_text()
     assert a == (tmp_path / "b" / "metrics.jsonl").read_text()
+
+
+def test_client_algorithms_declare_schemas_tags_and_help() -> None:
+    from fedshield.algorithms.client import CLIENT_ALGORITHMS
+
+    for name in ("multi_exit", "depthfl", "reefl", "heterofl", "scalefl"):
+        entry = CLIENT_ALGORITHMS.entry(name)
+        assert entry.declared and entry.help.endswith("."), name
+        assert entry.tag_values("needs_model") == {"multi_exit"}, name
+        assert entry.tag_values("uploads") == {"mask"}, name
+        assert all(f.description for f in entry.schema.model_fields.values()), name
+    with pytest.raises(ConfigError, match="did you mean 'teacher_val_fraction'"):
+        CLIENT_ALGORITHMS.parse("reefl", {"teacher_val_frac": 0.1}, "client.params")

@@ -238,7 +238,7 @@ def client_profile(model: nn.Module, inputs: EvalInputs, p: RoutingParams) -> Cl
 
 @EVALUATORS.register("routing", schema=RoutingParams, tags=_NEEDS_EXITS)
 def routing_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
-    """Clean routing of the global multi-exit model on the global test set and on
+    """Evaluates clean routing of the global multi-exit model on the global test set and on
     client-local test data, with the client profile S_k (SPEC §8)."""
     p = parse_params(RoutingParams, params, "eval.params.routing")
     assert isinstance(p, RoutingParams)
@@ -291,8 +291,8 @@ def routing_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[st
 
 @EVALUATORS.register("routing_adv", schema=RoutingAdvParams, tags=_NEEDS_EXITS)
 def routing_adv_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
-    """Routing accuracy and depth saving of the global policies under FGSM and PGD examples
-    generated against the deepest exit (SPEC §8)."""
+    """Evaluates the global routing policies' accuracy and depth saving under FGSM and PGD
+    examples generated against the deepest exit (SPEC §8)."""
     p = parse_params(RoutingAdvParams, params, "eval.params.routing_adv")
     assert isinstance(p, RoutingAdvParams)
     _need_exits(model)

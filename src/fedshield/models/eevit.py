@@ -670,7 +670,7 @@ _MODEL_TAGS = ["family=multi_exit|width"]
 
 @MODELS.register("eevit", schema=EeViTParams, tags=_MODEL_TAGS)
 def eevit(input_shape: tuple[int, int, int], num_classes: int, **params: Any) -> EarlyExitViT:
-    """A multi-exit ViT of any size built from timm blocks, with one exit per block by
+    """Builds a multi-exit ViT of any size from timm blocks, with one exit per block by
     default (SPEC §8).
 
     Defaults: the CPU model (patch 4, dim 96, 3 heads, 6 blocks) at the input resolution;
@@ -690,8 +690,8 @@ def eevit(input_shape: tuple[int, int, int], num_classes: int, **params: Any) ->
 
 @MODELS.register("eevit_small", schema=EeViTSmallParams, tags=_MODEL_TAGS)
 def eevit_small(input_shape: tuple[int, int, int], num_classes: int, **params: Any) -> EarlyExitViT:
-    """The paper's multi-exit model: the first six blocks of ViT-S/16 (dim 384, 6 heads)
-    at 224×224 with AugReg normalisation (seed 002 §IV).
+    """Builds the paper's multi-exit model, the first six blocks of ViT-S/16 (dim 384,
+    6 heads) at 224×224 with AugReg normalisation (seed 002 §IV).
 
     Random init unless ``pretrained`` (offline HF cache) or ``pretrained_path`` is set
     (SPEC §8); the paper presets set ``pretrained = true``, which fails with a clear

@@ -262,8 +262,8 @@ def cycled(values: Sequence[T], client_id: int, default: T) -> T:
 
 @CLIENT_ALGORITHMS.register("multi_exit", tags=_MULTI_EXIT_TAGS)
 class MultiExit(ClientAlgorithm):
-    """Depth-limited multi-exit training of a client's prefix with linear exit weights and
-    distillation from its deepest exit (SPEC §8, seed 002).
+    """Each client trains the prefix of its depth tier with linearly weighted exit losses
+    and distillation from its deepest exit (SPEC §8, seed 002).
 
     The base of the depth and width baselines: subclasses change the subnet, the data
     split and the loss through the hooks below.
@@ -476,8 +476,9 @@ class DepthFLParams(MultiExitParams):
 
 @CLIENT_ALGORITHMS.register("depthfl", tags=_MULTI_EXIT_TAGS)
 class DepthFL(MultiExit):
-    """DepthFL (Kim et al., ICLR 2023): depth-prefix subnets whose shallow classifiers have
-    bottleneck layers, trained with CE at every exit plus mutual self-distillation.
+    """DepthFL (Kim et al., ICLR 2023) trains depth-prefix subnets, whose shallow
+    classifiers carry bottleneck layers, with CE at every exit plus mutual
+    self-distillation.
 
     Loss (official code, Flower baseline ``depthfl``): Σ_i ℓ_i + γ_t Σ_i (1/(m−1))
     Σ_{j≠i} KL(p_j ‖ p_i) with T = 1 and γ_t ramped up by exp(−5(1 − t/R)²) over
@@ -523,8 +524,8 @@ class ReeFLParams(MultiExitParams):
 
 @CLIENT_ALGORITHMS.register("reefl", tags=_MULTI_EXIT_TAGS)
 class ReeFL(MultiExit):
-    """ReeFL (Lee et al., ICML 2024): depth-prefix subnets sharing one recurrent
-    transformer exit over the class tokens, distilled from each client's best exit.
+    """ReeFL (Lee et al., ICML 2024) trains depth-prefix subnets that share one recurrent
+    transformer exit over the class tokens and distils every exit from the client's best.
 
     At every local step the client evaluates its active exits on a held-out batch of its
     own data (a fresh seeded ``teacher_val_fraction`` split each round, not trained on) and

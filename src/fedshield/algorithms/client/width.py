@@ -272,9 +272,9 @@ def absent_class_rows(model: EarlyExitViT, absent: Tensor) -> Tensor:
 
 @CLIENT_ALGORITHMS.register("heterofl", tags=_WIDTH_TAGS)
 class HeteroFL(WidthScaled):
-    """HeteroFL (Diao et al., ICLR 2021): width-nested submodels at full depth trained with
-    its scaler and masked cross-entropy on the last exit and averaged element-wise over
-    their holders.
+    """HeteroFL (Diao et al., ICLR 2021) trains width-nested submodels at full depth with
+    its scaler and masked cross-entropy on the last exit, averaged element-wise over their
+    holders.
 
     * Scaler: the narrow model's embedding and linear outputs are divided by the rate r in
       training only (:func:`attach_scaler`).
@@ -382,8 +382,8 @@ class ScaleFLParams(WidthParams):
 
 @CLIENT_ALGORITHMS.register("scalefl", tags=_WIDTH_TAGS)
 class ScaleFL(WidthScaled):
-    """ScaleFL (Ilhan et al., CVPR 2023): submodels scaled in width and depth on ScaleFL's
-    exit placement, exits weighted by depth and distilled from the subnet's last exit.
+    """ScaleFL (Ilhan et al., CVPR 2023) trains submodels scaled in width and depth on its
+    own exit placement, with exits weighted by depth and distilled from the last exit.
 
     Placement: exits after blocks ⌈L·b/12⌉ for its 12-layer transformer's b ∈ {4, 6, 9, 12}
     ([2, 3, 5, 6] for L = 6; set ``model.params.exit_blocks`` to it). Tiers: the official
