@@ -587,3 +587,37 @@ def test_client_algorithms_declare_schemas_tags_and_help() -> None:
         assert all(f.description for f in entry.schema.model_fields.values()), name
     with pytest.raises(ConfigError, match="did you mean 'teacher_val_fraction'"):
         CLIENT_ALGORITHMS.parse("reefl", {"teacher_val_frac": 0.1}, "client.params")
+
+
+# -- presets ---------------------------------------------------------------------------------
+
+
+def test_eevit_presets_are_the_generators_output() -> None:
+    import importlib.util
+    from importlib import resources
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "make_presets.py"
+    spec = importlib.util.spec_from_file_location("make_presets", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    presets = resources.files("fedshield.presets")
+    files = gen.eevit_files()
+    assert len(files) == 15
+    for rel, text in files.items():
+        assert presets.joinpath(rel).read_text() == text, f"{rel}: run tools/make_presets.py"
+
+
+def test_baseline_grid_variants_build_every_client_subnet() -> None:
+    from fedshield.algorithms.client import CLIENT_ALGORITHMS
+    from fedshield.sweep import expand, read_grid
+
+    _, runs = expand(*read_grid(grid="eevit-baselines-cpu"))
+    assert {r.name for r in runs} >= {"heterofl", "depthfl", "scalefl", "reefl"}
+    for run in runs:
+        cfg = config.validate(run.raw)
+        model = build_model(cfg.model.name, (1, 28, 28), 10, **cfg.model.params)
+        cls = CLIENT_ALGORITHMS.get(cfg.client.algorithm)
+        client = cls(LocalSpec(lr=1e-3, batch_size=8), cls.params_schema(**cfg.client.params))
+        masks = [client.expected_mask(k, model) for k in range(cfg.data.num_clients)]
+        assert (run.name == "ours_all_depth6") == all(m is None for m in masks), run.name
