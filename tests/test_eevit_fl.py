@@ -566,6 +566,27 @@ def test_end_to_end_mixed_depths_write_routing_metrics(tmp_path) -> None:
     assert rows[1]["comm/cum_gib"] == pytest.approx(4 * sum(per_client) / 2**30)
 
 
+_BASELINE_RUNS = {
+    "heterofl": ({"widths": [0.5, 0.25, 1.0]}, {}),
+    "scalefl": ({"depths": [1, 2, 3], "widths": [0.7, 0.75, 1.0]}, {"exit_blocks": [2, 3, 4]}),
+    "depthfl": ({"depths": [1, 2, 4]}, {"exit_bottleneck": "depthfl"}),
+    "reefl": ({"depths": [1, 2, 4]}, {"exit_mode": "recurrent"}),
+}
+
+
+@pytest.mark.parametrize("algorithm", list(_BASELINE_RUNS))
+def test_baseline_uploads_pass_the_servers_mask_check(tmp_path, algorithm) -> None:
+    # The server predicts every client's mask from its tier (SPEC §12) and rejects any other.
+    client_params, model_params = _BASELINE_RUNS[algorithm]
+    raw = _raw(tmp_rounds=1)
+    raw["client"] |= {"algorithm": algorithm, "params": client_params, "local_steps": 1}
+    raw["model"]["params"] |= model_params
+    raw["eval"] = {"every": 1}
+    Simulator(build(config.validate(raw)), tmp_path / algorithm).run()
+    row = json.loads((tmp_path / algorithm / "metrics.jsonl").read_text().splitlines()[-1])
+    assert row["sys/rejected"] == 0 and math.isfinite(row["test_acc"])
+
+
 def test_mixed_depth_run_with_augmentation_is_deterministic(tmp_path) -> None:
     # A run is a pure function of (config, seed), MixUp/CutMix/RandAugment included.
     raw = _raw(tmp_rounds=1)
