@@ -38,6 +38,7 @@ from fedshield.algorithms.client.multi_exit import (
     as_multi_exit,
     cycled,
 )
+from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import get_params, param_slices, set_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
@@ -315,7 +316,14 @@ class HeteroFL(WidthScaled):
             return net.mask
         return self._without_rows(model, net.mask, ~present)
 
-    def local_update(self, model, payload, data, ctx, state):  # type: ignore[no-untyped-def]
+    def local_update(
+        self,
+        model: nn.Module,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
         update = super().local_update(model, payload, data, ctx, state)
         if self.hp.masked_ce and self.hp.class_rows == "all":
             # The rows of absent classes got no gradient; what weight decay did to them
