@@ -230,7 +230,7 @@ def test_width_subnet_slices_and_scatters_back_in_both_slicings() -> None:
     arch = narrow_arch(model, 0.7, "head_dim", math.floor)
     assert (arch["embed_dim"], arch["attn_head_dim"], arch["mlp_hidden"]) == (20, 5, 89)
     # A client scatters its update back and covers exactly the entries it holds.
-    params = HeteroFLParams(widths=[0.5, 1.0], masked_ce=False)
+    params = HeteroFLParams(widths=[0.5, 1.0], masked_ce=False, class_rows="all")
     client = HeteroFL(LocalSpec(lr=1e-3, batch_size=8, steps=2), params)
     upd = _train(client, model, 0)
     idx = width_index(model, narrow_model(model, 0.5))

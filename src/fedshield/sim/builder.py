@@ -174,7 +174,13 @@ class Experiment:
     device: torch.device
 
 
-def check_coverage(cfg: ExperimentConfig, comp: Components, model: nn.Module) -> None:
+def check_coverage(
+    cfg: ExperimentConfig,
+    comp: Components,
+    model: nn.Module,
+    clients: list[TensorData],
+    num_classes: int,
+) -> None:
     """Refuse, before training, a rule that can run on no cohort at all for some parameters:
     with depth/width-limited clients the rule runs per coverage group (SPEC §12), and a
     group held by fewer clients than the rule's minimum (Krum's 2f + 3, ...) even under full
@@ -189,7 +195,10 @@ def check_coverage(cfg: ExperimentConfig, comp: Components, model: nn.Module) ->
         return
     d = sum(p.numel() for p in model.parameters())
     full = torch.ones(d, dtype=torch.bool, device=next(model.parameters()).device)
-    masks = [comp.client.expected_mask(k, model) for k in range(cfg.data.num_clients)]
+    masks = [
+        comp.client.expected_mask(k, model, clients[k].class_counts(num_classes))
+        for k in range(cfg.data.num_clients)
+    ]
     if all(m is None for m in masks):
         return
     stacked = torch.stack([full if m is None else m for m in masks])
@@ -234,7 +243,7 @@ def build(cfg: ExperimentConfig) -> Experiment:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params)
     model.to(device)
-    check_coverage(cfg, components, model)
+    check_coverage(cfg, components, model, clients, bundle.num_classes)
     return Experiment(
         cfg=cfg,
         components=components,

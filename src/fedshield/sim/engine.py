@@ -294,12 +294,19 @@ class Simulator:
         plan = self.begin_round(rnd)
         return self.end_round(plan, self.train_cohort(plan))
 
+    def class_counts(self, k: int) -> Tensor:
+        """Client ``k``'s label counts, which the server knows like the partition itself."""
+        return self.exp.clients[k].class_counts(self.exp.bundle.num_classes)
+
     def upload_spec(self, plan: RoundPlan) -> UploadSpec:
         """What a valid upload of this round looks like (SPEC §12, core.integrity)."""
         client = self.comp.client
         masks = None
         if "mask" in tags_of(client).get("uploads", ()):
-            masks = {k: client.expected_mask(k, self.model) for k in plan.ctx.cohort}
+            masks = {
+                k: client.expected_mask(k, self.model, self.class_counts(k))
+                for k in plan.ctx.cohort
+            }
         trusted = None
         if not self.trust_counts:  # the simulator knows every partition's size
             trusted = {k: len(self.exp.clients[k]) for k in plan.ctx.cohort}

@@ -88,8 +88,12 @@ class ClientAlgorithm:
         upload carrying any other extra is rejected."""
         return {}
 
-    def expected_mask(self, client_id: int, model: nn.Module) -> Tensor | None:
-        """The coverage mask client ``client_id`` must upload (None: full coverage)."""
+    def expected_mask(
+        self, client_id: int, model: nn.Module, class_counts: Tensor | None = None
+    ) -> Tensor | None:
+        """The coverage mask client ``client_id`` must upload (None: full coverage), as the
+        server predicts it from the client's tier and, where a method needs it, its label
+        counts ``class_counts`` (known to the server, like the partition)."""
         return None
 
     # -- hooks ---------------------------------------------------------------------

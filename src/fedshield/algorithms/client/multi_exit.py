@@ -337,7 +337,9 @@ class MultiExit(ClientAlgorithm):
         :meth:`expected_mask`, which the server predicts from the client's tier."""
         return net.mask
 
-    def expected_mask(self, client_id: int, model: nn.Module) -> Tensor | None:
+    def expected_mask(
+        self, client_id: int, model: nn.Module, class_counts: Tensor | None = None
+    ) -> Tensor | None:
         """The mask of this client's subnet, as the server predicts it from the client's
         tier (an upload with any other mask is rejected, SPEC §12)."""
         vit = as_multi_exit(model)

@@ -243,7 +243,7 @@ class HeteroFLParams(WidthParams):
         True, description="logits of classes absent from the client's data are 0 in the loss"
     )
     class_rows: Literal["all", "holders"] = Field(
-        "all",
+        "holders",
         description="classifier rows of classes a client lacks: all: uploaded with a zero "
         "update; holders: left out of its coverage (HeteroFL's combine; the server must "
         "know each client's label set)",
@@ -282,9 +282,9 @@ class HeteroFL(WidthScaled):
     * Masked CE: logits of classes absent locally are 0 in the loss (no gradient reaches
       their classifier rows). HeteroFL's server also averages each output row over the
       clients holding its class (official ``combine``, with the label splits it knows):
-      ``class_rows = "holders"``. This library's server predicts every upload's mask from
-      the client's tier alone (SPEC §12), so the default ``"all"`` uploads those rows with
-      a zero update instead (a non-holder then damps a row's update by its weight).
+      ``class_rows = "holders"``, the default — the server predicts each upload's mask from
+      the client's tier and label counts (SPEC §12). ``"all"`` uploads those rows with a
+      zero update instead (a non-holder then damps a row's update by its weight).
     * Normalisation: HeteroFL's static BatchNorm exists because BN keeps running
       statistics that differ between width submodels and clients; it tracks none during
       training and recomputes them for the global model afterwards. The ViT uses
@@ -345,7 +345,7 @@ class HeteroFL(WidthScaled):
         if class_counts is None:
             raise ConfigError(
                 "client.params.class_rows = 'holders' needs the server to know each client's "
-                "label set, which this server does not provide; use class_rows = 'all'"
+                "label counts (the server passes them); use class_rows = 'all' otherwise"
             )
         absent = class_counts == 0
         if not bool(absent.any()):
