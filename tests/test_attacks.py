@@ -37,7 +37,7 @@ def test_registry_lists_every_spec_attack() -> None:
 
 def test_build_drops_none_and_rejects_unknown_kwargs() -> None:
     assert attacks.build("noise", sigma=None).sigma == 1.0
-    with pytest.raises(ConfigError, match="sigma"):
+    with pytest.raises(ConfigError, match="attack.params.sgima: unknown key .did you mean 'sigma'"):
         attacks.build("noise", sgima=2.0)
     with pytest.raises(KeyError, match="did you mean 'min_max'"):
         attacks.build("minmax")
@@ -234,23 +234,32 @@ def test_attacks_that_skip_own_update_ignore_it(name: str) -> None:
 @pytest.mark.parametrize(
     ("name", "kwargs", "match"),
     [
-        ("noise", {"sigma": 0.0}, "sigma must be a finite number > 0"),
+        ("noise", {"sigma": 0.0}, r"attack.params.sigma: Input should be greater than 0"),
         ("noise", {"sigma": -1.0}, "sigma"),
-        ("noise", {"sigma": float("nan")}, "sigma"),
-        ("noise", {"sigma": True}, "sigma"),
-        ("noise", {"sigma": "1"}, "sigma"),
-        ("sign_flip", {"k": 0}, "k must be"),
+        ("noise", {"sigma": float("nan")}, "sigma: Input should be a finite number"),
+        ("noise", {"sigma": True}, "sigma: Input should be a valid number"),
+        ("noise", {"sigma": "1"}, "sigma: Input should be a valid number"),
+        ("sign_flip", {"k": 0}, "k: Input should be greater than 0"),
         ("scaling", {"k": float("inf")}, "k: Input should be a finite number"),
         ("ipm", {"epsilon": -0.1}, "epsilon"),
         ("alie", {"z": float("nan")}, "z: Input should be a finite number"),
-        ("min_max", {"vector": "gauss"}, "vector must be one of 'unit_vec', 'std', 'sign'"),
+        ("min_max", {"vector": "gauss"}, "vector: Input should be 'unit_vec', 'std' or 'sign'"),
         ("min_sum", {"vector": None, "gamma_init": 0}, "gamma_init"),
         ("min_max", {"tau": 0.0}, "tau"),
-        ("min_max", {"tau": 20.0}, "tau must be < gamma_init"),
-        ("min_sum", {"bound": "mean"}, "bound must be one of 'max', 'min'"),
-        ("label_flip", {"k": 1}, "label_flip"),
+        ("min_max", {"tau": 20.0}, r"attack.params.tau: must be < gamma_init \(10.0\)"),
+        ("min_sum", {"bound": "mean"}, "bound: Input should be 'max' or 'min'"),
+        ("label_flip", {"k": 1}, r"attack.params.k: unknown key \(allowed: none\)"),
     ],
 )
 def test_bad_params_raise_config_error(name: str, kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         attacks.build(name, **kwargs)
+    with pytest.raises(ConfigError, match=match):  # direct construction checks as strictly
+        ATTACKS.get(name)(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def test_parse_validates_without_building() -> None:
+    p = attacks.parse("min_sum", {"vector": "sign"}, "attack.params")
+    assert (p.vector, p.bound, p.gamma_init) == ("sign", "max", 10.0)
+    with pytest.raises(ConfigError, match=r"^attack.name: unknown attack 'minmax' \(did you"):
+        attacks.parse("minmax", {})
