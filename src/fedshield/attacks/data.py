@@ -9,7 +9,7 @@ from fedshield.attacks.base import ATTACKS, DataAttack
 
 @ATTACKS.register("label_flip", tags=["kind=data"])
 class LabelFlip(DataAttack):
-    """Train honestly on flipped labels l ↦ L − l − 1, L the number of classes (seed 000 [25]).
+    """Train honestly on flipped labels l ↦ L − l − 1 for L classes (seed 000 [25]).
 
     Inputs are left untouched. A fixed permutation (0 ↔ L−1, 1 ↔ L−2, ...), so the poisoned
     client's updates stay plausible in norm and hard to spot, as the seed notes (§I-A). It

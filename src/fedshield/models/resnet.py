@@ -38,7 +38,7 @@ class ResNet18(Classifier):
 
 @MODELS.register("resnet18", schema=NoParams, tags=TAGS)
 def resnet18(input_shape: tuple[int, int, int], num_classes: int) -> ResNet18:
-    """ResNet-18 with the CIFAR stem (3×3 stride-1 conv, no max-pool), FedCART's backbone."""
+    """ResNet-18 with the CIFAR stem (3×3 stride 1, no max-pool), FedCART's backbone."""
     return ResNet18(input_shape, num_classes)
 
 
