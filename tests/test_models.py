@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from fedshield.errors import ConfigError
-from fedshield.models import MODELS, build_model, model_tags, parse_model_params
+from fedshield.models import MODELS, build_model, check_model, model_tags, parse_model_params
 from fedshield.registry import tags_of
 
 SHAPES = {"resnet18": (3, 32, 32), "wrn28_4": (3, 32, 32), "cnn_cifar10": (3, 32, 32)}
@@ -67,3 +67,16 @@ def test_dual_head_takes_the_backbone_params_and_batchnorm():
         "batchnorm": frozenset(),
     }
     assert "batchnorm" in tags_of(build_model("wrn28_4", (3, 8, 8), 4))
+
+
+def test_check_model_builds_nothing_and_names_a_too_small_input():
+    state = torch.random.get_rng_state()
+    assert check_model("dual_head", (3, 32, 32), 10, {"backbone": "wrn28_4"}) == {
+        "family": frozenset({"dual_head"}),
+        "batchnorm": frozenset(),
+    }
+    assert torch.equal(torch.random.get_rng_state(), state)  # the run's seed is untouched
+    with pytest.raises(ConfigError, match=r"^model: input shape \(1, 4, 4\) is too small"):
+        check_model("cnn_cifar100", (1, 4, 4), 10)
+    with pytest.raises(ConfigError, match=r"^model.params.hidden: Input should be greater"):
+        check_model("mlp", (1, 8, 8), 10, {"hidden": 0})

@@ -95,12 +95,16 @@ class DualHeadParams(Params):
         backbone = obj.get("backbone", cls.model_fields["backbone"].default)
         try:
             schema = _with_backbone(backbone)
-        except TypeError as err:  # an unknown or unsuitable backbone name
+        except _BadBackbone as err:  # an unknown or unsuitable backbone name
             raise _error("backbone", backbone, str(err)) from None
         try:
             return schema.model_validate(obj, **kwargs)
         except ValidationError as err:  # re-phrase unknown keys against the merged fields
             raise _with_hints(err, list(schema.model_fields)) from None
+
+
+class _BadBackbone(ValueError):
+    """``model.params.backbone`` names no model that dual_head can wrap."""
 
 
 def _error(key: str, value: Any, message: str) -> ValidationError:
@@ -135,19 +139,19 @@ def _with_hints(err: ValidationError, fields: list[str]) -> ValidationError:
 @functools.cache
 def _with_backbone(backbone: Any) -> type[Params]:
     if not isinstance(backbone, str):
-        raise TypeError("must be the name of a registered model")
+        raise _BadBackbone("must be the name of a registered model")
     if backbone not in MODELS:
         close = difflib.get_close_matches(backbone, MODELS.names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise TypeError(f"unknown model{hint}; known: {', '.join(MODELS.names())}")
+        raise _BadBackbone(f"unknown model{hint}; known: {', '.join(MODELS.names())}")
     entry = MODELS.entry(backbone)
     family = entry.tag_values("family")
     if backbone == "dual_head" or (family and "classifier" not in family):
-        raise TypeError(
+        raise _BadBackbone(
             f"must be a classifier (family=classifier), not family={'|'.join(sorted(family))}"
         )
     if "backbone" in entry.schema.model_fields:
-        raise TypeError(f"model {backbone!r} has its own 'backbone' parameter")
+        raise _BadBackbone(f"model {backbone!r} has its own 'backbone' parameter")
     return create_model(  # type: ignore[call-overload,no-any-return]
         f"DualHead_{backbone}_Params", __base__=(DualHeadParams, entry.schema)
     )
