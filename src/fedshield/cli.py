@@ -100,16 +100,22 @@ LIST_KINDS = (
     "attacks",
     "client-algorithms",
     "server-algorithms",
+    "evaluators",
+    "routing-policies",
+    "eval-attacks",
 )
 
 
 def _registries() -> dict[str, Any]:
+    from fedshield.adversarial.registry import EVAL_ATTACKS
     from fedshield.aggregators.base import AGGREGATORS
     from fedshield.algorithms.client import CLIENT_ALGORITHMS
     from fedshield.algorithms.server import SERVER_ALGORITHMS
     from fedshield.attacks.base import ATTACKS
     from fedshield.data import DATASETS, PARTITIONERS
+    from fedshield.eval import EVALUATORS
     from fedshield.models import MODELS
+    from fedshield.routing import POLICIES
     from fedshield.sim.builder import load_plugins
 
     load_plugins()
@@ -121,30 +127,72 @@ def _registries() -> dict[str, Any]:
         "attacks": ATTACKS,
         "client-algorithms": CLIENT_ALGORITHMS,
         "server-algorithms": SERVER_ALGORITHMS,
+        "evaluators": EVALUATORS,
+        "routing-policies": POLICIES,
+        "eval-attacks": EVAL_ATTACKS,
     }
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """One table per kind: each entry's name, its one-sentence description, then its
+    parameters as ``key=default`` (TOML literals, what a config would say) and its tags."""
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+    from rich.text import Text
+
     from fedshield.config import preset_names, read_preset
+
+    def literal(value: Any) -> str:
+        if value is None:
+            return "unset"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):  # 0.0 stays a float literal; 8/255 stays short
+            return f"{value:.1f}" if value.is_integer() else f"{value:.6g}"
+        if isinstance(value, str):
+            return f'"{value}"'
+        if isinstance(value, tuple | list):
+            return "[" + ",".join(literal(v) for v in value) + "]"  # no space: no line break
+        if isinstance(value, BaseModel):
+            return "{" + ", ".join(f"{k}={literal(v)}" for k, v in value) + "}"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}={literal(v)}" for k, v in value.items()) + "}"
+        return str(value)
+
+    def params_text(schema: type[BaseModel]) -> str:
+        out = []
+        for key, field in schema.model_fields.items():
+            if field.default is PydanticUndefined and field.default_factory is None:
+                out.append(f"{key}=<required>")
+            else:
+                out.append(f"{key}={literal(field.get_default(call_default_factory=True))}")
+        return ", ".join(out)
+
+    def details(entry: Any) -> Text:
+        text = Text(entry.help or "(no description)")
+        for label, value in (("params", params_text(entry.schema)), ("tags", entry.tag_text)):
+            if value:
+                text.append(f"\n{label}: ", style="dim")
+                text.append(value, style="cyan")
+        return text
 
     kinds = [args.kind] if args.kind else list(LIST_KINDS)
     regs = _registries()
     for kind in kinds:
         table = Table(title=kind, show_header=False, title_justify="left")
-        table.add_column("name", style="bold")
+        table.add_column("name", style="bold", no_wrap=True)
         table.add_column("description")
         if kind == "presets":
             for name in preset_names():
-                table.add_row(name, read_preset(name).get("description", ""))
+                table.add_row(name, Text(read_preset(name).get("description", "")))
         elif kind == "grids":
             from fedshield.sweep import grid_names, read_grid
 
             for name in grid_names():
-                table.add_row(name, read_grid(grid=name)[0].get("description", ""))
+                table.add_row(name, Text(read_grid(grid=name)[0].get("description", "")))
         else:
-            reg = regs[kind]
-            for name in reg.names():
-                table.add_row(name, reg.help(name))
+            for entry in regs[kind].entries():
+                table.add_row(entry.name, details(entry))
         console.print(table)
     return 0
 
