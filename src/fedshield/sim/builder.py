@@ -65,10 +65,13 @@ def partition_params(d: Any) -> dict[str, Any]:
     return {k: getattr(d, k) for k in names if hasattr(d, k)}
 
 
-def _check_tags(cfg: ExperimentConfig, entries: dict[str, Entry[Any]]) -> None:
+def _check_tags(
+    cfg: ExperimentConfig, entries: dict[str, Entry[Any]], model_tags: dict[str, frozenset[str]]
+) -> None:
     """Compatibility of the chosen components, decided from their registry tags."""
-    client, server, agg, model = (entries[k] for k in ("client", "server", "aggregator", "model"))
-    family = model.tag_values("family")
+    client, server, agg = (entries[k] for k in ("client", "server", "aggregator"))
+    family = model_tags.get("family", frozenset())
+    model_name = cfg.model.name
     for key, e in (
         ("client.algorithm", client),
         *[(f"eval.metrics ({n})", entries[n]) for n in cfg.eval.metrics],
@@ -77,7 +80,7 @@ def _check_tags(cfg: ExperimentConfig, entries: dict[str, Entry[Any]]) -> None:
         if need and family and not need & family:
             raise ConfigError(
                 f"{key}={e.name!r} needs a model of family {' or '.join(sorted(need))}, but "
-                f"model.name={model.name!r} is {' / '.join(sorted(family))}"
+                f"model.name={model_name!r} is {' / '.join(sorted(family))}"
             )
     need_client = server.tag_values("needs_client")
     if need_client and client.name not in need_client:
@@ -96,17 +99,21 @@ def _check_tags(cfg: ExperimentConfig, entries: dict[str, Entry[Any]]) -> None:
 def build_components(cfg: ExperimentConfig) -> Components:
     """Every component, validated against its registry schema and tags, before any data is
     loaded: names (did-you-mean), nested parameters, compatibility, device."""
-    from fedshield.data import DATASETS, PARTITIONERS
+    from fedshield.data import PARTITIONERS, dataset_info
     from fedshield.eval import EVALUATORS
-    from fedshield.models import MODELS
+    from fedshield.models import check_model, model_tags
 
     load_plugins(cfg.plugins)
     c, s, d = cfg.client, cfg.server, cfg.data
-    DATASETS.entry(d.dataset, "data.dataset").parse(d.params, "data.params")
+    info = dataset_info(d.dataset, d.params)
     PARTITIONERS.entry(d.partition, "data.partition").parse(partition_params(d), "data")
-    model_entry = MODELS.entry(cfg.model.name, "model.name")
-    model_entry.parse(cfg.model.params, "model.params")
-    entries: dict[str, Entry[Any]] = {"model": model_entry}
+    tags = model_tags(cfg.model.name, cfg.model.params)
+    if info.input_shape is not None and info.num_classes is not None:
+        # The whole model section against the data's shape, on the meta device (no memory);
+        # pretrained weights are files, checked when the model is really built.
+        arch = {k: v for k, v in cfg.model.params.items() if not k.startswith("pretrained")}
+        tags = check_model(cfg.model.name, info.input_shape, info.num_classes, arch)
+    entries: dict[str, Entry[Any]] = {}
     for name in cfg.eval.metrics:
         entries[name] = EVALUATORS.entry(name, "eval.metrics")
         entries[name].parse(cfg.eval.params.get(name, {}), f"eval.params.{name}")
@@ -135,7 +142,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
         aggregator.validate(s.clients_per_round)
     except ConfigError as err:
         raise ConfigError(f"server.aggregator={s.aggregator!r}: {err}") from None
-    _check_tags(cfg, entries)
+    _check_tags(cfg, entries, tags)
     server = server_cls(
         aggregator,
         lr=s.lr,
