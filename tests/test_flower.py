@@ -16,6 +16,7 @@ from flwr.app import MessageType, RecordDict  # noqa: E402
 from fedshield import config  # noqa: E402
 from fedshield.attacks.base import ATTACKS  # noqa: E402
 from fedshield.core.context import ClientUpdate, Payload  # noqa: E402
+from fedshield.errors import ConfigError  # noqa: E402
 from fedshield.flower import client_app, codec  # noqa: E402
 from fedshield.flower.byzantine import runs_on_client  # noqa: E402
 from fedshield.flower.local import LocalGrid  # noqa: E402
@@ -109,6 +110,27 @@ def test_payload_and_update_roundtrip_exactly():
     assert all(torch.equal(u.extras[k], v) for k, v in update.extras.items())
 
 
+def test_fedcart_extras_roundtrip_exactly():
+    """FedCART's real payload and upload (prototypes [C, C·D + C], counts [C], head shape,
+    the 0-d prototype request) come out of the codec bit for bit."""
+    sim = Simulator(build(config.validate(raw_config(**FEDCART))))
+    plan = sim.begin_round(1)
+    payload = codec.decode_payload(codec.encode_payload(plan.payload))
+    sent = plan.payload.extras["fedcart/proto_head"]
+    assert payload.extras["fedcart/proto_head"].shape == sent.shape == ()
+    assert torch.equal(payload.extras["fedcart/proto_head"], sent)
+    update = sim.client_update(plan, plan.ctx.cohort[0])
+    assert {"fedcart/prototypes", "fedcart/counts", "fedcart/head_shape"} <= set(update.extras)
+    back = codec.decode_update(codec.encode_update(update))
+    assert set(back.extras) == set(update.extras)
+    for name, value in update.extras.items():
+        got = back.extras[name]
+        assert got.dtype == value.dtype and got.shape == value.shape, name
+        assert torch.equal(got, value), name
+    c, d = (int(v) for v in update.extras["fedcart/head_shape"])
+    assert update.extras["fedcart/prototypes"].shape == (c, c * d + c)
+
+
 def test_task_roundtrip():
     task = codec.Task(5, 2, True, False, True, "seed = 1\n", "abc")
     assert codec.Task.from_record(task.to_record()) == task
@@ -130,6 +152,18 @@ def test_attack_placement():
 
 # -- parity with the simulator ----------------------------------------------------------
 
+# FedCART (SPEC §7): prototypes, class counts and the head shape travel as update extras,
+# the prototype request as a payload extra; long-tailed digits so class counts differ.
+FEDCART: dict[str, Any] = {
+    "data": {"partition": "dirichlet", "beta": 0.5, "long_tail": {"rho": 10}},
+    "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
+    "client": {"algorithm": "fedcart", "batch_size": 32, "params": {"steps": 2}},
+    "server": {
+        "algorithm": "fedcart",
+        "params": {"match_iters": 10, "retrain_steps": 20, "num_virtual": 10},
+    },
+}
+
 PARITY = {
     "fedavg": {},
     "brdrag": {"server": {"algorithm": "brdrag"}, "data": {"root_size": 100}},
@@ -148,12 +182,13 @@ PARITY = {
     "min_max": {"attack": {"name": "min_max", "fraction": 0.5, "mode": "per_round"}},
     "noise": {"attack": {"name": "noise", "fraction": 0.25}},
     "label_flip": {"attack": {"name": "label_flip", "fraction": 0.25}},
+    "fedcart": FEDCART,
 }
 
 
 # The issue's three (FedAvg, BR-DRAG, a client-side method) and one attack per placement
 # run by default; the rest of the matrix is marked slow to keep the default suite short.
-FAST = {"fedavg", "brdrag", "scaffold", "median+sign_flip", "min_max", "label_flip"}
+FAST = {"fedavg", "brdrag", "scaffold", "median+sign_flip", "min_max", "label_flip", "fedcart"}
 
 
 @pytest.mark.parametrize(
@@ -279,3 +314,66 @@ def test_run_config_resolves_experiment(tmp_path):
     path.write_text(config.dump(config.validate(raw_config())))
     s = settings_from_run_config({"config": str(path), "preset": "demo", "resume": True})
     assert s.cfg.name == "flower-test" and s.resume and s.out.name == "flower-test-flower"
+
+
+# -- client state across SuperNode restarts ---------------------------------------------
+
+
+class RestartingGrid(LocalGrid):
+    """Every SuperNode restarts (loses its Context) before every training round."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if any(m.metadata.message_type == MessageType.TRAIN for m in messages):
+            self.restart()
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+SCAFFOLD_PARTIAL = {
+    "client": {"algorithm": "scaffold"},
+    "server": {"algorithm": "scaffold", "clients_per_round": 2},
+    "rounds": 4,  # partial participation: clients come back to their h_m rounds later
+}
+
+
+def test_scaffold_state_survives_supernode_restarts_via_state_dir(tmp_path):
+    from fedshield.flower import node_state
+
+    raw = raw_config(**SCAFFOLD_PARTIAL)
+    ref = Simulator(build(config.validate(raw)))
+    ref.run()
+    grid = RestartingGrid(4, node_config={"state-dir": str(tmp_path / "state")})
+    sim = prepare(config.validate(raw), None)
+    strategy = FedshieldStrategy(sim)
+    strategy.run(grid)
+    assert_same(ref.records, sim.records)
+    # Every client that trained has its h_m on disk, bit-identical to the simulator's.
+    assert len(ref.state.client_states) == 4
+    for k, expected in ref.state.client_states.items():
+        saved = node_state.load(tmp_path / "state", k, strategy.run_key)
+        assert saved is not None and saved.round <= raw["rounds"]
+        assert set(saved.tensors) == set(expected) == {"h"}
+        assert torch.equal(saved.tensors["h"], expected["h"]), k
+
+
+def test_restart_without_state_dir_loses_scaffold_state():
+    """What ``state-dir`` prevents: a restarted node starts again from h_m = 0."""
+    raw = raw_config(**SCAFFOLD_PARTIAL)
+    ref = simulate(raw)
+    records, _, _ = on_flower(raw, grid=RestartingGrid(4))
+    assert records[0]["test_acc"] == pytest.approx(ref[0]["test_acc"])  # no state yet
+    assert any(a["test_loss"] != pytest.approx(b["test_loss"]) for a, b in zip(ref, records))
+
+
+def test_state_file_is_per_run_and_atomic(tmp_path):
+    from fedshield.flower import node_state
+
+    h = torch.randn(5, dtype=torch.float64)
+    node_state.save(tmp_path, node_state.SavedState("run-a", 2, 3, {"h": h}))
+    assert [p.name for p in tmp_path.iterdir()] == ["client-2.pt"]  # no temporary left
+    saved = node_state.load(tmp_path, 2, "run-a")
+    assert saved.round == 3 and torch.equal(saved.tensors["h"], h)
+    assert node_state.load(tmp_path, 2, "run-b") is None  # another run's state is ignored
+    assert node_state.load(tmp_path, 1, "run-a") is None
+    with pytest.raises(ConfigError, match="state-dir=3"):
+        client_app.state_dir({"state-dir": 3})

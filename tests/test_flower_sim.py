@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-from test_flower import assert_same, raw_config, simulate  # noqa: E402
+from test_flower import FEDCART, assert_same, raw_config, simulate  # noqa: E402
 
 from fedshield import config  # noqa: E402
 
@@ -28,6 +28,8 @@ CONFIGS = {
     "scaffold": raw_config(
         client={"algorithm": "scaffold"}, server={"algorithm": "scaffold"}, rounds=3
     ),
+    # FedCART's extras (prototypes, counts, head shape) through the codec and Ray.
+    "fedcart": raw_config(**FEDCART),
 }
 
 
