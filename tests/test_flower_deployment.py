@@ -48,7 +48,7 @@ DOC = REPO / "docs" / "deployment.md"
 # {ca} (absolute path of ca.crt on the user's machine), {app}, {exp}, {out}.
 CERTS = [
     "mkdir -p certs keys",
-    'openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 365 '
+    "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 365 "
     '-subj "/CN=fedshield CA" -addext "keyUsage=critical,keyCertSign,cRLSign" '
     "-keyout certs/ca.key -out certs/ca.crt",
     "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
@@ -287,9 +287,12 @@ def test_tls_and_supernode_auth_refuse_intruders(federation):
         ctx = ssl.create_default_context(cafile=str(ca))
         with ctx.wrap_socket(raw_sock, server_hostname="127.0.0.1") as tls:
             assert tls.version() in ("TLSv1.2", "TLSv1.3")
-    with socket.create_connection(("127.0.0.1", port)) as raw_sock:
-        with pytest.raises(ssl.SSLCertVerificationError):
-            ssl.create_default_context().wrap_socket(raw_sock, server_hostname="127.0.0.1")
+    untrusted = ssl.create_default_context()  # the system's CAs only
+    with (
+        socket.create_connection(("127.0.0.1", port)) as raw_sock,
+        pytest.raises(ssl.SSLCertVerificationError),
+    ):
+        untrusted.wrap_socket(raw_sock, server_hostname="127.0.0.1")
     # Node authentication: both intruders are refused and exit.
     for name, reason in (
         ("no-key", "[code: 2001] SuperNode authentication is enabled"),
