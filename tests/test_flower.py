@@ -4,6 +4,7 @@ ClientApp parity with the in-process simulator over an in-process Grid."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -377,3 +378,36 @@ def test_state_file_is_per_run_and_atomic(tmp_path):
     assert node_state.load(tmp_path, 1, "run-a") is None
     with pytest.raises(ConfigError, match="state-dir=3"):
         client_app.state_dir({"state-dir": 3})
+
+
+# -- progress display -------------------------------------------------------------------
+
+
+def test_strategy_hands_round_wall_time_to_callbacks_that_take_it(tmp_path):
+    got: list[tuple[int, float]] = []
+    sim = prepare(config.validate(raw_config()), tmp_path / "run")
+    serve(LocalGrid(4), sim, on_round=lambda m, wall_s: got.append((m["round"], wall_s)))
+    timing = [json.loads(x) for x in (tmp_path / "run" / "timing.jsonl").read_text().splitlines()]
+    assert got == [(t["round"], t["wall_s"]) for t in timing] and len(got) == 2
+    plain: list[int] = []
+    # A callback without ``wall_s`` gets the metrics only.
+    serve(LocalGrid(4), prepare(config.validate(raw_config()), None), lambda m: plain.append(1))
+    assert plain == [1, 1]
+
+
+def test_progress_bar_shows_rounds_accuracy_round_time_and_eta():
+    import io
+
+    from rich.console import Console
+
+    from fedshield.progress import RoundProgress
+
+    buf = io.StringIO()
+    raw = raw_config(rounds=3)
+    sim = prepare(config.validate(raw), None)
+    with RoundProgress("flower-test", 3, console=Console(file=buf, width=160)) as bar:
+        serve(LocalGrid(4), sim, on_round=bar.on_round)
+    line = buf.getvalue().strip().splitlines()[-1]
+    assert line.startswith("flower-test") and "3/3" in line, line
+    assert f"acc {sim.records[-1]['test_acc']:.4f}" in line, line
+    assert re.search(r"last round \d+\.\ds", line) and "eta" in line, line

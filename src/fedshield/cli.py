@@ -39,11 +39,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
+        from fedshield.progress import RoundProgress
 
         out = _out_dir(args.out, cfg.name, args.resume)
         quiet = args.quiet or not cfg.run.progress
         verbose = getattr(args, "verbose", False)
-        summary = run_simulation(cfg, out, args.resume, quiet=quiet, verbose=verbose)
+        with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=not quiet) as bar:
+            summary = run_simulation(
+                cfg, out, args.resume, on_round=bar.on_round, quiet=quiet, verbose=verbose
+            )
         summary["out"] = str(out)
         print_summaries([summary])
         return 0

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshield import config as config_mod
 from fedshield.config import ExperimentConfig
-from fedshield.flower.strategy import FedshieldStrategy
+from fedshield.flower.strategy import FedshieldStrategy, RoundCallback
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
 
@@ -70,7 +69,7 @@ def prepare(cfg: ExperimentConfig, out: Path | None, resume: bool = False) -> Si
 def serve(
     grid: Grid,
     sim: Simulator,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
+    on_round: RoundCallback | None = None,
     round_timeout: float = 3600.0,
 ) -> dict[str, Any]:
     """Run the experiment of ``sim`` over ``grid``; write outputs; return the summary."""
