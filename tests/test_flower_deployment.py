@@ -66,6 +66,7 @@ SUPERLINK = (
 )
 CONNECTION = '[superlink.lab]\naddress = "{link}:{port}"\nroot-certificates = "{ca}"\n'
 REGISTER = "flwr supernode register keys/supernode{i}.pub lab"
+LIST = "flwr supernode list lab"
 SUPERNODE = (
     "flower-supernode --superlink {link}:{port} --root-certificates certs/ca.crt "
     "--auth-supernode-private-key keys/supernode{i} --port {node_port} "
@@ -96,9 +97,10 @@ def _flat(text: str) -> str:
 
 def test_documented_commands_are_the_tested_ones():
     doc = _flat(DOC.read_text())
-    for template in [*CERTS, KEYGEN, SUPERLINK, REGISTER, SUPERNODE, RUN]:
-        cmd = _flat(template.format(**DOC_VALUES))
-        assert cmd in doc, f"docs/deployment.md lacks: {cmd}"
+    for template in [*CERTS, KEYGEN, SUPERLINK, REGISTER, LIST, SUPERNODE, RUN]:
+        for i in ("0", "1"):  # both SuperNodes' commands
+            cmd = _flat(template.format(**{**DOC_VALUES, "i": i}))
+            assert cmd in doc, f"docs/deployment.md lacks: {cmd}"
     assert CONNECTION.format(**DOC_VALUES) in DOC.read_text()
 
 
@@ -155,6 +157,7 @@ class Federation:
             "FLWR_HOME": str(root / "flwr-home"),
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "COLUMNS": "200",  # flwr's tables unwrapped
         }
         self.procs: dict[str, subprocess.Popen] = {}
         self.node_ports: dict[int, str] = {}
@@ -312,6 +315,12 @@ def test_fedcart_over_tls_matches_simulator(federation):
     records = finish(federation, run_experiment(federation, raw, "fedcart"), "fedcart")
     assert [r["round"] for r in records] == [1] and "cart/retrain_loss" in records[-1]
     assert_same(simulate(raw), records)
+    # The federation holds exactly the two registered SuperNodes, online (no intruder).
+    fed = federation
+    ids = {re.search(r"SuperNode (\d+) registered", fed.log(f"register{i}"))[1] for i in (0, 1)}
+    listed = fed.sh(fed.cmd(LIST)).stdout
+    assert set(re.findall(r"(\d{6,})", listed)) == ids, listed
+    assert listed.count("online") == 2, listed
 
 
 @pytest.mark.slow
