@@ -411,3 +411,30 @@ def test_progress_bar_shows_rounds_accuracy_round_time_and_eta():
     assert line.startswith("flower-test") and "3/3" in line, line
     assert f"acc {sim.records[-1]['test_acc']:.4f}" in line, line
     assert re.search(r"last round \d+\.\ds", line) and "eta" in line, line
+
+
+def test_discovery_query_needs_no_torch():
+    """On a SuperNode every message is a fresh process: loading the ClientApp and answering
+    the discovery query must not import torch (it costs seconds)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict\n"
+        "from fedshield.flower import client_app, keys\n"
+        "from fedshield.flower.local import _set_task_identity\n"
+        "_set_task_identity()\n"
+        "msg = Message(RecordDict({keys.HELLO: ConfigRecord({'num-clients': 4})}),\n"
+        "              dst_node_id=1, message_type=MessageType.QUERY)\n"
+        "ctx = Context(0, 1, {'partition-id': 2}, RecordDict(), {})\n"
+        "reply = client_app.app(msg, ctx)\n"
+        "print(reply.content.config_records[keys.NODE]['partition-id'], 'torch' in sys.modules)\n"
+    )
+    src = Path(__file__).resolve().parents[1] / "src"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(src), "PATH": ""},
+    )  # fmt: skip
+    assert proc.stdout.split() == ["2", "False"], proc.stderr[-2000:]
