@@ -438,3 +438,14 @@ def test_discovery_query_needs_no_torch():
         env={"PYTHONPATH": str(src), "PATH": ""},
     )  # fmt: skip
     assert proc.stdout.split() == ["2", "False"], proc.stderr[-2000:]
+
+
+def test_serverapp_logs_each_round_for_flwr_log(caplog):
+    from fedshield.flower.server_app import log_rounds
+
+    sim = prepare(config.validate(raw_config()), None)
+    with caplog.at_level("INFO", logger="flwr"):
+        serve(LocalGrid(4), sim, log_rounds(2))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fedshield")]
+    acc = f"acc {sim.records[-1]['test_acc']:.4f}"
+    assert len(lines) == 2 and re.fullmatch(rf"fedshield round 2/2 {acc} \(\d+\.\d s\)", lines[1])

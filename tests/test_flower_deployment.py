@@ -349,6 +349,8 @@ def test_restarted_supernode_resumes_scaffold_state(federation):
     fed.supernode(0)
     records = finish(fed, proc, "scaffold")
     assert "Failed" not in fed.log("supernode0"), fed.log("supernode0")
+    acc = f"acc {records[-1]['test_acc']:.4f}"
+    assert re.search(rf"fedshield round 3/3 {acc} \(\d+\.\d s\)", fed.log("run-scaffold"))
 
     ref = Simulator(build(config.validate(raw)))
     ref.run()
