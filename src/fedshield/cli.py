@@ -17,7 +17,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from fedshield.errors import FedshieldError
-from fedshield.runner import progress_columns
+from fedshield.progress import round_columns
 
 console = Console(stderr=False)
 
@@ -44,11 +44,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
+        from fedshield.progress import RoundProgress
 
         out = _out_dir(args.out, cfg.name, args.resume)
         quiet = args.quiet or not cfg.run.progress
         verbose = getattr(args, "verbose", False)
-        summary = run_simulation(cfg, out, args.resume, quiet=quiet, verbose=verbose)
+        with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=not quiet) as bar:
+            summary = run_simulation(
+                cfg, out, args.resume, on_round=bar.on_round, quiet=quiet, verbose=verbose
+            )
         summary["out"] = str(out)
         print_summaries([summary])
         return 0
@@ -222,21 +226,43 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise FedshieldError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
     name, runs = expand(spec, where, seeds)
     out = Path(args.out) if args.out else Path("runs") / name
+    backend = _sweep_backend(args)
     console.print(f"sweep {name}: {len(runs)} runs → {out}")
     show = not args.quiet
-    with Progress(*progress_columns(), console=console, disable=not show) as bar:
+    with Progress(*round_columns(), console=console, disable=not show) as bar:
         task = bar.add_task(name, total=len(runs), acc="", last="")
 
         def done(s: dict[str, Any]) -> None:
             bar.update(task, advance=1, acc=f"{s['name']}: {s.get('final_test_acc', 0):.4f}")
 
-        summaries = run_sweep(runs, out, jobs=args.jobs, on_done=done)
+        summaries = run_sweep(runs, out, jobs=args.jobs, on_done=done, backend=backend)
     print_summaries(summaries)
     for extra in ("cells.md", "pivot.md"):
         if (out / extra).exists():
             console.print((out / extra).read_text(), markup=False, highlight=False)
     console.print(f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}")
     return 0
+
+
+def _sweep_backend(args: argparse.Namespace) -> Any:
+    """The sweep backend of ``--backend`` (None: the local one with ``-j`` processes)."""
+    ray_only = {"--address": args.address, "--cpus-per-run": args.cpus_per_run}
+    ray_only["--gpus-per-run"] = args.gpus_per_run
+    if args.backend == "local":
+        given = [flag for flag, value in ray_only.items() if value is not None]
+        if given:
+            raise FedshieldError(f"{given[0]} needs --backend ray")
+        return None
+    if args.jobs != 1:
+        raise FedshieldError(
+            "-j/--jobs is for --backend local; on Ray the cluster's resources decide how "
+            "many runs go at once (see --cpus-per-run, --gpus-per-run)"
+        )
+    from fedshield.sweep_ray import RayBackend
+
+    cpus = 1.0 if args.cpus_per_run is None else args.cpus_per_run
+    gpus = 0.0 if args.gpus_per_run is None else args.gpus_per_run
+    return RayBackend(args.address, cpus=cpus, gpus=gpus)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -267,8 +293,19 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--grid", help="a bundled grid (see `fedshield list grids`)")
     sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override for every run")
     sw.add_argument("--out", help="output directory (default runs/<grid name>)")
-    sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes")
+    sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
     sw.add_argument("--seeds", help="repeat every run for these seeds, e.g. 0,1,2")
+    sw.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="where runs execute: this machine, or one Ray task per run (docs/deployment.md)",
+    )
+    sw.add_argument(
+        "--address", help="Ray cluster: auto, HOST:6379 or ray://HOST:10001 (default: a local Ray)"
+    )
+    sw.add_argument("--cpus-per-run", type=float, help="Ray: CPUs per run (default 1)")
+    sw.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per run (default 0)")
     sw.add_argument("-q", "--quiet", action="store_true")
     sw.set_defaults(func=cmd_sweep)
     return p

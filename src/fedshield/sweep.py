@@ -13,6 +13,11 @@ A grid file::
 
 Runs land in ``<out>/<run name>/``; a sweep that is interrupted resumes where it stopped
 (finished runs are kept, unfinished ones continue from their checkpoints).
+
+Where the runs execute is a :class:`SweepBackend`: :class:`LocalBackend` (this process, or
+``jobs`` local processes) or :class:`fedshield.sweep_ray.RayBackend` (one Ray task per run,
+on a local Ray or a cluster). A backend only maps runs to summaries; finished runs are
+skipped, resumption and the comparison files are the same for every backend.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import itertools
 import json
 import os
 import tomllib
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fedshield import config as cfgmod
 from fedshield.errors import ConfigError
@@ -142,45 +148,95 @@ def expand(
     return name, runs
 
 
-def _run_one(raw: dict[str, Any], out: str, threads: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunTask:
+    """One run for a backend: its name, validated raw config and output directory."""
+
+    name: str
+    raw: dict[str, Any]
+    out: str
+
+
+class SweepBackend(Protocol):
+    """Runs sweep tasks somewhere and yields ``(name, summary)`` as each one finishes.
+    A task resumes from ``out/checkpoint.pt`` when there is one (``run_one`` does)."""
+
+    def map(self, tasks: Sequence[RunTask]) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+
+def finished_summary(raw: dict[str, Any], out: str) -> dict[str, Any] | None:
+    """The summary of a run in ``out`` that already reached the config's rounds, else None."""
+    summary_path = Path(out) / "summary.json"
+    if not summary_path.exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    if summary.get("rounds") != cfgmod.validate(raw).rounds:
+        return None
+    summary["out"] = out
+    return summary
+
+
+def run_one(raw: dict[str, Any], out: str, threads: int) -> dict[str, Any]:
+    """Run (or finish, from its checkpoint) one experiment in this process."""
     import torch
 
     from fedshield.cli import run_config
 
     torch.set_num_threads(threads)
-    cfg = cfgmod.validate(raw)
-    summary_path = Path(out) / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("rounds") == cfg.rounds:  # finished earlier: keep it
-            summary["out"] = out
-            return summary
-    return run_config(cfg, Path(out), resume=True, quiet=True)
+    done = finished_summary(raw, out)
+    if done is not None:
+        return done
+    return run_config(cfgmod.validate(raw), Path(out), resume=True, quiet=True)
+
+
+class LocalBackend:
+    """This machine: in process (``jobs == 1``) or in ``jobs`` spawned processes, the
+    cores split evenly between them."""
+
+    def __init__(self, jobs: int = 1) -> None:
+        self.jobs = max(1, jobs)
+
+    def map(self, tasks: Sequence[RunTask]) -> Iterator[tuple[str, dict[str, Any]]]:
+        threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        if self.jobs == 1:
+            for t in tasks:
+                yield t.name, run_one(t.raw, t.out, threads)
+            return
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futs = {pool.submit(run_one, t.raw, t.out, threads): t.name for t in tasks}
+            for fut in as_completed(futs):
+                yield futs[fut], fut.result()
 
 
 def run_sweep(
-    runs: list[RunSpec], out: Path, jobs: int = 1, on_done: Any = None
+    runs: list[RunSpec],
+    out: Path,
+    jobs: int = 1,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+    backend: SweepBackend | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every spec (in ``jobs`` processes) and write the comparison files to ``out``."""
+    """Run every spec on ``backend`` (default: ``jobs`` local processes) and write the
+    comparison files to ``out``. Runs finished earlier are kept and not run again."""
     from fedshield.report import compare_runs
 
     out.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
+    backend = backend if backend is not None else LocalBackend(jobs)
     results: dict[str, dict[str, Any]] = {}
-    if jobs <= 1:
-        for r in runs:
-            results[r.name] = _run_one(r.raw, str(out / r.name), threads)
+    todo: list[RunTask] = []
+    for r in runs:
+        done = finished_summary(r.raw, str(out / r.name))
+        if done is None:
+            todo.append(RunTask(r.name, r.raw, str(out / r.name)))
+        else:
+            results[r.name] = done
             if on_done:
-                on_done(results[r.name])
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(_run_one, r.raw, str(out / r.name), threads): r for r in runs}
-            for fut in as_completed(futs):
-                results[futs[fut].name] = fut.result()
-                if on_done:
-                    on_done(results[futs[fut].name])
+                on_done(done)
+    for name, summary in backend.map(todo):
+        results[name] = summary
+        if on_done:
+            on_done(summary)
     ordered = []
     for r in runs:
         s = dict(results[r.name])

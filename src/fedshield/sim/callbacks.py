@@ -76,13 +76,23 @@ class Checkpointing(Callback):
 
 
 class OnRound(Callback):
-    """Calls ``fn(record)`` after every round (a progress bar's update)."""
+    """Calls ``fn(record)`` after every round (a progress bar's update), or
+    ``fn(record, wall_s=...)`` when ``fn`` takes the round's wall time."""
 
-    def __init__(self, fn: Callable[[Record], None]) -> None:
+    def __init__(self, fn: Callable[..., None]) -> None:
+        import inspect
+
         self.fn = fn
+        try:
+            self.timed = "wall_s" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            self.timed = False
 
     def after_round(self, sim: Simulator, record: Record, timing: Record) -> None:
-        self.fn(record)
+        if self.timed:
+            self.fn(record, wall_s=timing["wall_s"])
+        else:
+            self.fn(record)
 
 
 def default_callbacks() -> list[Callback]:
