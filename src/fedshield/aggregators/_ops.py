@@ -1,67 +1,107 @@
-"""Shared tensor helpers for the aggregation rules (no state, no Python loops over d).
+"""Shared numerics of the aggregation rules (SPEC §12): geometry in float64, block by block.
 
-Everything here is O(S·d) or one ``[S, d] × [d, S]`` matmul; the per-client quantities
-(norms, cosines, distances) are ``[S]`` or ``[S, S]`` tensors on the updates' device.
+Every rule sees a dense ``[S, d]`` matrix of finite or non-finite rows in float32 (or
+float64, or half). What must never happen is a NaN/Inf or an exploded result from *finite*
+rows, however large (up to float32's max, 3.4e38). The rules therefore share these kernels:
+
+* **Geometry in float64.** Norms, inner products, cosines, the S×S Gram matrix and every
+  distance are accumulated in float64 over column blocks (:func:`column_blocks`): each
+  block is promoted in the cache, never the whole matrix. A float32 value squared is at
+  most 1.2e77, so no sum over d ≤ 10^200 columns can overflow; the float64 result is exact
+  enough that the geometry no longer depends on the rows' scale.
+* **Non-finite rows are found on the way** (their float64 squared norm or row sum is not
+  finite), so no separate ``isfinite`` pass is needed. A float64 row whose squared norm
+  overflows float64 (entries beyond ~1e154) counts as non-finite too.
+* **Distances without catastrophic cancellation.** The Gram trick ‖x_i − x_j‖² = G_ii +
+  G_jj − 2G_ij loses all digits when the rows sit far from the centre relative to their
+  spread (16 honest rows next to 12 rows 10^6 σ away). Pairs whose distance is tiny next to
+  their norms are recomputed on a Gram matrix re-centred on their own group
+  (:func:`pairwise_sq_dists`), and by direct differences when that cannot separate them.
+* **Combinations Σ c_m x_m** (:func:`combine_rows`) run as one float32 GEMV when the
+  coefficients are in a safe range, else (or if that overflows) as a float64 blocked GEMV;
+  results are returned in the input dtype, clamped to its finite range (:func:`to_dtype`).
 """
 
 from __future__ import annotations
 
-import math
-import operator
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from fedshield.errors import ConfigError
+#: The working precision of every norm, inner product and distance.
+W = torch.float64
+
+#: Column blocks of this many elements on CPU: the float64 copy of a block (2 MiB) stays in
+#: a core's L2/L3 cache; measured fastest between 2^16 and 2^21 at S = 40, d = 10^6.
+_BLOCK_ELEMS = 1 << 18
+#: On accelerators blocks are large (256 MiB in float64): per-kernel overhead dominates there.
+_DEVICE_BLOCK_ELEMS = 1 << 25
+#: A pair (i, j) whose squared distance is below this fraction of ‖x_i − c‖² + ‖x_j − c‖²
+#: has lost more than ~20 of float64's 52 bits to cancellation: it is recomputed.
+_CANCEL = 2.0**-20
+#: Coefficients of :func:`combine_rows` outside [2^-100, 2^100] (besides 0) take the float64
+#: path: in float32 they would underflow to denormals or push partial sums towards overflow.
+_COEF_RANGE = (2.0**-100, 2.0**100)
 
 
-# -- hyper-parameter checks (raise ConfigError naming the parameter) ------------------------
-def check_int(owner: str, name: str, value: object, minimum: int = 0) -> int:
-    """``value`` as an int ≥ ``minimum``; bools and floats are refused (``f=1.5`` is a typo)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{owner}: {name} must be an integer, got {value!r}")
-    try:
-        out = operator.index(value)  # accepts int and numpy integers, refuses 2.0
-    except TypeError:
-        raise ConfigError(f"{owner}: {name} must be an integer, got {value!r}") from None
-    if out < minimum:
-        raise ConfigError(f"{owner}: {name} must be >= {minimum}, got {out}")
-    return out
+# -- blocks and dtypes -----------------------------------------------------------------------
+def column_blocks(x: Tensor) -> list[slice]:
+    """Column slices of ``x`` that are promoted to float64 one at a time.
+
+    A loop over a few dozen to a few thousand blocks, each fully vectorised: on CPU the
+    float64 block never leaves the cache, and no rule ever holds a float64 copy of a large
+    ``[S, d]`` matrix (on any device).
+    """
+    s, d = x.shape
+    elems = _BLOCK_ELEMS if x.device.type == "cpu" else _DEVICE_BLOCK_ELEMS
+    step = max(1024, elems // max(s, 1))
+    return [slice(i, min(i + step, d)) for i in range(0, d, step)]
 
 
-def check_float(
-    owner: str, name: str, value: object, minimum: float = 0.0, strict: bool = False
-) -> float:
-    """``value`` as a finite float ≥ ``minimum`` (> when ``strict``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{owner}: {name} must be a number, got {value!r}")
-    out = float(value)
-    bad = out <= minimum if strict else out < minimum
-    if not math.isfinite(out) or bad:
-        op = ">" if strict else ">="
-        raise ConfigError(f"{owner}: {name} must be a finite number {op} {minimum}, got {value!r}")
-    return out
+def _block(x: Tensor, blk: slice, rows: Tensor | None = None) -> Tensor:
+    """``x[rows, blk]`` in float64 (a view for float64 input: never modify it in place)."""
+    xb = x[:, blk] if rows is None else x[rows, blk]
+    return xb.to(W)
 
 
-def check_reference(owner: str, reference: Tensor | None, updates: Tensor) -> Tensor:
-    """The reference direction as a ``[d]`` tensor on the updates' device and dtype."""
-    if reference is None:
-        raise ValueError(f"{owner} needs a reference direction (reference=...)")
-    d = updates.shape[1]
-    if reference.shape != (d,):
-        raise ValueError(f"{owner}: reference must be [{d}], got shape {tuple(reference.shape)}")
-    return reference.to(device=updates.device, dtype=updates.dtype)
+def to_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` cast to ``dtype`` with its values clamped to the finite range of ``dtype``."""
+    if dtype.is_floating_point:
+        info = torch.finfo(dtype)
+        x = x.clamp(info.min, info.max)
+    return x.to(dtype)
 
 
 # -- per-row geometry -------------------------------------------------------------------------
+def row_sq_norms(x: Tensor, centre: Tensor | None = None) -> Tensor:
+    """``[S]`` float64 ‖x_i − centre‖² (centre 0 by default), by direct differences.
+
+    Non-finite exactly for the rows holding a NaN/Inf (or, for float64 input, whose squared
+    norm overflows float64): this is also the rules' test for non-finite rows.
+    """
+    sq = torch.zeros(x.shape[0], dtype=W, device=x.device)
+    c = None if centre is None else centre.to(W)
+    for blk in column_blocks(x):
+        xb = _block(x, blk)
+        if c is not None:
+            xb = xb - c[blk]
+        sq += torch.linalg.vector_norm(xb, dim=1).square()
+    return sq
+
+
 def row_norms(x: Tensor) -> Tensor:
-    """``[S]`` Euclidean norms of the rows (one pass, no ``[S, d]`` temporary)."""
-    return torch.linalg.vector_norm(x, dim=1)
+    """``[S]`` float64 Euclidean norms of the rows (see :func:`row_sq_norms`)."""
+    return row_sq_norms(x).sqrt()
+
+
+def row_dists(x: Tensor, centre: Tensor) -> Tensor:
+    """``[S]`` float64 distances ‖x_i − centre‖, computed directly (no Gram cancellation)."""
+    return row_sq_norms(x, centre).sqrt()
 
 
 class RefGeometry(NamedTuple):
-    """Geometry of every row g_m against a reference r (SPEC §2–§3, §5)."""
+    """Geometry of every row g_m against a reference r (SPEC §2–§3, §5), in float64."""
 
     norms: Tensor  #: [S] ‖g_m‖
     ref_norm: Tensor  #: [] ‖r‖
@@ -71,15 +111,20 @@ class RefGeometry(NamedTuple):
 
 
 def ref_geometry(x: Tensor, r: Tensor) -> RefGeometry:
-    """Norms and cosines against ``r`` in two passes over ``x`` (a norm and a GEMV).
+    """Norms and cosines against ``r`` in one blocked float64 pass over ``x``.
 
-    A row is flagged non-finite when its norm or its inner product with r is not finite:
-    a NaN/Inf entry always shows there, and a finite row whose norm overflows is unusable
-    for calibration anyway. This avoids an ``isfinite`` pass over the whole matrix.
+    A row is flagged non-finite when its norm or its inner product with r is not finite: a
+    NaN/Inf entry always shows there (0 · Inf = NaN), and finite float32 rows never do.
     """
-    norms = row_norms(x)
-    dots = x @ r
-    ref_norm = torch.linalg.vector_norm(r)
+    r64 = r.to(device=x.device, dtype=W)
+    sq = torch.zeros(x.shape[0], dtype=W, device=x.device)
+    dots = torch.zeros_like(sq)
+    for blk in column_blocks(x):
+        xb = _block(x, blk)
+        sq += torch.linalg.vector_norm(xb, dim=1).square()
+        dots += xb @ r64[blk]
+    norms = sq.sqrt()
+    ref_norm = torch.linalg.vector_norm(r64)
     nonfinite = ~(torch.isfinite(norms) & torch.isfinite(dots))
     defined = ~nonfinite & (norms > 0) & (ref_norm > 0) & torch.isfinite(ref_norm)
     denom = torch.where(defined, norms * ref_norm, torch.ones_like(norms))
@@ -98,18 +143,6 @@ def safe_div(num: Tensor, den: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, num / torch.where(mask, den, torch.ones_like(den)), 0.0)
 
 
-def combine_rows(coef: Tensor, x: Tensor, skip: Tensor | None = None) -> Tensor:
-    """``Σ_m coef_m x_m`` as one GEMV; rows in ``skip`` are left out entirely.
-
-    Leaving a row out (rather than giving it coefficient 0) matters when it holds NaN/Inf:
-    0 · NaN = NaN. The copy of the kept rows is only made when some row must be skipped.
-    """
-    if skip is not None and bool(skip.any()):
-        keep = ~skip
-        return coef[keep] @ x[keep]
-    return coef @ x
-
-
 def masked_stat(values: Tensor, mask: Tensor, how: str) -> float:
     """min / max / mean of ``values[mask]`` as a Python float (NaN when the mask is empty)."""
     if not bool(mask.any()):
@@ -118,47 +151,113 @@ def masked_stat(values: Tensor, mask: Tensor, how: str) -> float:
     return float({"min": sel.min, "max": sel.max, "mean": sel.mean}[how]())
 
 
+def weighted_median(values: Tensor, weights: Tensor) -> Tensor:
+    """The lower weighted median of ``values`` (weights ≥ 0 with a positive sum)."""
+    order = values.argsort()
+    cum = weights[order].cumsum(0)
+    k = int(torch.searchsorted(cum, 0.5 * cum[-1]))
+    return values[order[min(k, values.numel() - 1)]]
+
+
+# -- combinations -----------------------------------------------------------------------------
+def _coefficients_safe(coef: Tensor) -> bool:
+    a = coef.abs()
+    nz = a[a > 0]
+    return nz.numel() == 0 or (
+        bool(nz.min() >= _COEF_RANGE[0]) and bool(nz.max() <= _COEF_RANGE[1])
+    )
+
+
+def combine_rows(
+    coef: Tensor,
+    x: Tensor,
+    skip: Tensor | None = None,
+    *,
+    extra: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """``Σ_m coef_m x_m (+ c · r for extra = (c, r))`` in ``x.dtype``, finite.
+
+    Rows in ``skip`` are left out entirely (not given coefficient 0: 0 · NaN = NaN). The
+    fast path is one GEMV in the input dtype, taken when nothing is skipped and the
+    coefficients are within [2^-100, 2^100]; its result is checked (a [d] pass) and redone
+    in float64, block by block, if it overflowed. The result is clamped to the dtype's range.
+    """
+    coef = coef.to(device=x.device, dtype=W)
+    skipping = skip is not None and bool(skip.any())
+    out: Tensor | None = None
+    if not skipping and x.dtype in (torch.float32, torch.float64) and _coefficients_safe(coef):
+        out = coef.to(x.dtype) @ x
+        if x.dtype != W and not bool(torch.isfinite(out).all()):
+            out = None  # partial sums overflowed float32: redo in float64
+    if out is None:
+        keep = None if not skipping else (~skip).nonzero().squeeze(1)
+        c = coef if keep is None else coef[keep]
+        acc = torch.empty(x.shape[1], dtype=W, device=x.device)
+        for blk in column_blocks(x):
+            acc[blk] = c @ _block(x, blk, keep)
+        out = acc
+    if extra is not None:
+        cr, r = extra
+        out = out.to(W) + cr.to(device=x.device, dtype=W) * r.to(device=x.device, dtype=W)
+    return to_dtype(out, x.dtype) if out.dtype != x.dtype or x.dtype == W else out
+
+
 # -- pairwise geometry ------------------------------------------------------------------------
-#: Column blocks of about this many elements (8 MiB of float32) stay in a CPU's last-level
-#: cache; larger blocks lose the cache, smaller ones pay more per-op (thread sync) overhead.
-_BLOCK_ELEMS = 1 << 21
-
-
-def column_blocks(x: Tensor) -> list[slice]:
-    """Column slices for cache blocking on CPU; one slice covering everything elsewhere.
-
-    Used where a rule needs a temporary of the shape of ``x`` (x − centre): block by block
-    it never leaves the cache, which halves the time on CPU at d = 10^6, and saves the
-    ``[S, d]`` allocation. A loop over a few dozen blocks, each fully vectorised.
-    """
-    s, d = x.shape
-    if x.device.type != "cpu":
-        return [slice(0, d)]
-    step = max(1024, _BLOCK_ELEMS // max(s, 1))
-    return [slice(i, min(i + step, d)) for i in range(0, d, step)]
-
-
-def row_dists(x: Tensor, centre: Tensor) -> Tensor:
-    """``[S]`` distances ‖x_i − centre‖, computed directly (no Gram-trick cancellation)."""
-    sq = x.new_zeros(x.shape[0])
+def _gram_once(
+    x: Tensor, rows: Tensor | None, centre: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(G, rows with finite sums, rows with a finite G_ii) over ``x[rows]``."""
+    k = x.shape[0] if rows is None else rows.numel()
+    g = torch.zeros(k, k, dtype=W, device=x.device)
+    ok = torch.ones(k, dtype=torch.bool, device=x.device)
+    all_ok = True
     for blk in column_blocks(x):
-        sq += torch.linalg.vector_norm(x[:, blk] - centre[blk], dim=1).square()
-    return sq.sqrt()
-
-
-def centered_gram(x: Tensor) -> Tensor:
-    """``[S, S]`` Gram matrix of the mean-centred rows.
-
-    Centring first keeps the Gram trick accurate when the rows share a large common offset
-    (e.g. models θ_m rather than updates g_m): the rounding error of ‖x_i − x_j‖² is then
-    relative to the spread of the rows, not to ‖x_i‖².
-    """
-    mean = x.mean(dim=0)
-    g = x.new_zeros(x.shape[0], x.shape[0])
-    for blk in column_blocks(x):
-        xc = x[:, blk] - mean[blk]
+        xb = _block(x, blk, rows)
+        # A NaN/Inf entry makes its row's float64 sum non-finite (finite float32 rows never
+        # overflow it): drop the row from this block's centre, and from every later block.
+        ok_b = torch.isfinite(xb.sum(1))
+        if all_ok and not bool(ok_b.all()):
+            all_ok = False
+        if all_ok:
+            xc = xb - (xb.mean(0) if centre is None else centre[blk])
+        else:
+            ok &= ok_b
+            if not bool(ok.any()):
+                return g, ok, ok
+            c = xb[ok].mean(0) if centre is None else centre[blk]
+            xc = torch.where(ok[:, None], xb - c, 0.0)
         g.addmm_(xc, xc.T)
-    return g
+    return g, ok, ok & torch.isfinite(g.diagonal())
+
+
+def centered_gram(
+    x: Tensor, rows: Tensor | None = None, centre: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``([k, k] float64 Gram matrix, [k] finite mask)`` of the rows ``x[rows]`` (all rows
+    by default), centred on ``centre`` (float64 ``[d]``) when given.
+
+    The rows are centred block by block on the column means of the finite rows: centring
+    keeps the Gram trick accurate when the rows share a large common offset (models θ_m
+    rather than updates g_m), since rounding errors are then relative to the rows' spread.
+    Any centre works, ‖x_i − x_j‖ does not depend on it, so a row found non-finite only in
+    a later block has merely been left out of the later blocks' centres. Entries of
+    non-finite rows are meaningless: index ``G[ok][:, ok]``.
+    """
+    if centre is not None:
+        centre = centre.to(device=x.device, dtype=W)
+    g, ok_sum, ok = _gram_once(x, rows, centre)
+    overflowed = ok_sum & ~ok
+    if bool(overflowed.any()) and bool(ok.any()):
+        # float64 input with a row whose squared norm overflowed float64: its huge values
+        # were in the centres and may have spoilt the other entries. Redo without it.
+        base = torch.arange(x.shape[0], device=x.device) if rows is None else rows
+        sel = ok.nonzero().squeeze(1)
+        g_sel, _, ok_sel = _gram_once(x, base[sel], centre)
+        g = torch.zeros_like(g)
+        g[sel[:, None], sel[None, :]] = g_sel
+        ok = ok.clone()
+        ok[sel] = ok_sel
+    return g, ok
 
 
 def sq_dists_from_gram(g: Tensor) -> Tensor:
@@ -168,6 +267,81 @@ def sq_dists_from_gram(g: Tensor) -> Tensor:
     return d2.fill_diagonal_(0.0)
 
 
-def pairwise_sq_dists(x: Tensor) -> Tensor:
-    """``[S, S]`` squared Euclidean distances between the rows of ``x``."""
-    return sq_dists_from_gram(centered_gram(x))
+def _components(flag: Tensor) -> list[Tensor]:
+    """Connected components (of at least 2 nodes) of the graph with adjacency ``flag``."""
+    k = flag.shape[0]
+    adj = flag.cpu() | torch.eye(k, dtype=torch.bool)
+    lab = torch.arange(k)
+    while True:  # min-label propagation: at most k sweeps of an O(k²) step, k is small
+        new = torch.where(adj, lab[None, :], k).min(dim=1).values
+        if torch.equal(new, lab):
+            break
+        lab = new
+    out = [(lab == v).nonzero().squeeze(1) for v in lab.unique()]
+    return [c.to(flag.device) for c in out if c.numel() > 1]
+
+
+def _direct_sq_dists(x: Tensor, rows: Tensor) -> Tensor:
+    """``[k, k]`` squared distances among ``x[rows]`` by direct differences (O(k²·d))."""
+    k = rows.numel()
+    d2 = torch.zeros(k, k, dtype=W, device=x.device)
+    for blk in column_blocks(x):
+        xb = _block(x, blk, rows)
+        for i in range(k):
+            d2[i] += torch.linalg.vector_norm(xb - xb[i], dim=1).square()
+    return d2.fill_diagonal_(0.0)
+
+
+def _refine(x: Tensor, rows: Tensor, g: Tensor, d2: Tensor) -> None:
+    """Recompute, in place in ``d2``, the pairs that cancellation may have spoilt."""
+    n = g.diagonal()
+    flag = d2 < _CANCEL * (n[:, None] + n[None, :])
+    flag.fill_diagonal_(False)
+    if not bool(flag.any()):
+        return
+    for comp in _components(flag):
+        sub = rows[comp]
+        if comp.numel() == rows.numel():  # re-centring on the same rows cannot help
+            fixed = _direct_sq_dists(x, sub)
+        else:  # re-centre on this group's own mean: its spread is now the scale
+            g_sub, _ = centered_gram(x, sub)
+            fixed = sq_dists_from_gram(g_sub)
+            _refine(x, sub, g_sub, fixed)
+        d2[comp[:, None], comp[None, :]] = fixed
+
+
+def pairwise_sq_dists(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``([k, k] float64 squared distances, [k] indices)`` among the finite rows of ``x``.
+
+    One blocked Gram pass (float64, centred); pairs that lost more than ~20 bits to
+    cancellation are recomputed on a Gram matrix re-centred on their own group (groups:
+    connected components of the spoilt pairs), recursively, and by direct differences if a
+    group cannot be split. Near-duplicate rows (ALIE, Mimic) form such small groups.
+    """
+    g, ok = centered_gram(x)
+    keep = ok.nonzero().squeeze(1)
+    if keep.numel() < x.shape[0]:
+        g = g[keep][:, keep]
+    d2 = sq_dists_from_gram(g)
+    _refine(x, keep, g, d2)
+    return d2, keep
+
+
+__all__ = [
+    "RefGeometry",
+    "W",
+    "centered_gram",
+    "column_blocks",
+    "combine_rows",
+    "masked_stat",
+    "pairwise_sq_dists",
+    "ref_geometry",
+    "rho_ratios",
+    "row_dists",
+    "row_norms",
+    "row_sq_norms",
+    "safe_div",
+    "sq_dists_from_gram",
+    "to_dtype",
+    "weighted_median",
+]
