@@ -254,6 +254,22 @@ def test_finite_on_huge_rows(name: str, scale: float) -> None:
         assert float(rule(one, w, reference=ref).norm()) < 3 * honest
 
 
+#: Rules without an absolute scale (τ, ν): rule(s·x) = s·rule(x), or = rule(x) for the two
+#: that rescale every row to ‖r‖.
+HOMOGENEOUS = ["mean", "drag", "median", "trimmed_mean", "krum", "multikrum", "bulyan"]
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e30])
+@pytest.mark.parametrize("name", [*HOMOGENEOUS, "brdrag", "fltrust"])
+def test_tiny_and_huge_float32_rows_keep_their_geometry(name: str, scale: float) -> None:
+    """float32 norms of rows at 1e-30 underflow to 0 and at 1e30 overflow: the geometry must
+    not notice (it is redone in float64), so the rule is unchanged up to the scale."""
+    x, w, r = data()
+    got = run(name, scale * x, w, r)
+    expected = run(name, x, w, r) * (scale if name in HOMOGENEOUS else 1.0)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0.0)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_nonfinite_rows_are_dropped_or_given_their_documented_meaning(name: str) -> None:
     x, w, r = data(torch.float64)
@@ -741,3 +757,19 @@ def test_geomed_converges_under_far_outliers() -> None:
         assert 0.9 < offset < 1.3
         long = agg.build("rfa", tol=0.0, max_iter=3000)(x.double())
         assert float((z - long).norm() / sigma.double().norm()) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_repair_paths_leave_inputs_untouched(dtype: torch.dtype) -> None:
+    """The re-centred Gram (Krum, Bulyan), the re-centred geometric median and the centre
+    subtraction (Centered Clipping) work on copies, also for float64 input (no cast)."""
+    x, _, _ = far_cluster(0)
+    x = x.to(dtype)
+    before = x.clone()
+    centre = x[:16].mean(0) + 0.1
+    _, diag = agg.build("rfa").aggregate(x)
+    assert diag["agg/recentred"] >= 1
+    agg.build("krum", f=12)(x)
+    agg.build("bulyan", f=6)(x)
+    agg.build("centered_clipping", iters=2)(x, reference=centre)
+    assert torch.equal(x, before)

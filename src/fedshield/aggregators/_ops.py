@@ -1,17 +1,19 @@
-"""Shared numerics of the aggregation rules (SPEC §12): geometry in float64, block by block.
+"""Shared numerics of the aggregation rules (SPEC §12): blocked geometry, safe in float64.
 
 Every rule sees a dense ``[S, d]`` matrix of finite or non-finite rows in float32 (or
 float64, or half). What must never happen is a NaN/Inf or an exploded result from *finite*
 rows, however large (up to float32's max, 3.4e38). The rules therefore share these kernels:
 
-* **Geometry in float64.** Norms, inner products, cosines, the S×S Gram matrix and every
-  distance are accumulated in float64 over column blocks (:func:`column_blocks`): each
-  block is promoted in the cache, never the whole matrix. A float32 value squared is at
-  most 1.2e77, so no sum over d ≤ 10^200 columns can overflow; the float64 result is exact
-  enough that the geometry no longer depends on the rows' scale.
-* **Non-finite rows are found on the way** (their float64 squared norm or row sum is not
-  finite), so no separate ``isfinite`` pass is needed. A float64 row whose squared norm
-  overflows float64 (entries beyond ~1e154) counts as non-finite too.
+* **Geometry accumulated in float64, block by block** (:func:`column_blocks`), never on a
+  float64 copy of the whole matrix. Norms, inner products and direct distances of a float32
+  block are reduced in float32 when its norm lies in [2^-40, 2^40] — then nothing can
+  overflow or underflow and the result is exact to float32's own precision (a difference
+  of two float32 values is rounded relative to itself) — and the rows outside that range
+  (huge, tiny, zero, NaN/Inf) are redone in float64, where a float32 value squared (at most
+  1.2e77) never overflows. The S×S Gram matrix, whose differences cancel, is always float64.
+* **Non-finite rows are found on the way** (their float64 squared norm is not finite), so
+  no separate ``isfinite`` pass is needed. A float64 row whose squared norm overflows
+  float64 (entries beyond ~1e154) counts as non-finite too.
 * **Distances without catastrophic cancellation.** The Gram trick ‖x_i − x_j‖² = G_ii +
   G_jj − 2G_ij loses all digits when the rows sit far from the centre relative to their
   spread (16 honest rows next to 12 rows 10^6 σ away). Pairs whose distance is tiny next to
@@ -29,7 +31,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-#: The working precision of every norm, inner product and distance.
+#: The working precision: accumulators, the Gram matrix, every [S] / [S, S] quantity.
 W = torch.float64
 
 #: Column blocks of this many elements on CPU: the float64 copy of a block (2 MiB) stays in
@@ -74,19 +76,52 @@ def to_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 # -- per-row geometry -------------------------------------------------------------------------
-def row_sq_norms(x: Tensor, centre: Tensor | None = None) -> Tensor:
-    """``[S]`` float64 ‖x_i − centre‖² (centre 0 by default), by direct differences.
+#: A float32 block norm in [2^-40, 2^40] is exact to float32 precision: its squares can
+#: neither overflow nor lose more than ~1e-10 of it to flushed denormals, and the inner
+#: products of two such blocks are bounded by 2^80. Outside this range (huge, tiny or zero
+#: rows, NaN/Inf) the row's block is redone in float64.
+_SAFE = (2.0**-40, 2.0**40)
+
+
+def _safe(n: Tensor) -> Tensor:
+    return (n >= _SAFE[0]) & (n <= _SAFE[1])  # False for NaN and Inf as well
+
+
+def _block_sq_norms(xb: Tensor, c32: Tensor | None = None, c64: Tensor | None = None) -> Tensor:
+    """``[k]`` float64 ‖xb_i − c‖² of one column block (c = 0 when None).
+
+    float32 blocks are reduced in float32 (a difference of two float32 values is rounded
+    relative to itself, so direct differences lose nothing) and the rows outside the safe
+    range are redone in float64; other dtypes go to float64 directly.
+    """
+    if xb.dtype != torch.float32:
+        d64 = xb.to(W) if c64 is None else xb.to(W) - c64
+        return torch.linalg.vector_norm(d64, dim=1).square()
+    n = torch.linalg.vector_norm(xb if c32 is None else xb - c32, dim=1)
+    out = n.to(W).square()
+    ok = _safe(n)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero().squeeze(1)
+        redo = xb[bad].to(W) if c64 is None else xb[bad].to(W) - c64
+        out[bad] = torch.linalg.vector_norm(redo, dim=1).square()
+    return out
+
+
+def row_sq_norms(x: Tensor, centre: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
+    """``[k]`` float64 ‖x_i − centre‖² over ``x[rows]`` (centre 0 and all rows by default),
+    by direct differences, accumulated in float64 over column blocks.
 
     Non-finite exactly for the rows holding a NaN/Inf (or, for float64 input, whose squared
     norm overflows float64): this is also the rules' test for non-finite rows.
     """
-    sq = torch.zeros(x.shape[0], dtype=W, device=x.device)
-    c = None if centre is None else centre.to(W)
+    sq = torch.zeros(x.shape[0] if rows is None else rows.numel(), dtype=W, device=x.device)
+    c64 = None if centre is None else centre.to(device=x.device, dtype=W)
+    c32 = None if c64 is None or x.dtype != torch.float32 else c64.to(torch.float32)
     for blk in column_blocks(x):
-        xb = _block(x, blk)
-        if c is not None:
-            xb = xb - c[blk]
-        sq += torch.linalg.vector_norm(xb, dim=1).square()
+        xb = x[:, blk] if rows is None else x[rows, blk]
+        sq += _block_sq_norms(
+            xb, None if c32 is None else c32[blk], None if c64 is None else c64[blk]
+        )
     return sq
 
 
@@ -111,18 +146,36 @@ class RefGeometry(NamedTuple):
 
 
 def ref_geometry(x: Tensor, r: Tensor) -> RefGeometry:
-    """Norms and cosines against ``r`` in one blocked float64 pass over ``x``.
+    """Norms and cosines against ``r`` in one blocked pass over ``x`` (norm and GEMV per
+    block, accumulated in float64; float32 blocks outside the safe range redone in float64).
 
     A row is flagged non-finite when its norm or its inner product with r is not finite: a
     NaN/Inf entry always shows there (0 · Inf = NaN), and finite float32 rows never do.
     """
     r64 = r.to(device=x.device, dtype=W)
+    r32 = r64.to(torch.float32) if x.dtype == torch.float32 else None
     sq = torch.zeros(x.shape[0], dtype=W, device=x.device)
     dots = torch.zeros_like(sq)
     for blk in column_blocks(x):
-        xb = _block(x, blk)
-        sq += torch.linalg.vector_norm(xb, dim=1).square()
-        dots += xb @ r64[blk]
+        xb = x[:, blk]
+        if r32 is None:
+            xb64 = xb.to(W)
+            sq += torch.linalg.vector_norm(xb64, dim=1).square()
+            dots += xb64 @ r64[blk]
+            continue
+        n = torch.linalg.vector_norm(xb, dim=1)
+        rb = r32[blk]
+        rn = torch.linalg.vector_norm(rb)
+        ok = _safe(n) & (_safe(rn) | (rn == 0))  # a zero block of r: every product is 0
+        sq_b = n.to(W).square()
+        dots_b = (xb @ rb).to(W)
+        if not bool(ok.all()):
+            bad = (~ok).nonzero().squeeze(1)
+            redo = xb[bad].to(W)
+            sq_b[bad] = torch.linalg.vector_norm(redo, dim=1).square()
+            dots_b[bad] = redo @ r64[blk]
+        sq += sq_b
+        dots += dots_b
     norms = sq.sqrt()
     ref_norm = torch.linalg.vector_norm(r64)
     nonfinite = ~(torch.isfinite(norms) & torch.isfinite(dots))
@@ -203,31 +256,17 @@ def combine_rows(
 
 
 # -- pairwise geometry ------------------------------------------------------------------------
-def _gram_once(
-    x: Tensor, rows: Tensor | None, centre: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(G, rows with finite sums, rows with a finite G_ii) over ``x[rows]``."""
+def _gram(x: Tensor, rows: Tensor | None, centre: Tensor | None) -> Tensor:
+    """G of ``x[rows]`` about ``centre`` (the column means of those rows when None)."""
     k = x.shape[0] if rows is None else rows.numel()
     g = torch.zeros(k, k, dtype=W, device=x.device)
-    ok = torch.ones(k, dtype=torch.bool, device=x.device)
-    all_ok = True
+    fresh = x.dtype != W or rows is not None  # _block made a copy we may overwrite
     for blk in column_blocks(x):
         xb = _block(x, blk, rows)
-        # A NaN/Inf entry makes its row's float64 sum non-finite (finite float32 rows never
-        # overflow it): drop the row from this block's centre, and from every later block.
-        ok_b = torch.isfinite(xb.sum(1))
-        if all_ok and not bool(ok_b.all()):
-            all_ok = False
-        if all_ok:
-            xc = xb - (xb.mean(0) if centre is None else centre[blk])
-        else:
-            ok &= ok_b
-            if not bool(ok.any()):
-                return g, ok, ok
-            c = xb[ok].mean(0) if centre is None else centre[blk]
-            xc = torch.where(ok[:, None], xb - c, 0.0)
+        c = xb.mean(0) if centre is None else centre[blk]
+        xc = xb.sub_(c) if fresh else xb - c
         g.addmm_(xc, xc.T)
-    return g, ok, ok & torch.isfinite(g.diagonal())
+    return g
 
 
 def centered_gram(
@@ -236,27 +275,25 @@ def centered_gram(
     """``([k, k] float64 Gram matrix, [k] finite mask)`` of the rows ``x[rows]`` (all rows
     by default), centred on ``centre`` (float64 ``[d]``) when given.
 
-    The rows are centred block by block on the column means of the finite rows: centring
-    keeps the Gram trick accurate when the rows share a large common offset (models θ_m
-    rather than updates g_m), since rounding errors are then relative to the rows' spread.
-    Any centre works, ‖x_i − x_j‖ does not depend on it, so a row found non-finite only in
-    a later block has merely been left out of the later blocks' centres. Entries of
-    non-finite rows are meaningless: index ``G[ok][:, ok]``.
+    The rows are centred block by block on their column means: centring keeps the Gram
+    trick accurate when the rows share a large common offset (models θ_m rather than
+    updates g_m), since rounding errors are then relative to the rows' spread. A NaN/Inf
+    entry spoils every entry (through the means), which the diagonal shows: only then are
+    the non-finite rows found (:func:`row_sq_norms`) and the matrix redone without them,
+    so the common case is one pass. Entries of non-finite rows are 0: index ``G[ok][:, ok]``.
     """
     if centre is not None:
         centre = centre.to(device=x.device, dtype=W)
-    g, ok_sum, ok = _gram_once(x, rows, centre)
-    overflowed = ok_sum & ~ok
-    if bool(overflowed.any()) and bool(ok.any()):
-        # float64 input with a row whose squared norm overflowed float64: its huge values
-        # were in the centres and may have spoilt the other entries. Redo without it.
+    g = _gram(x, rows, centre)
+    ok = torch.isfinite(g.diagonal())
+    if bool(ok.all()):
+        return g, ok
+    ok = torch.isfinite(row_sq_norms(x, rows=rows))
+    sel = ok.nonzero().squeeze(1)
+    g = torch.zeros_like(g)
+    if sel.numel():
         base = torch.arange(x.shape[0], device=x.device) if rows is None else rows
-        sel = ok.nonzero().squeeze(1)
-        g_sel, _, ok_sel = _gram_once(x, base[sel], centre)
-        g = torch.zeros_like(g)
-        g[sel[:, None], sel[None, :]] = g_sel
-        ok = ok.clone()
-        ok[sel] = ok_sel
+        g[sel[:, None], sel[None, :]] = _gram(x, base[sel], centre)
     return g, ok
 
 

@@ -150,6 +150,13 @@ def kept_weights(owner: str, w: Tensor, keep: Tensor) -> Tensor:
     return wk / total
 
 
+def dropped_note(dropped: int) -> str:
+    """The tail of a too-few-rows error raised after non-finite rows were dropped."""
+    if not dropped:
+        return ""
+    return f" (after dropping {dropped} non-finite rows; adapted(S) gives the rule that can run)"
+
+
 def require_finite_rows(owner: str, kept: int, dropped: int) -> None:
     if kept == 0:
         raise ValueError(
@@ -164,6 +171,7 @@ __all__ = [
     "Diagnostics",
     "check_reference",
     "check_updates",
+    "dropped_note",
     "kept_weights",
     "require_finite_rows",
 ]

@@ -33,6 +33,7 @@ from fedshield.aggregators.base import (
     ConfigError,
     Diagnostics,
     check_updates,
+    dropped_note,
     require_finite_rows,
 )
 from fedshield.core.params import Params
@@ -44,7 +45,7 @@ class BulyanParams(Params):
 
 def _check_f(f: int, num_rows: int, dropped: int = 0) -> None:
     if num_rows < 4 * f + 3:
-        after = f" (after dropping {dropped} non-finite rows)" if dropped else ""
+        after = dropped_note(dropped)
         raise ConfigError(
             f"bulyan: f={f} needs at least 4f + 3 = {4 * f + 3} rows per round, "
             f"got S={num_rows}{after}"

@@ -76,11 +76,10 @@ class CenteredClipping(Aggregator):
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
         w = check_updates(updates, weights)
-        if reference is None:
-            v = torch.zeros(updates.shape[1], dtype=W, device=updates.device)
-        else:
+        v: Tensor | None = None  # the centre 0 when no reference is given
+        if reference is not None:
             v = check_reference("centered_clipping", reference, updates)
-        dist = row_dists(updates, v)
+        dist = row_norms(updates) if v is None else row_dists(updates, v)
         bad = ~torch.isfinite(dist)
         if bool(bad.any()):
             w = kept_weights("centered_clipping", w, ~bad)
@@ -91,7 +90,8 @@ class CenteredClipping(Aggregator):
             scale = _clip_scale(dist, self.tau, bad)
             coef = w * scale
             # v + Σ c_i (g_i − v) = (1 − Σ c_i) v + Σ c_i g_i: one GEMV (float64 if needed).
-            out = combine_rows(coef, updates, skip=bad, extra=(1.0 - coef.sum(), v))
+            extra = None if v is None else (1.0 - coef.sum(), v)
+            out = combine_rows(coef, updates, skip=bad, extra=extra)
             v = out.to(W)
         clipped = ((scale < 1) & ~bad).sum() / (~bad).sum()
         return out, {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}

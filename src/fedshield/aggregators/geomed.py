@@ -84,13 +84,14 @@ def geometric_median(
     max_iter: int = 100,
     tol: float = 1e-6,
     init: str = "mean",
+    owner: str = "geomed",
 ) -> tuple[Tensor, dict[str, float]]:
     """Smoothed Weiszfeld with weights ``alpha`` (float64, summing to 1) over the finite
     rows: ``(z [d] in the input dtype, diagnostics)`` (iterations, objective, recentred,
     nonfinite)."""
     g, ok = centered_gram(updates)
     dropped = int((~ok).sum())
-    a_full = kept_weights("geomed", alpha, ok) if dropped else alpha
+    a_full = kept_weights(owner, alpha, ok) if dropped else alpha
     keep = ok.nonzero().squeeze(1)
     if dropped:
         g = g[keep][:, keep]
@@ -178,7 +179,13 @@ class GeoMed(Aggregator):
         if not self.use_weights:
             alpha = torch.full_like(alpha, 1.0 / alpha.numel())
         return geometric_median(
-            updates, alpha, nu=self.nu, max_iter=self.max_iter, tol=self.tol, init=self.init
+            updates,
+            alpha,
+            nu=self.nu,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            init=self.init,
+            owner=self._name,
         )
 
 

@@ -25,6 +25,7 @@ from fedshield.aggregators.base import (
     ConfigError,
     Diagnostics,
     check_updates,
+    dropped_note,
     kept_weights,
     require_finite_rows,
 )
@@ -54,7 +55,7 @@ def krum_scores(d2: Tensor, f: int) -> Tensor:
 
 def _check_f(owner: str, f: int, num_rows: int, dropped: int = 0) -> None:
     if 2 * f + 2 >= num_rows:
-        after = f" (after dropping {dropped} non-finite rows)" if dropped else ""
+        after = dropped_note(dropped)
         raise ConfigError(
             f"{owner}: f={f} needs more than 2f + 2 = {2 * f + 2} rows per round, "
             f"got S={num_rows}{after}"
@@ -113,7 +114,7 @@ class MultiKrum(Aggregator):
     def _check(self, num_rows: int, dropped: int = 0) -> None:
         _check_f("multikrum", self.f, num_rows, dropped)
         if self._m(num_rows) > num_rows:
-            after = f" (after dropping {dropped} non-finite rows)" if dropped else ""
+            after = dropped_note(dropped)
             raise ConfigError(
                 f"multikrum: m={self.m} cannot exceed the S={num_rows} rows per round{after}"
             )

@@ -21,6 +21,7 @@ from fedshield.aggregators.base import (
     ConfigError,
     Diagnostics,
     check_updates,
+    dropped_note,
 )
 from fedshield.aggregators.mean import weighted_mean
 from fedshield.aggregators.median import finite_rows
@@ -47,7 +48,7 @@ def trimmed_mean(updates: Tensor, f: int) -> Tensor:
 
 def _check_f(f: int, num_rows: int, dropped: int = 0) -> None:
     if 2 * f >= num_rows:
-        after = f" (after dropping {dropped} non-finite rows)" if dropped else ""
+        after = dropped_note(dropped)
         raise ConfigError(
             f"trimmed_mean: f={f} trims 2f = {2 * f} values per coordinate, "
             f"which needs more than 2f rows per round, got S={num_rows}{after}"
