@@ -4,13 +4,15 @@ Every rule sees a dense ``[S, d]`` matrix of finite or non-finite rows in float3
 float64, or half). What must never happen is a NaN/Inf or an exploded result from *finite*
 rows, however large (up to float32's max, 3.4e38). The rules therefore share these kernels:
 
-* **Geometry accumulated in float64, block by block** (:func:`column_blocks`), never on a
-  float64 copy of the whole matrix. Norms, inner products and direct distances of a float32
-  block are reduced in float32 when its norm lies in [2^-40, 2^40] — then nothing can
-  overflow or underflow and the result is exact to float32's own precision (a difference
-  of two float32 values is rounded relative to itself) — and the rows outside that range
-  (huge, tiny, zero, NaN/Inf) are redone in float64, where a float32 value squared (at most
-  1.2e77) never overflows. The S×S Gram matrix, whose differences cancel, is always float64.
+* **Geometry that cannot overflow.** Norms, inner products and direct distances of float32
+  rows are reduced in float32, then checked: a row whose float32 norm lies in [2^-40, 2^40]
+  can neither overflow nor underflow there, and the result is exact to float32's own
+  precision (a difference of two float32 values is rounded relative to itself). The other
+  rows (huge, tiny, zero, NaN/Inf) are redone in float64, where a float32 value squared (at
+  most 1.2e77) never overflows, over column blocks (:func:`column_blocks`): no float64
+  copy of a large ``[S, d]`` matrix is ever made. The S×S Gram matrix, whose differences
+  cancel, is always accumulated in float64, block by block; every [S] or [S, S] quantity
+  (norms, cosines, distances, weights) is float64.
 * **Non-finite rows are found on the way** (their float64 squared norm is not finite), so
   no separate ``isfinite`` pass is needed. A float64 row whose squared norm overflows
   float64 (entries beyond ~1e154) counts as non-finite too.
@@ -68,18 +70,30 @@ def _block(x: Tensor, blk: slice, rows: Tensor | None = None) -> Tensor:
 
 
 def to_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """``x`` cast to ``dtype`` with its values clamped to the finite range of ``dtype``."""
+    """``x`` cast to ``dtype`` with its values clamped to the finite range of ``dtype``.
+
+    For the rules' own intermediate results: when no cast is needed, ``x`` is clamped in
+    place (one [d] pass, no allocation); otherwise the cast copy is.
+    """
+    y = x if x.dtype == dtype else x.to(dtype)  # a value beyond the range casts to ±inf
     if dtype.is_floating_point:
         info = torch.finfo(dtype)
-        x = x.clamp(info.min, info.max)
-    return x.to(dtype)
+        y.clamp_(info.min, info.max)
+    return y
+
+
+def all_finite(x: Tensor) -> bool:
+    """True when every entry of ``x`` is finite: a sum is (one fast reduction, no [d] bool
+    temporary); it may also overflow for huge finite entries, which callers then treat as
+    the slow, safe case."""
+    return bool(torch.isfinite(x.sum()))
 
 
 # -- per-row geometry -------------------------------------------------------------------------
-#: A float32 block norm in [2^-40, 2^40] is exact to float32 precision: its squares can
-#: neither overflow nor lose more than ~1e-10 of it to flushed denormals, and the inner
-#: products of two such blocks are bounded by 2^80. Outside this range (huge, tiny or zero
-#: rows, NaN/Inf) the row's block is redone in float64.
+#: A float32 row norm in [2^-40, 2^40] is exact to float32 precision: its partial sums of
+#: squares can neither overflow nor lose more than ~d·2^-69 of it to flushed denormals, and
+#: its inner product with another such row is bounded by 2^80. Outside this range (huge,
+#: tiny or zero rows, NaN/Inf) the row is redone in float64.
 _SAFE = (2.0**-40, 2.0**40)
 
 
@@ -87,42 +101,49 @@ def _safe(n: Tensor) -> Tensor:
     return (n >= _SAFE[0]) & (n <= _SAFE[1])  # False for NaN and Inf as well
 
 
-def _block_sq_norms(xb: Tensor, c32: Tensor | None = None, c64: Tensor | None = None) -> Tensor:
-    """``[k]`` float64 ‖xb_i − c‖² of one column block (c = 0 when None).
-
-    float32 blocks are reduced in float32 (a difference of two float32 values is rounded
-    relative to itself, so direct differences lose nothing) and the rows outside the safe
-    range are redone in float64; other dtypes go to float64 directly.
-    """
-    if xb.dtype != torch.float32:
-        d64 = xb.to(W) if c64 is None else xb.to(W) - c64
-        return torch.linalg.vector_norm(d64, dim=1).square()
-    n = torch.linalg.vector_norm(xb if c32 is None else xb - c32, dim=1)
-    out = n.to(W).square()
-    ok = _safe(n)
-    if not bool(ok.all()):
-        bad = (~ok).nonzero().squeeze(1)
-        redo = xb[bad].to(W) if c64 is None else xb[bad].to(W) - c64
-        out[bad] = torch.linalg.vector_norm(redo, dim=1).square()
-    return out
+def _sq_norms64(x: Tensor, rows: Tensor | None, c64: Tensor | None) -> Tensor:
+    """``[k]`` ‖x_i − c‖² over ``x[rows]`` in float64, block by block."""
+    sq = torch.zeros(x.shape[0] if rows is None else rows.numel(), dtype=W, device=x.device)
+    for blk in column_blocks(x):
+        xb = _block(x, blk, rows)
+        if c64 is not None:
+            xb = xb - c64[blk]
+        sq += torch.linalg.vector_norm(xb, dim=1).square()
+    return sq
 
 
 def row_sq_norms(x: Tensor, centre: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
     """``[k]`` float64 ‖x_i − centre‖² over ``x[rows]`` (centre 0 and all rows by default),
-    by direct differences, accumulated in float64 over column blocks.
+    by direct differences.
 
-    Non-finite exactly for the rows holding a NaN/Inf (or, for float64 input, whose squared
-    norm overflows float64): this is also the rules' test for non-finite rows.
+    float32 input is reduced in float32 (a difference of two float32 values is rounded
+    relative to itself, so direct differences lose nothing); rows whose float32 result is
+    outside the safe range [2^-40, 2^40] (huge, tiny, zero, NaN/Inf) are redone in float64,
+    block by block. Non-finite exactly for the rows holding a NaN/Inf (or, for float64
+    input, whose squared norm overflows float64): this is also the rules' test for
+    non-finite rows.
     """
-    sq = torch.zeros(x.shape[0] if rows is None else rows.numel(), dtype=W, device=x.device)
-    c64 = None if centre is None else centre.to(device=x.device, dtype=W)
-    c32 = None if c64 is None or x.dtype != torch.float32 else c64.to(torch.float32)
-    for blk in column_blocks(x):
-        xb = x[:, blk] if rows is None else x[rows, blk]
-        sq += _block_sq_norms(
-            xb, None if c32 is None else c32[blk], None if c64 is None else c64[blk]
-        )
-    return sq
+
+    def c64() -> Tensor | None:
+        return None if centre is None else centre.to(device=x.device, dtype=W)
+
+    if x.dtype != torch.float32:
+        return _sq_norms64(x, rows, c64())
+    if centre is None:
+        n = torch.linalg.vector_norm(x if rows is None else x[rows], dim=1)
+    else:  # the difference needs a temporary: block by block, in the cache
+        c32 = centre.to(device=x.device, dtype=torch.float32)
+        acc = torch.zeros(x.shape[0] if rows is None else rows.numel(), device=x.device)
+        for blk in column_blocks(x):
+            xb = x[:, blk] if rows is None else x[rows, blk]
+            acc += torch.linalg.vector_norm(xb - c32[blk], dim=1).square()
+        n = acc.sqrt()  # any block above 2^40 or non-finite shows in the total
+    out = n.to(W).square()
+    ok = _safe(n)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero().squeeze(1)
+        out[bad] = _sq_norms64(x, bad if rows is None else rows[bad], c64())
+    return out
 
 
 def row_norms(x: Tensor) -> Tensor:
@@ -146,38 +167,41 @@ class RefGeometry(NamedTuple):
 
 
 def ref_geometry(x: Tensor, r: Tensor) -> RefGeometry:
-    """Norms and cosines against ``r`` in one blocked pass over ``x`` (norm and GEMV per
-    block, accumulated in float64; float32 blocks outside the safe range redone in float64).
+    """Norms and cosines against ``r``: one norm pass and one GEMV over ``x``.
 
-    A row is flagged non-finite when its norm or its inner product with r is not finite: a
-    NaN/Inf entry always shows there (0 · Inf = NaN), and finite float32 rows never do.
+    float32 input is reduced in float32 and the rows outside the safe range [2^-40, 2^40]
+    (where ⟨g_m, r⟩ and ‖g_m‖² could overflow or underflow) are redone in float64, block by
+    block; every [S] quantity is float64. A row is flagged non-finite when its norm or its
+    inner product with r is not finite: a NaN/Inf entry always shows there (0 · Inf = NaN),
+    and finite float32 rows never do.
     """
-    r64 = r.to(device=x.device, dtype=W)
-    r32 = r64.to(torch.float32) if x.dtype == torch.float32 else None
-    sq = torch.zeros(x.shape[0], dtype=W, device=x.device)
-    dots = torch.zeros_like(sq)
-    for blk in column_blocks(x):
-        xb = x[:, blk]
-        if r32 is None:
-            xb64 = xb.to(W)
-            sq += torch.linalg.vector_norm(xb64, dim=1).square()
-            dots += xb64 @ r64[blk]
-            continue
-        n = torch.linalg.vector_norm(xb, dim=1)
-        rb = r32[blk]
-        rn = torch.linalg.vector_norm(rb)
-        ok = _safe(n) & (_safe(rn) | (rn == 0))  # a zero block of r: every product is 0
-        sq_b = n.to(W).square()
-        dots_b = (xb @ rb).to(W)
+    r = r.to(device=x.device)
+    ref_norm = row_sq_norms(r[None, :])[0].sqrt()
+    if x.dtype == torch.float32:
+        r32 = r.to(torch.float32)
+        n = torch.linalg.vector_norm(x, dim=1)
+        sq, dots = n.to(W).square(), (x @ r32).to(W)
+        r_ok = bool(_safe(torch.linalg.vector_norm(r32))) or bool(ref_norm == 0)
+        ok = _safe(n) if r_ok else torch.zeros_like(n, dtype=torch.bool)
         if not bool(ok.all()):
+            r64 = r.to(W)
             bad = (~ok).nonzero().squeeze(1)
-            redo = xb[bad].to(W)
-            sq_b[bad] = torch.linalg.vector_norm(redo, dim=1).square()
-            dots_b[bad] = redo @ r64[blk]
-        sq += sq_b
-        dots += dots_b
+            sq_b = torch.zeros(bad.numel(), dtype=W, device=x.device)
+            dots_b = torch.zeros_like(sq_b)
+            for blk in column_blocks(x):
+                xb = x[bad, blk].to(W)
+                sq_b += torch.linalg.vector_norm(xb, dim=1).square()
+                dots_b += xb @ r64[blk]
+            sq[bad], dots[bad] = sq_b, dots_b
+    else:
+        r64 = r.to(W)
+        sq = torch.zeros(x.shape[0], dtype=W, device=x.device)
+        dots = torch.zeros_like(sq)
+        for blk in column_blocks(x):
+            xb = _block(x, blk)
+            sq += torch.linalg.vector_norm(xb, dim=1).square()
+            dots += xb @ r64[blk]
     norms = sq.sqrt()
-    ref_norm = torch.linalg.vector_norm(r64)
     nonfinite = ~(torch.isfinite(norms) & torch.isfinite(dots))
     defined = ~nonfinite & (norms > 0) & (ref_norm > 0) & torch.isfinite(ref_norm)
     denom = torch.where(defined, norms * ref_norm, torch.ones_like(norms))
@@ -226,33 +250,40 @@ def combine_rows(
     x: Tensor,
     skip: Tensor | None = None,
     *,
-    extra: tuple[Tensor, Tensor] | None = None,
+    extra: tuple[Tensor | float, Tensor] | None = None,
 ) -> Tensor:
     """``Σ_m coef_m x_m (+ c · r for extra = (c, r))`` in ``x.dtype``, finite.
 
     Rows in ``skip`` are left out entirely (not given coefficient 0: 0 · NaN = NaN). The
-    fast path is one GEMV in the input dtype, taken when nothing is skipped and the
-    coefficients are within [2^-100, 2^100]; its result is checked (a [d] pass) and redone
-    in float64, block by block, if it overflowed. The result is clamped to the dtype's range.
+    fast path is one GEMV in the input dtype (and an in-place ``+ c·r``), taken when nothing
+    is skipped and the coefficients are within [2^-100, 2^100]; its result is checked and
+    redone in float64, block by block, if it overflowed. The result is clamped to the
+    dtype's range.
     """
     coef = coef.to(device=x.device, dtype=W)
+    cr = None if extra is None else float(extra[0])
     skipping = skip is not None and bool(skip.any())
-    out: Tensor | None = None
-    if not skipping and x.dtype in (torch.float32, torch.float64) and _coefficients_safe(coef):
+    fast = not skipping and x.dtype in (torch.float32, torch.float64)
+    if (
+        fast
+        and _coefficients_safe(coef)
+        and (cr is None or _coefficients_safe(coef.new_tensor([cr])))
+    ):
         out = coef.to(x.dtype) @ x
-        if x.dtype != W and not bool(torch.isfinite(out).all()):
-            out = None  # partial sums overflowed float32: redo in float64
-    if out is None:
-        keep = None if not skipping else (~skip).nonzero().squeeze(1)
-        c = coef if keep is None else coef[keep]
-        acc = torch.empty(x.shape[1], dtype=W, device=x.device)
-        for blk in column_blocks(x):
-            acc[blk] = c @ _block(x, blk, keep)
-        out = acc
+        if extra is not None:
+            out.add_(extra[1].to(device=x.device, dtype=x.dtype), alpha=cr)
+        if x.dtype == W:
+            return to_dtype(out, W)
+        if all_finite(out):
+            return out
+    keep = None if not skipping else (~skip).nonzero().squeeze(1)  # type: ignore[operator]
+    c = coef if keep is None else coef[keep]
+    acc = torch.empty(x.shape[1], dtype=W, device=x.device)
+    for blk in column_blocks(x):
+        acc[blk] = c @ _block(x, blk, keep)
     if extra is not None:
-        cr, r = extra
-        out = out.to(W) + cr.to(device=x.device, dtype=W) * r.to(device=x.device, dtype=W)
-    return to_dtype(out, x.dtype) if out.dtype != x.dtype or x.dtype == W else out
+        acc.add_(extra[1].to(device=x.device, dtype=W), alpha=cr)
+    return to_dtype(acc, x.dtype)
 
 
 # -- pairwise geometry ------------------------------------------------------------------------
@@ -368,6 +399,7 @@ __all__ = [
     "RefGeometry",
     "W",
     "centered_gram",
+    "all_finite",
     "column_blocks",
     "combine_rows",
     "masked_stat",

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import W
+from fedshield.aggregators._ops import W, all_finite
 from fedshield.core.params import NoParams, Params, parse_params
 from fedshield.errors import ConfigError
 from fedshield.registry import Registry
@@ -127,14 +127,17 @@ def check_updates(updates: Tensor, weights: Tensor | None) -> Tensor:
 
 
 def check_reference(owner: str, reference: Tensor | None, updates: Tensor) -> Tensor:
-    """The reference (or centre) as a finite float64 ``[d]`` tensor on the updates' device."""
+    """The reference (or centre): a finite ``[d]`` float tensor on the updates' device (its
+    dtype is kept: the kernels promote it where they need float64)."""
     if reference is None:
         raise ValueError(f"{owner} needs a reference direction (reference=...)")
     d = updates.shape[1]
     if reference.shape != (d,):
         raise ValueError(f"{owner}: reference must be [{d}], got shape {tuple(reference.shape)}")
-    r = reference.to(device=updates.device, dtype=W)
-    if not bool(torch.isfinite(r).all()):
+    r = reference.to(device=updates.device)
+    if not r.dtype.is_floating_point:
+        r = r.to(W)
+    if not all_finite(r) and not bool(torch.isfinite(r).all()):  # the sum may overflow
         raise ValueError(f"{owner}: the reference holds NaN/Inf values")
     return r
 

@@ -78,7 +78,7 @@ def brdrag_calibrate(
     lam, cos, coef_g, coef_r, replaced, _ = _brdrag_coefficients(x, r, c)
     v = torch.empty_like(x)
     for blk in column_blocks(x):
-        rb = r[blk]
+        rb = r[blk].to(W)
         # torch.where (not a 0 coefficient): NaN/Inf in a replaced row cannot leak into v.
         vb = coef_g[:, None] * x[:, blk].to(W) + coef_r[:, None] * rb
         v[:, blk] = to_dtype(torch.where(replaced[:, None], rb, vb), x.dtype)

@@ -31,7 +31,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import W, combine_rows, row_dists, row_norms
+from fedshield.aggregators._ops import combine_rows, row_dists, row_norms
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
@@ -92,7 +92,7 @@ class CenteredClipping(Aggregator):
             # v + Σ c_i (g_i − v) = (1 − Σ c_i) v + Σ c_i g_i: one GEMV (float64 if needed).
             extra = None if v is None else (1.0 - coef.sum(), v)
             out = combine_rows(coef, updates, skip=bad, extra=extra)
-            v = out.to(W)
+            v = out
         clipped = ((scale < 1) & ~bad).sum() / (~bad).sum()
         return out, {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import combine_rows, row_sq_norms
+from fedshield.aggregators._ops import all_finite, combine_rows, row_sq_norms
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
@@ -31,7 +31,7 @@ def weighted_mean(
     if updates.dtype in (torch.float32, torch.float64):
         # the plain reduction is a little faster than a uniform GEMV
         out = updates.mean(dim=0) if uniform else w.to(updates.dtype) @ updates
-        if bool(torch.isfinite(out).all()):
+        if all_finite(out):
             return out, 0
     ok = torch.isfinite(row_sq_norms(updates))
     coef = kept_weights(owner, w, ok)
