@@ -29,7 +29,6 @@ from torch import nn
 from fedshield import attacks
 from fedshield.adversarial import EVAL_ATTACKS
 from fedshield.attacks import ATTACKS
-from fedshield.attacks.base import ATTACK_TAGS
 from fedshield.cli import LIST_KINDS, main
 from fedshield.data import (
     DATASETS,
@@ -42,11 +41,10 @@ from fedshield.data import (
 )
 from fedshield.errors import ConfigError, DataError
 from fedshield.models import MODELS, build_model, model_tags, parse_model_params
-from fedshield.registry import TAGS, Entry, Registry, tags_of
+from fedshield.registry import TAGS, Registry, tags_of
 
-#: The tag vocabulary: the registry's plus the attack words proposed in attacks/base.py
-#: (``kind=update|data``, ``omniscient``) until they are merged into fedshield.registry.TAGS.
-VOCAB = {**TAGS, **ATTACK_TAGS}
+#: The tag vocabulary (fedshield.registry.TAGS).
+VOCAB = TAGS
 
 #: (registry, the config key of an entry's parameters, the config key of its name)
 REGISTRIES: dict[str, tuple[Registry[Any], str, str]] = {
@@ -56,10 +54,6 @@ REGISTRIES: dict[str, tuple[Registry[Any], str, str]] = {
     "partitioner": (PARTITIONERS, "data", "data.partition"),
     "eval_attack": (EVAL_ATTACKS, "eval.params", "eval attack"),
 }
-
-#: Entries whose schema and tags are declared on another branch (models/eevit.py): strict
-#: xfail, so the merge that declares them turns these into failures until removed here.
-PENDING = {"model:eevit", "model:eevit_small"}
 
 
 def _module(obj: Any) -> str:
@@ -81,19 +75,11 @@ def _entries(*kinds: str) -> list[Any]:
 ALL = _entries(*REGISTRIES)
 
 
-def _pending(request: pytest.FixtureRequest, kind: str, entry: Entry[Any]) -> None:
-    if f"{kind}:{entry.name}" in PENDING:
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="schema and tags declared in models/eevit.py")
-        )
-
-
 # --- schema, tags and description of every entry ----------------------------------------
 
 
 @pytest.mark.parametrize(("kind", "entry"), ALL)
-def test_declares_a_described_schema_and_vocabulary_tags(request, kind, entry):
-    _pending(request, kind, entry)
+def test_declares_a_described_schema_and_vocabulary_tags(kind, entry):
     assert entry.declared, "no declared params schema (derived from the signature)"
     undescribed = [k for k, f in entry.schema.model_fields.items() if not f.description]
     assert not undescribed, f"fields without a description: {undescribed}"

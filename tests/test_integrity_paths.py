@@ -211,7 +211,7 @@ def test_centered_clipping_clips_around_the_previous_aggregate() -> None:
     start = sim.state.params.clone()
     sim.end_round(plan, sim.train_cohort(plan))
     step = sim.state.params - start
-    assert torch.allclose(sim.state.server_state["center"], step)  # lr = 1: v = Δ
+    assert torch.allclose(sim.state.server_state["center"], step, atol=1e-6)  # lr = 1: v = Δ
 
 
 def test_rfa_with_a_huge_scaling_attack_from_the_cli(tmp_path) -> None:  # noqa: ANN001

@@ -22,11 +22,6 @@ from fedshield.core.params import NoParams, Params, parse_params
 from fedshield.registry import Registry
 
 #: Tag words the attacks use (to be merged into :data:`fedshield.registry.TAGS`).
-ATTACK_TAGS: dict[str, str] = {
-    "kind": "what an attack rewrites: kind=update (the uploaded update rows) or kind=data "
-    "(the client's local dataset, before training)",
-    "omniscient": "reads the round's benign updates (mean, std, ...), as in the literature",
-}
 
 
 class _Attack:

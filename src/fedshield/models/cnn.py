@@ -25,6 +25,7 @@ class CNNSmallParams(Params):
 
 class MLPParams(Params):
     hidden: int = Field(128, ge=1, le=65536, description="units of the hidden linear layer")
+    batchnorm: bool = Field(False, description="BatchNorm1d after the hidden layer")
 
 
 class ConvNet(Classifier):
@@ -36,13 +37,15 @@ class ConvNet(Classifier):
         hidden: list[int],
         input_shape: tuple[int, int, int],
         num_classes: int,
+        batchnorm: bool = False,
     ) -> None:
         super().__init__()
         self.trunk = trunk
         layers: list[nn.Module] = []
         width = flat_dim(trunk, input_shape)
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU(inplace=True)]
+            norm = [nn.BatchNorm1d(h)] if batchnorm else []
+            layers += [nn.Linear(width, h), *norm, nn.ReLU(inplace=True)]
             width = h
         self.mlp = nn.Sequential(*layers)
         self.num_features = width
@@ -108,6 +111,19 @@ def cnn_cifar100(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet
 
 
 @MODELS.register("mlp", schema=MLPParams, tags=CLASSIFIER)
-def mlp(input_shape: tuple[int, int, int], num_classes: int, *, hidden: int) -> ConvNet:
-    """Two-layer perceptron on the flattened input, for tiny inputs and smoke tests."""
-    return ConvNet(nn.Identity(), [hidden], input_shape, num_classes)
+def mlp(
+    input_shape: tuple[int, int, int], num_classes: int, *, hidden: int, batchnorm: bool
+) -> ConvNet:
+    """Two-layer perceptron on the flattened input, for tiny inputs and smoke tests
+    (``batchnorm = true``: the smallest model with BatchNorm statistics)."""
+    return ConvNet(nn.Identity(), [hidden], input_shape, num_classes, batchnorm)
+
+
+def _mlp_tags(params: Params, tags: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    out = dict(tags)
+    if getattr(params, "batchnorm", False):
+        out["batchnorm"] = frozenset()
+    return out
+
+
+mlp.tags_for = _mlp_tags  # type: ignore[attr-defined]

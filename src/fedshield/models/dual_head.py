@@ -159,9 +159,14 @@ def _with_backbone(backbone: Any) -> type[Params]:
 
 def _tags_for(params: Params, tags: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
     """dual_head's own tags plus the backbone's BatchNorm (its family stays dual_head)."""
-    backbone = MODELS.entry(params.backbone)  # type: ignore[attr-defined]
+    from fedshield.models.base import model_tags
+
+    kw = params.kwargs()
+    name = kw.pop("backbone")
+    fields = MODELS.entry(name).schema.model_fields
+    own = model_tags(name, {k: v for k, v in kw.items() if k in fields})
     out = dict(tags)
-    if backbone.has("batchnorm"):
+    if "batchnorm" in own:
         out["batchnorm"] = frozenset()
     return out
 

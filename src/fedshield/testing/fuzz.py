@@ -143,7 +143,7 @@ def base_config(server: str, aggregator: str, masks: bool = False) -> dict[str, 
         "seed": 0,
         "rounds": 1000,  # no evaluation inside the replayed round
         "data": {"dataset": "digits", "num_clients": 10, "partition": "iid", "root_size": 60},
-        "model": {"name": "mlp", "params": {"hidden": 16}},
+        "model": {"name": "mlp", "params": {"hidden": 16, "batchnorm": True}},
         "client": {"algorithm": "sgd", "lr": 0.1, "batch_size": 16, "local_steps": 2},
         "server": {
             "algorithm": server,
@@ -158,7 +158,10 @@ def base_config(server: str, aggregator: str, masks: bool = False) -> dict[str, 
         raw["client"]["algorithm"] = "scaffold"
     if server == "fedcart":
         raw["client"] |= {"algorithm": "fedcart", "params": {"steps": 1, "proto_steps": 0}}
-        raw["model"] = {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}}
+        raw["model"] = {
+            "name": "dual_head",
+            "params": {"backbone": "mlp", "hidden": 16, "batchnorm": True},
+        }
         raw["server"]["params"] = {"match_iters": 2, "retrain_steps": 2}
     if masks:
         raw["model"] = {
