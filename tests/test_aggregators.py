@@ -773,3 +773,23 @@ def test_repair_paths_leave_inputs_untouched(dtype: torch.dtype) -> None:
     agg.build("bulyan", f=6)(x)
     agg.build("centered_clipping", iters=2)(x, reference=centre)
     assert torch.equal(x, before)
+
+
+def test_user_rule_helpers_keep_their_contract() -> None:
+    """A plugin rule written against the base class (no _configure call, check_updates'
+    weights in the updates' dtype) keeps working: repr, adapted, w @ updates."""
+    from fedshield.aggregators.base import Aggregator, check_updates
+
+    class Scaled(Aggregator):
+        def __init__(self, factor: float = 0.5) -> None:
+            self.factor = factor
+
+        def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001, ANN202
+            w = check_updates(updates, weights)
+            return self.factor * (w @ updates), {}
+
+    x, w, _ = data()
+    rule = Scaled()
+    assert check_updates(x, w).dtype == x.dtype and repr(rule) == "Scaled()"
+    assert rule.adapted(S) is rule
+    torch.testing.assert_close(rule(x, w), 0.5 * (w / w.sum()) @ x)

@@ -53,8 +53,8 @@ from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
     Diagnostics,
-    check_updates,
     kept_weights,
+    normalised_weights,
 )
 from fedshield.core.params import Params
 
@@ -175,7 +175,7 @@ class GeoMed(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        alpha = check_updates(updates, weights)  # validates the weights' shape either way
+        alpha = normalised_weights(updates, weights)  # validates the weights' shape either way
         if not self.use_weights:
             alpha = torch.full_like(alpha, 1.0 / alpha.numel())
         return geometric_median(
