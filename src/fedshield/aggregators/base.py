@@ -56,13 +56,20 @@ class Aggregator:
         for key, value in self.params.kwargs().items():
             setattr(self, key, value)
 
+    def _param_values(self) -> dict[str, Any]:
+        """The hyper-parameters (from the schema's fields for a rule that set them itself)."""
+        if hasattr(self, "params"):
+            return self.params.kwargs()
+        fields = self.params_schema.model_fields
+        return {k: getattr(self, k) for k in fields if hasattr(self, k)}
+
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params.kwargs().items())
+        args = ", ".join(f"{k}={v!r}" for k, v in self._param_values().items())
         return f"{type(self).__name__}({args})"
 
     def replace(self, **changes: Any) -> Aggregator:
         """A copy of the rule with some hyper-parameters changed (validated again)."""
-        return type(self)(**{**self.params.kwargs(), **changes})
+        return type(self)(**{**self._param_values(), **changes})
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -103,7 +110,7 @@ class Aggregator:
 AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregator")
 
 
-def check_updates(updates: Tensor, weights: Tensor | None) -> Tensor:
+def normalised_weights(updates: Tensor, weights: Tensor | None) -> Tensor:
     """Validate shapes; return float64 weights on the updates' device summing to 1 (uniform
     when ``weights`` is None). Weights must be finite and non-negative with a positive sum."""
     if updates.dim() != 2:
@@ -124,6 +131,13 @@ def check_updates(updates: Tensor, weights: Tensor | None) -> Tensor:
     if not total > 0:
         raise ValueError("weights must have a positive sum")
     return w / total
+
+
+def check_updates(updates: Tensor, weights: Tensor | None) -> Tensor:
+    """Validate shapes and return the weights normalised to sum 1 in the updates' dtype and
+    device (uniform when None): the helper for user rules (``w @ updates``). The built-in
+    rules use the float64 :func:`normalised_weights`."""
+    return normalised_weights(updates, weights).to(updates.dtype)
 
 
 def check_reference(owner: str, reference: Tensor | None, updates: Tensor) -> Tensor:
@@ -175,6 +189,7 @@ __all__ = [
     "check_reference",
     "check_updates",
     "dropped_note",
+    "normalised_weights",
     "kept_weights",
     "require_finite_rows",
 ]

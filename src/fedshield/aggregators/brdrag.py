@@ -37,7 +37,7 @@ from fedshield.aggregators.base import (
     Aggregator,
     Diagnostics,
     check_reference,
-    check_updates,
+    normalised_weights,
 )
 from fedshield.core.params import Params, parse_params
 
@@ -102,7 +102,7 @@ class BrDrag(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)  # shape checks only: the mean is uniform (eq. 15)
+        normalised_weights(updates, weights)  # shape checks only: the mean is uniform (eq. 15)
         r = check_reference("brdrag", reference, updates)
         s = updates.shape[0]
         lam, cos, coef_g, coef_r, replaced, geo = _brdrag_coefficients(updates, r, self.c)

@@ -32,8 +32,8 @@ from fedshield.aggregators.base import (
     Aggregator,
     ConfigError,
     Diagnostics,
-    check_updates,
     dropped_note,
+    normalised_weights,
     require_finite_rows,
 )
 from fedshield.core.params import Params
@@ -102,7 +102,7 @@ class Bulyan(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)  # weights play no part
+        normalised_weights(updates, weights)  # weights play no part
         d2, keep = pairwise_sq_dists(updates)
         n = keep.numel()
         dropped = updates.shape[0] - n

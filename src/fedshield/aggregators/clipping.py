@@ -37,8 +37,8 @@ from fedshield.aggregators.base import (
     Aggregator,
     Diagnostics,
     check_reference,
-    check_updates,
     kept_weights,
+    normalised_weights,
 )
 from fedshield.core.params import Params
 
@@ -75,7 +75,7 @@ class CenteredClipping(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        w = check_updates(updates, weights)
+        w = normalised_weights(updates, weights)
         v: Tensor | None = None  # the centre 0 when no reference is given
         if reference is not None:
             v = check_reference("centered_clipping", reference, updates)
@@ -110,7 +110,7 @@ class NormClip(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        w = check_updates(updates, weights)
+        w = normalised_weights(updates, weights)
         norms = row_norms(updates)
         bad = ~torch.isfinite(norms)
         if bool(bad.any()):

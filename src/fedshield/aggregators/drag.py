@@ -39,8 +39,8 @@ from fedshield.aggregators.base import (
     Aggregator,
     Diagnostics,
     check_reference,
-    check_updates,
     kept_weights,
+    normalised_weights,
 )
 from fedshield.core.params import Params, parse_params
 
@@ -100,7 +100,7 @@ class Drag(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        w = check_updates(updates, weights)
+        w = normalised_weights(updates, weights)
         r = check_reference("drag", reference, updates)
         lam, coef_r, geo = _drag_coefficients(updates, r, self.c)
         bad = geo.nonfinite

@@ -23,7 +23,7 @@ from fedshield.aggregators.base import (
     Aggregator,
     Diagnostics,
     check_reference,
-    check_updates,
+    normalised_weights,
 )
 
 
@@ -37,7 +37,7 @@ class FLTrust(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)  # shape checks only
+        normalised_weights(updates, weights)  # shape checks only
         r = check_reference("fltrust", reference, updates)
         geo = ref_geometry(updates, r)
         trust = geo.cos.clamp_min(0.0)  # cos is 0 wherever it is undefined, so TS = 0 there

@@ -24,9 +24,9 @@ from fedshield.aggregators.base import (
     Aggregator,
     ConfigError,
     Diagnostics,
-    check_updates,
     dropped_note,
     kept_weights,
+    normalised_weights,
     require_finite_rows,
 )
 from fedshield.core.params import Params
@@ -87,7 +87,7 @@ class Krum(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)  # a selection rule: weights play no part
+        normalised_weights(updates, weights)  # a selection rule: weights play no part
         d2, keep = pairwise_sq_dists(updates)
         dropped = updates.shape[0] - keep.numel()
         require_finite_rows("krum", keep.numel(), dropped)
@@ -131,7 +131,7 @@ class MultiKrum(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        w = check_updates(updates, weights)
+        w = normalised_weights(updates, weights)
         d2, keep = pairwise_sq_dists(updates)
         s = keep.numel()
         dropped = updates.shape[0] - s

@@ -18,8 +18,8 @@ from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
     Diagnostics,
-    check_updates,
     kept_weights,
+    normalised_weights,
 )
 
 
@@ -45,6 +45,6 @@ class Mean(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        w = check_updates(updates, weights)
+        w = normalised_weights(updates, weights)
         out, dropped = weighted_mean(updates, w, uniform=weights is None)
         return out, {"agg/nonfinite": float(dropped)}

@@ -17,7 +17,7 @@ from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
     Diagnostics,
-    check_updates,
+    normalised_weights,
     require_finite_rows,
 )
 
@@ -69,6 +69,6 @@ class Median(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)
+        normalised_weights(updates, weights)
         x, dropped = finite_rows("median", updates)
         return coordinate_median(x), {"agg/nonfinite": float(dropped)}

@@ -20,8 +20,8 @@ from fedshield.aggregators.base import (
     Aggregator,
     ConfigError,
     Diagnostics,
-    check_updates,
     dropped_note,
+    normalised_weights,
 )
 from fedshield.aggregators.mean import weighted_mean
 from fedshield.aggregators.median import finite_rows
@@ -74,7 +74,7 @@ class TrimmedMean(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)
+        normalised_weights(updates, weights)
         x, dropped = finite_rows("trimmed_mean", updates)
         _check_f(self.f, x.shape[0], dropped)
         return trimmed_mean(x, self.f), {"agg/nonfinite": float(dropped)}
