@@ -281,15 +281,15 @@ def test_heterofl_classifier_rows_of_absent_classes() -> None:
         payload = Payload(get_params(model).clone(), get_buffers(model))
         return client.local_update(model, payload, data, ctx, {})
 
-    # Default ("all"): the tier's mask (the server predicts it), absent rows not updated.
-    client = HeteroFL(spec, HeteroFLParams(widths=[1.0]))
+    # "all": the tier's mask (the server predicts it), absent rows not updated.
+    client = HeteroFL(spec, HeteroFLParams(widths=[1.0], class_rows="all"))
     upd = run(client)
     assert torch.equal(upd.mask, client.expected_mask(0, model))
     assert bool(upd.mask[rows].all())
     assert torch.all(upd.delta[rows[3:]] == 0) and torch.any(upd.delta[rows[:3]] != 0)
-    # "holders" (HeteroFL's combine): the rows of classes 3–9 leave the client's coverage,
-    # so the server averages each row over the clients holding its class.
-    client = HeteroFL(spec, HeteroFLParams(widths=[1.0], class_rows="holders"))
+    # "holders" (the default, HeteroFL's combine): the rows of classes 3–9 leave the
+    # client's coverage, so the server averages each row over the clients holding its class.
+    client = HeteroFL(spec, HeteroFLParams(widths=[1.0]))
     upd = run(client)
     assert bool(upd.mask[rows[:3]].all()) and not bool(upd.mask[rows[3:]].any())
     assert torch.equal(upd.mask, client.expected_mask(0, model, counts))
@@ -299,7 +299,7 @@ def test_heterofl_classifier_rows_of_absent_classes() -> None:
     agg = coverage_mean(deltas, None, torch.stack([upd.mask, other]))
     torch.testing.assert_close(agg[rows[4]], upd.delta[rows[4]] + 1)  # one holder
     torch.testing.assert_close(agg[rows[0]], upd.delta[rows[0]] + 0.5)  # two holders
-    with pytest.raises(ConfigError, match="label set"):
+    with pytest.raises(ConfigError, match="label counts"):
         client.expected_mask(0, model)
 
 
@@ -640,5 +640,6 @@ def test_baseline_grid_variants_build_every_client_subnet() -> None:
         model = build_model(cfg.model.name, (1, 28, 28), 10, **cfg.model.params)
         cls = CLIENT_ALGORITHMS.get(cfg.client.algorithm)
         client = cls(LocalSpec(lr=1e-3, batch_size=8), cls.params_schema(**cfg.client.params))
-        masks = [client.expected_mask(k, model) for k in range(cfg.data.num_clients)]
+        counts = torch.ones(10)  # every class present: the tier alone decides
+        masks = [client.expected_mask(k, model, counts) for k in range(cfg.data.num_clients)]
         assert (run.name == "ours_all_depth6") == all(m is None for m in masks), run.name
