@@ -47,19 +47,26 @@ def _rdp_one_step(sample_rate: float, noise_multiplier: float) -> tuple[float, .
     return tuple(float(v) for v in one)
 
 
-def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
-    """ε(δ) of ``steps`` compositions of the sampled Gaussian mechanism (q, z); 0 when no
-    step was taken, ``inf`` when z = 0 (clipping only: no guarantee)."""
-    if steps <= 0:
+def epsilon_of(history: list[tuple[float, float, int]], delta: float) -> float:
+    """ε(δ) of a composition ``[(z, q, steps), ...]`` — ``RDPAccountant.history``'s form —
+    as the accountant computes it: Σ over the history of steps · RDP(q, z, 1), then
+    ``get_privacy_spent``. 0 without steps; ``inf`` when a step had z = 0 (clipping only)."""
+    history = [(z, q, n) for z, q, n in history if n > 0]
+    if not history:
         return 0.0
-    if noise_multiplier == 0:
+    if any(z == 0 for z, _, _ in history):
         return math.inf
     import numpy as np
 
     _, rdp = _opacus("privacy")
-    total = np.asarray(_rdp_one_step(float(sample_rate), float(noise_multiplier))) * steps
+    total = sum(np.asarray(_rdp_one_step(float(q), float(z))) * n for z, q, n in history)
     eps, _ = rdp.get_privacy_spent(orders=orders(), rdp=total, delta=delta)
     return float(eps)
+
+
+def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """ε(δ) of ``steps`` compositions of the sampled Gaussian mechanism (q, z)."""
+    return epsilon_of([(noise_multiplier, sample_rate, steps)], delta)
 
 
 @lru_cache(maxsize=256)
@@ -87,4 +94,4 @@ def noise_multiplier_for(
     return float(z)
 
 
-__all__ = ["epsilon", "noise_multiplier_for", "orders"]
+__all__ = ["epsilon", "epsilon_of", "noise_multiplier_for", "orders"]

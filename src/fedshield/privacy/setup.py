@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedshield.errors import ConfigError
-from fedshield.privacy.accountant import epsilon, noise_multiplier_for
+from fedshield.privacy.accountant import epsilon_of, noise_multiplier_for
 from fedshield.privacy.central import CentralDP
 from fedshield.privacy.local import LocalDPSGD, model_problems, sample_rate
 from fedshield.privacy.sensitivity import bound_fn
@@ -221,46 +221,86 @@ def build_local(exp: Experiment) -> LocalDPSGD:
 
 class PrivacyAccounting(Callback):
     """ε(δ) after every round: the central mechanism's (``privacy/epsilon``) and every
-    client's under DP-SGD (max and mean in the record; all of them in privacy.json)."""
+    client's under DP-SGD (max and mean in the record; all of them in privacy.json).
+
+    The accountant's ledger counts, per noise multiplier, the rounds (central) and each
+    client's DP-SGD steps (local); every record also carries the z used in its round, so a
+    resumed run whose z changed (a target ε over more rounds) composes the rounds of both
+    sessions correctly."""
 
     def __init__(self, setup: PrivacySetup, cfg: Any, sizes: list[int]) -> None:
         self.setup = setup
         self.cfg = cfg
-        self.sizes = sizes
         self.steps = local_steps(cfg, sizes)
         self.rates = [sample_rate(cfg.client.batch_size, n) for n in sizes]
-        self._counts = np.zeros(cfg.data.num_clients, dtype=np.int64)
+        self._reset()
+
+    def _reset(self) -> None:
+        self._central: dict[float, int] = {}
+        self._local: list[dict[float, int]] = [{} for _ in self.steps]
         self._upto = 0
 
-    def central_epsilon(self, rnd: int) -> float:
+    def _add(self, rnd: int, z_central: float | None, z_local: float | None) -> None:
+        if z_central is not None:
+            self._central[z_central] = self._central.get(z_central, 0) + 1
+        if z_local is not None:
+            for k in _cohort(self.cfg, rnd):
+                self._local[k][z_local] = self._local[k].get(z_local, 0) + self.steps[k]
+        self._upto = rnd
+
+    def _catch_up(self, sim: Simulator | None, rnd: int) -> None:
+        """Rebuild the ledger of rounds 1..rnd−1 (a resumed session) from their records."""
+        self._reset()
+        past = {int(r["round"]): r for r in (sim.records if sim is not None else [])}
+        c, loc = self.setup.central, self.setup.local
+        for t in range(1, rnd):
+            r = past.get(t, {})
+            zc = None if c is None else r.get("privacy/noise_multiplier", c.noise_multiplier)
+            zl = (
+                None
+                if loc is None
+                else r.get("privacy/local_noise_multiplier", loc.noise_multiplier)
+            )
+            self._add(t, zc, zl)
+
+    def central_epsilon(self) -> float:
         c = self.setup.central
         assert c is not None
-        return epsilon(c.noise_multiplier, c.sample_rate, rnd, c.delta)
+        history = [(z, c.sample_rate, n) for z, n in self._central.items()]
+        return epsilon_of(history, c.delta)
 
-    def local_epsilons(self, rnd: int) -> list[float]:
+    def local_epsilons(self) -> list[float]:
         loc = self.setup.local
         assert loc is not None
-        if rnd != self._upto + 1:  # resumed, or asked out of order: recount from round 1
-            self._counts = participations(self.cfg, rnd - 1)
-        self._counts[list(_cohort(self.cfg, rnd))] += 1
-        self._upto = rnd
         return [
-            epsilon(loc.noise_multiplier, q, int(u * r), loc.delta)
-            for q, u, r in zip(self.rates, self.steps, self._counts)
+            epsilon_of([(z, q, n) for z, n in ledger.items()], loc.delta)
+            for q, ledger in zip(self.rates, self._local)
         ]
 
-    def after_round(self, sim: Simulator, record: dict[str, Any], timing: dict[str, Any]) -> None:
+    def after_round(
+        self, sim: Simulator | None, record: dict[str, Any], timing: dict[str, Any]
+    ) -> None:
         rnd = int(record["round"])
-        if self.setup.central is not None:
-            record["privacy/epsilon"] = self.central_epsilon(rnd)
-        if self.setup.local is not None:
-            eps = self.local_epsilons(rnd)
+        if rnd != self._upto + 1:
+            self._catch_up(sim, rnd)
+        c, loc = self.setup.central, self.setup.local
+        zc = None if c is None else c.noise_multiplier
+        self._add(rnd, zc, None if loc is None else loc.noise_multiplier)
+        if c is not None:
+            record["privacy/noise_multiplier"] = c.noise_multiplier
+            record["privacy/epsilon"] = self.central_epsilon()
+        if loc is not None:
+            eps = self.local_epsilons()
+            record["privacy/local_noise_multiplier"] = loc.noise_multiplier
             record["privacy/local_epsilon_max"] = max(eps)
             record["privacy/local_epsilon_mean"] = float(np.mean(eps))
 
-    def report(self, rounds: int) -> dict[str, Any]:
-        """What privacy.json holds after ``rounds`` rounds."""
-        out: dict[str, Any] = {"rounds": rounds, "accountant": "opacus.accountants.RDPAccountant"}
+    def report(self) -> dict[str, Any]:
+        """What privacy.json holds: the mechanisms and ε after the rounds accounted so far."""
+        out: dict[str, Any] = {
+            "rounds": self._upto,
+            "accountant": "opacus.accountants.RDPAccountant",
+        }
         c = self.setup.central
         if c is not None:
             out["central"] = {
@@ -268,31 +308,27 @@ class PrivacyAccounting(Callback):
                 "noise_multiplier": c.noise_multiplier,
                 "sample_rate": c.sample_rate,
                 "delta": c.delta,
-                "epsilon": _finite(self.central_epsilon(rounds)),
+                "rounds_per_noise_multiplier": {str(z): n for z, n in self._central.items()},
+                "epsilon": _finite(self.central_epsilon()),
             }
         loc = self.setup.local
         if loc is not None:
-            counts = participations(self.cfg, rounds)
             out["local"] = {
                 "clip": loc.clip,
                 "noise_multiplier": loc.noise_multiplier,
                 "delta": loc.delta,
                 "sample_rate": self.rates,
-                "steps": [int(u * r) for u, r in zip(self.steps, counts)],
-                "epsilon": [
-                    _finite(epsilon(loc.noise_multiplier, q, int(u * r), loc.delta))
-                    for q, u, r in zip(self.rates, self.steps, counts)
-                ],
+                "steps": [sum(ledger.values()) for ledger in self._local],
+                "epsilon": [_finite(e) for e in self.local_epsilons()],
             }
         return out
 
     def on_run_end(self, sim: Simulator, summary: dict[str, Any]) -> None:
-        if sim.out is None or not sim.records:
+        if sim.out is None or not self._upto:
             return
         from fedshield.sim.checkpoint import atomic_write_text
 
-        text = json.dumps(self.report(int(sim.records[-1]["round"])), indent=2)
-        atomic_write_text(sim.out / "privacy.json", text + "\n")
+        atomic_write_text(sim.out / "privacy.json", json.dumps(self.report(), indent=2) + "\n")
 
 
 def _cohort(cfg: Any, rnd: int) -> tuple[int, ...]:
