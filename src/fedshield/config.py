@@ -128,6 +128,55 @@ class RunConfig(Section):
     )
     amp: bool = False
     progress: bool = True
+    loggers: list[Literal["tensorboard", "mlflow"]] = Field(
+        [],
+        description="experiment trackers fed the metrics.jsonl records, the resolved config "
+        "and the plots (fedshield.tracking; extra 'track'); W&B is not supported",
+    )
+    mlflow_uri: str | None = Field(
+        None,
+        min_length=1,
+        description="MLflow tracking URI; unset: a SQLite store <run dir>/mlflow.db (no server)",
+    )
+
+
+class DPConfig(Section):
+    """A differential-privacy mechanism: clipping norm, and either the noise multiplier z or
+    a target ε (with δ) from which z is found for the configured number of rounds."""
+
+    clip: float = Field(1.0, gt=0.0, le=1e30, description="L2 clipping norm C")
+    noise_multiplier: float | None = Field(
+        None, ge=0.0, le=1e6, description="z: noise std = z · sensitivity (0: clipping only)"
+    )
+    target_epsilon: float | None = Field(
+        None, gt=0.0, le=1e6, description="find z so that ε(δ) after all rounds ≤ this"
+    )
+    delta: float = Field(1e-5, gt=0.0, lt=1.0, description="δ of the (ε, δ) guarantee")
+
+    @model_validator(mode="after")
+    def _one_noise_source(self) -> DPConfig:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError(
+                "set exactly one of noise_multiplier and target_epsilon "
+                f"(got noise_multiplier={self.noise_multiplier}, "
+                f"target_epsilon={self.target_epsilon})"
+            )
+        return self
+
+
+class CentralDPConfig(DPConfig):
+    """Client-level DP-FedAvg (SPEC §13): every update clipped to C, Gaussian noise on the
+    aggregate, accounted for the subsampled Gaussian with q = S/M."""
+
+
+class LocalDPConfig(DPConfig):
+    """Sample-level DP-SGD on every client (Opacus): per-sample gradients clipped to C,
+    Gaussian noise on each mini-batch gradient, accounted per client with q = B/n_k."""
+
+
+class PrivacyConfig(Section):
+    central: CentralDPConfig | None = Field(None, description="client-level DP-FedAvg")
+    local: LocalDPConfig | None = Field(None, description="sample-level DP-SGD (Opacus)")
 
 
 class ExperimentConfig(Section):
@@ -146,6 +195,7 @@ class ExperimentConfig(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     run: RunConfig = RunConfig()
+    privacy: PrivacyConfig | None = Field(None, description="differential privacy (SPEC §13)")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:

@@ -47,11 +47,13 @@ from fedshield.core.integrity import UploadSpec, screen
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
+from fedshield.privacy.setup import attach_privacy
 from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
+from fedshield.tracking import logger_callbacks
 
 log = logging.getLogger("fedshield")
 
@@ -129,7 +131,12 @@ class Simulator:
         self.metrics = JsonlLog(out / "metrics.jsonl") if out else None
         self.timing = JsonlLog(out / "timing.jsonl") if out else None
         self.records: list[dict[str, Any]] = []
-        self.callbacks: list[Callback] = default_callbacks()
+        # [privacy] mechanisms go to the client/server algorithms; their ε enters each record
+        # before MetricsFiles writes it. [run] loggers read the finished record (server side).
+        self.privacy = attach_privacy(exp)
+        self.callbacks: list[Callback] = [*self.privacy.callbacks, *default_callbacks()]
+        if out is not None:
+            self.callbacks += logger_callbacks(self.cfg)
         self.state = self._initial_state()
         st = self.state
         self._spec = UploadSpec(

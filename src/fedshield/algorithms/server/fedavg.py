@@ -107,19 +107,30 @@ class FedAvg(ServerAlgorithm):
     ) -> Aggregated:
         """The configured rule on the screened updates: on the whole cohort, or per
         coverage group when clients upload masks (SPEC §12); buffers by the rule's field
-        counterpart; the centre of Centered Clipping carried in server state."""
+        counterpart; the centre of Centered Clipping carried in server state. Under
+        ``[privacy.central]`` (SPEC §13): clip every row (and r) to C → the rule → Gaussian
+        noise calibrated to the rule's sensitivity (:mod:`fedshield.privacy.central`)."""
         deltas = stack_deltas(updates)
+        dp = getattr(self, "central_dp", None)
+        dp_metrics: dict[str, float] = {}
+        if dp is not None:
+            deltas, dp_metrics = dp.clip_updates(deltas)
         weights = self.weights(updates, deltas)
         masks = None
         if any(u.mask is not None for u in updates):
             full = deltas.new_ones(deltas.shape[1], dtype=torch.bool)
             masks = torch.stack([full if u.mask is None else u.mask for u in updates])
         ref = self.reference(params, buffers, state, updates, ctx, services)
+        if dp is not None and ref is not None:
+            ref = dp.clip_reference(ref)  # BR-DRAG/FLTrust rescale rows to ‖r‖
         center = state.get("center")
         if ref is None and center is not None:
             ref = center  # Centered Clipping: the rule's reference is its centre
         outcome = aggregate_covered(self.aggregator, deltas, weights, masks, ref)
-        metrics = dict(outcome.metrics)
+        if dp is not None:  # noised before anything (the next centre) is derived from it
+            outcome.delta, noise_metrics = dp.privatize(outcome.delta, len(updates), ctx, center)
+            dp_metrics |= noise_metrics
+        metrics = dict(outcome.metrics) | dp_metrics
         if outcome.degraded:
             metrics["sys/degraded"] = float(outcome.degraded)
         if outcome.skipped:
