@@ -74,6 +74,7 @@ def serve(
 ) -> dict[str, Any]:
     """Run the experiment of ``sim`` over ``grid``; write outputs; return the summary."""
     strategy = FedshieldStrategy(sim, on_round)
+    sim.start()  # the run's callbacks (loggers, privacy accounting), as Simulator.run does
     t0 = time.perf_counter()
     strategy.run(grid, timeout=round_timeout)
     return sim.finish(time.perf_counter() - t0)

@@ -427,17 +427,18 @@ class Simulator:
         if on_round is not None:
             self.callbacks.append(OnRound(on_round))
         self.callbacks.extend(callbacks or [])
-        for cb in self.callbacks:
-            cb.on_run_start(self)
+        self.start()
         t_start = time.perf_counter()
         for rnd in range(self.state.round, cfg.rounds + 1):
             t0 = time.perf_counter()
             m = self.run_round(rnd)
             self.record(m, time.perf_counter() - t0)
-        summary = self.finish(time.perf_counter() - t_start)
+        return self.finish(time.perf_counter() - t_start)
+
+    def start(self) -> None:
+        """Tell the callbacks the session starts (the Flower strategy's server calls it)."""
         for cb in self.callbacks:
-            cb.on_run_end(self, summary)
-        return summary
+            cb.on_run_start(self)
 
     def record(self, m: dict[str, Any], wall_s: float) -> dict[str, Any]:
         """Complete a round: run the callbacks (evaluation, metrics/timing files,
@@ -463,6 +464,8 @@ class Simulator:
         if self.out is not None:
             plot_curves(self.records, self.out, self.cfg.name)
             write_report(self.out, summary, self.config_text)
+        for cb in self.callbacks:
+            cb.on_run_end(self, summary)
         return summary
 
 
