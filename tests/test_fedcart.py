@@ -486,6 +486,17 @@ def test_cart_step_logs_its_losses_and_stops_each_phase_on_a_plateau():
     assert early["cart/retrain_loss"] == pytest.approx(ce, rel=1e-5)
 
 
+def test_extreme_finite_prototypes_never_make_theta_non_finite():
+    """Prototypes of 1e30 (a non-robust rule lets one attacker set them) overflow the
+    matching loss; the CART step then keeps h' and Z_v instead of writing NaN."""
+    srv = server(match_iters=5)
+    _, agg, _, _ = _round(srv)
+    agg.state["proto"] = torch.full_like(agg.state["proto"], 1e30)
+    out = srv.post_step(agg, rctx(), None)  # type: ignore[arg-type]
+    assert torch.isfinite(out.params).all() and out.metrics["cart/skipped"] == 1.0
+    torch.testing.assert_close(out.params, agg.params)
+
+
 def test_head_shape_is_what_most_clients_upload():
     from fedshield.algorithms.server.fedcart import _head_shape
 

@@ -104,12 +104,15 @@ def variants() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 class Evaluator:
-    """Natural and PGD-20 accuracy of r + h' (whole test set / the robust evaluator's
-    seeded 500-sample subset), overall and on the Minority classes."""
+    """Accuracy of r + h' as the ``robust`` evaluator measures it: natural accuracy on the
+    whole test set (``natural``, = test_acc) and, on its seeded 500-sample subset with its
+    batch size (256, so the PGD random starts are the same), natural (``natural500``) and
+    PGD-20 accuracy; both also on the Minority classes."""
 
-    def __init__(self, sim: Simulator, pgd_samples: int = 500) -> None:
+    def __init__(self, sim: Simulator, pgd_samples: int = 500, batch_size: int = 256) -> None:
         cfg = sim.cfg
         self.sim = sim
+        self.batch_size = batch_size
         test = sim.exp.bundle.test
         self.x, self.y = test.batch(torch.arange(len(test)), "cpu")
         idx = subset_indices(len(test), pgd_samples, cfg.seed)
@@ -120,17 +123,26 @@ class Evaluator:
         self.minority = groups["minority"]
         self.eps = 0.1 if sim.exp.bundle.input_shape[0] == 1 else 8 / 255
 
-    def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
+    def _load(self, params: torch.Tensor, buffers: torch.Tensor) -> torch.nn.Module:
         model = self.sim.model
         set_params(model, params)
         set_buffers(model, buffers)
-        model.eval()
-        nat = robust_correct(model, self.x, self.y, None, batch_size=500)
+        return model.eval()
+
+    def natural(self, params: torch.Tensor, buffers: torch.Tensor) -> float:
+        model = self._load(params, buffers)
+        return float(robust_correct(model, self.x, self.y, None, batch_size=1000).float().mean())
+
+    def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
+        model = self._load(params, buffers)
+        nat = robust_correct(model, self.x, self.y, None, batch_size=1000)
+        nat500 = robust_correct(model, self.px, self.py, None, batch_size=self.batch_size)
         attack = EVAL_ATTACKS.build("pgd", eps=self.eps, steps=20, seed=self.sim.cfg.seed)
-        rob = robust_correct(model, self.px, self.py, attack, batch_size=500)
+        rob = robust_correct(model, self.px, self.py, attack, batch_size=self.batch_size)
         m, pm = self.minority[self.y], self.minority[self.py]
         return {
             "natural": float(nat.float().mean()),
+            "natural500": float(nat500.float().mean()),
             "pgd20": float(rob.float().mean()),
             "minority_natural": float(nat[m].float().mean()),
             "minority_pgd20": float(rob[pm].float().mean()),
@@ -225,6 +237,176 @@ def measure(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
 
 
+# -- whole-run replay ----------------------------------------------------------------------
+#
+# (r, h) never depend on the CART step: clients train them and leave h' untouched, and the
+# prototypes' inputs — r's features of x and of x' (PGD against r + h) at the received
+# model — do not involve h' either. So one FedCART run, recorded once (the aggregated
+# parameters of every round and every client's prototype features), lets any CART-step
+# variant be replayed over the whole run exactly, at the cost of the server step alone.
+
+
+def record(args: argparse.Namespace) -> None:
+    """Run a FedCART config once, keeping what a replay needs (see above)."""
+    import fedshield.algorithms.client.fedcart as client_mod
+
+    raw = config.apply_overrides(config.read_preset(args.preset), args.set or [])
+    cfg = config.validate(raw)
+    torch.set_num_threads(cfg.run.threads or 1)
+    sim = Simulator(build(cfg))
+    server, client = sim.comp.server, sim.comp.client
+    rounds: list[dict[str, Any]] = []
+    features: dict[tuple[int, int], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    current: list[tuple[int, int]] = []
+
+    real_sums = client_mod.class_gradient_sums
+    real_finish = client.finish
+    real_post = server.post_step
+
+    def sums(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor, c: int):  # noqa: ANN202
+        features.setdefault(current[-1], []).append((z.detach().cpu(), y.detach().cpu()))
+        return real_sums(z, w, b, y, c)
+
+    def finish(model, update, payload, data, ctx, state):  # noqa: ANN001, ANN202
+        current.append((ctx.round, ctx.client_id))
+        return real_finish(model, update, payload, data, ctx, state)
+
+    def post_step(step, ctx, services):  # noqa: ANN001, ANN202
+        rounds.append({"round": ctx.round, "params": step.params.cpu().clone(),
+                       "buffers": step.buffers.cpu().clone()})  # fmt: skip
+        return real_post(step, ctx, services)
+
+    client_mod.class_gradient_sums = sums  # type: ignore[assignment]
+    client.finish = finish  # type: ignore[method-assign]
+    server.post_step = post_step  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    summary = sim.run()
+    client_mod.class_gradient_sums = real_sums
+    feats = {
+        f"{r}/{k}": (torch.cat([z for z, _ in v]), torch.cat([y for _, y in v]))
+        for (r, k), v in features.items()
+    }
+    torch.save(
+        {"config": config.dump(cfg), "initial": sim.initial, "rounds": rounds, "features": feats,
+         "summary": summary, "wall_s": time.perf_counter() - t0},
+        args.out,
+    )  # fmt: skip
+    print(f"recorded {len(rounds)} rounds of {cfg.name} in {time.perf_counter() - t0:.0f} s")
+
+
+def _prototypes(
+    z: torch.Tensor, y: torch.Tensor, head: torch.Tensor, c: int, d: int, views: int, mean: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What FedCARTClient.prototypes returns, from its recorded features."""
+    from fedshield.losses import class_gradient_sums
+
+    s, k = class_gradient_sums(z, head[: c * d].view(c, d), head[c * d :], y, c)
+    counts = k / views  # every sample was seen once per view
+    return s / (counts * (views if mean else 1)).clamp_min(1.0)[:, None], counts
+
+
+def replay_run(
+    traj: dict[str, Any], over: dict[str, Any], eval_rounds: tuple[int, ...], ev: Evaluator
+) -> dict[str, Any]:
+    """One CART-step variant over the recorded run; accuracies at ``eval_rounds`` and the
+    robust metrics at the last round."""
+    from fedshield.algorithms.client.fedcart import COUNTS, HEAD_SHAPE, PROTOTYPES
+    from fedshield.core.context import ClientUpdate, RoundContext
+
+    sim = ev.sim
+    base = sim.comp.server
+    params = {**OLD, **over}
+    srv = FedCARTServer(
+        base.aggregator, lr=base.lr, weighting=base.weighting,
+        params=parse_params(type(base.params), params, "server.params"),
+    )  # fmt: skip
+    cp = sim.comp.client.params
+    steps = cp.steps if cp.proto_steps is None else cp.proto_steps  # type: ignore[attr-defined]
+    views, mean = (2 if steps > 0 else 1), cp.proto_views == "mean"  # type: ignore[attr-defined]
+    theta, buffers = traj["initial"]
+    state = srv.init_state(theta)
+    c = sim.exp.bundle.num_classes
+    d = sim.model.num_features  # type: ignore[attr-defined]
+    p = c * d + c
+    out: dict[str, Any] = {"curve": {}, "cart": []}
+    seed, k_all = sim.cfg.seed, sim.cfg.data.num_clients
+    t0 = time.perf_counter()
+    for rec in traj["rounds"]:
+        rnd = rec["round"]
+        ctx = RoundContext(rnd, tuple(range(k_all)), (), seed, k_all, torch.device("cpu"))
+        target = rec["params"].clone()
+        target[-p:] = theta[-p:]  # clients never train h': the aggregate keeps the received h'
+        ups = []
+        for k in range(k_all):
+            z, y = traj["features"][f"{rnd}/{k}"]
+            protos, counts = _prototypes(z, y, theta[-p:], c, d, views, mean)
+            u = ClientUpdate(k, target - theta, int(counts.sum()), rec["buffers"])
+            u.extras = {PROTOTYPES: protos, COUNTS: counts,
+                        HEAD_SHAPE: torch.tensor([float(c), float(d)])}  # fmt: skip
+            ups.append(u)
+        step = srv.update(theta, buffers, state, ups, ctx, sim)
+        step = srv.post_step(step, ctx, sim)
+        theta, buffers, state = step.params, step.buffers, step.state
+        out["cart"].append({k.removeprefix("cart/"): v for k, v in step.metrics.items()
+                            if k.startswith("cart/")})  # fmt: skip
+        if rnd in eval_rounds:
+            out["curve"][rnd] = ev.natural(theta, buffers)
+    out["server_s"] = time.perf_counter() - t0
+    out.update(ev(theta, buffers))
+    return out
+
+
+def run_variants() -> list[tuple[str, str, dict[str, Any]]]:
+    """(group, label, server.params overrides on top of OLD) replayed over a whole run."""
+    adam = {"match_optimizer": "adam", "match_lr": 0.1, "match_iters": 1000}
+    rule = {"match_window": 50, "match_tol": 1e-3}
+    out: list[tuple[str, str, dict[str, Any]]] = [("baseline", "CReFF defaults", {})]
+    for label, m in (
+        ("SGD lr 0.1, T_V 1000 + plateau", {"match_iters": 1000, **rule}),
+        ("SGD lr 1, T_V 1000 + plateau", {"match_lr": 1.0, "match_iters": 1000, **rule}),
+        ("Adam lr 0.01, T_V 1000 + plateau", {**adam, "match_lr": 0.01, **rule}),
+        ("Adam lr 0.1, T_V 1000 + plateau", {**adam, **rule}),
+        ("Adam lr 0.1, T_V 1000, no rule", adam),
+        ("Adam lr 0.1, T_V 3000 + plateau", {**adam, "match_iters": 3000, **rule}),
+    ):
+        out.append(("run_match", label, m))
+    conv = {**adam, **rule}
+    for lr, cap, win, tol in (
+        (0.01, 1000, 3, 1e-3), (0.1, 300, 0, 0.0), (0.1, 3000, 3, 1e-3), (1.0, 3000, 3, 1e-3),
+    ):  # fmt: skip
+        over = {**conv, "retrain_lr": lr, "retrain_steps": cap, "retrain_window": win,
+                "retrain_tol": tol}  # fmt: skip
+        label = f"lr {lr:g}, T_R {cap}" + (f", window {win}, tol {tol:g}" if win else "")
+        out.append(("run_retrain", label, over))
+    return out
+
+
+def measure_run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)
+    traj = torch.load(args.trajectory, weights_only=False)
+    cfg = config.validate(tomllib.loads(traj["config"]))
+    sim = Simulator(build(cfg))
+    ev = Evaluator(sim)
+    records = []
+    eval_rounds = tuple(r for r in (5, 10, 15, 20, cfg.rounds) if r <= cfg.rounds)
+    for group, label, over in run_variants():
+        res = replay_run(traj, over, eval_rounds, ev)
+        last = res["cart"][-1]
+        records.append({"group": group, "label": label, "params": {**OLD, **over}, **res})
+        print(f"{group:12s} {label:40s} nat {res['natural']:.3f} pgd {res['pgd20']:.3f} "
+              f"min {res['minority_natural']:.3f}/{res['minority_pgd20']:.3f} "
+              f"curve {[round(v, 3) for v in res['curve'].values()]} "
+              f"last match {last['match_end']:.3f} ({last['match_steps']:.0f}) "
+              f"retrain {last['retrain_loss']:.3f} ({last['retrain_steps']:.0f}) "
+              f"[{res['server_s']:.0f}s]", flush=True)  # fmt: skip
+    base = traj["summary"]["final"]
+    meta = {"preset": cfg.name, "rounds": cfg.rounds, "seed": cfg.seed,
+            "record_wall_s": traj["wall_s"],
+            "recorded": {k: base[k] for k in ("robust/natural", "robust/pgd20", "test_acc")
+                         if k in base}}  # fmt: skip
+    Path(args.out).write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+
+
 # -- render --------------------------------------------------------------------------------
 
 
@@ -314,11 +496,20 @@ def render(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure", help="replay a round and apply every CART-step variant")
+    m = sub.add_parser("round", help="replay one round from a checkpoint, every CART variant")
     m.add_argument("ckpt", help="run directory holding checkpoint.pt (after round R - 1)")
     m.add_argument("--out", required=True, help="JSON result file")
     m.add_argument("--real-per-class", type=int, default=100)
     m.set_defaults(func=measure)
+    rec = sub.add_parser("record", help="run a FedCART preset once and keep its trajectory")
+    rec.add_argument("--preset", default="fedcart-fmnistlt-cpu")
+    rec.add_argument("--set", action="append", help="config override KEY=VALUE")
+    rec.add_argument("--out", required=True, help="trajectory file (.pt)")
+    rec.set_defaults(func=record)
+    rr = sub.add_parser("run", help="replay every CART variant over a recorded run")
+    rr.add_argument("trajectory")
+    rr.add_argument("--out", required=True, help="JSON result file")
+    rr.set_defaults(func=measure_run)
     r = sub.add_parser("render", help="Markdown from a result file")
     r.add_argument("results")
     r.add_argument("--template", help="Markdown with {{TABLE_*}} / {{META}} placeholders")

@@ -328,6 +328,8 @@ class FedCARTServer(FedAvg):
             distance=p.distance, optimizer=p.match_optimizer,
             window=p.match_window, tol=p.match_tol,
         )  # fmt: skip
+        if not bool(torch.isfinite(match.features).all()):
+            return self._skip(step, params, metrics, "matching")
         zv = zv.clone()
         zv[classes] = match.features
         state["zv"] = zv
@@ -345,6 +347,8 @@ class FedCARTServer(FedAvg):
             steps=p.retrain_steps, lr=p.retrain_lr, batch_size=p.retrain_batch,
             generator=gen, window=p.retrain_window, tol=p.retrain_tol,
         )  # fmt: skip
+        if not (bool(torch.isfinite(fit.weight).all()) and bool(torch.isfinite(fit.bias).all())):
+            return self._skip(step, params, metrics, "re-training")
         params[target] = torch.cat([fit.weight.flatten(), fit.bias])
         if not p.aux_head:  # ablation "no h'": the inference head follows h
             params[aux] = params[main]
@@ -360,6 +364,19 @@ class FedCARTServer(FedAvg):
             }
         )
         return ServerStep(params, step.buffers, state, metrics)
+
+    def _skip(
+        self, step: ServerStep, params: Tensor, metrics: dict[str, float], phase: str
+    ) -> ServerStep:
+        """Keep h' and Z_v as they were when a phase produced non-finite values (possible
+        only from extreme prototypes under a non-robust rule): θ never turns NaN here."""
+        log.warning("FedCART: the CART step's %s was not finite; h' and Z_v kept", phase)
+        metrics["cart/skipped"] = 1.0
+        if not self.p.aux_head:
+            c, d = (int(v) for v in step.state["head_shape"].tolist())
+            p_len = c * d + c
+            params[-p_len:] = params[-2 * p_len : -p_len]
+        return ServerStep(params, step.buffers, step.state, metrics)
 
     def _virtual_features(
         self, state: State, c: int, d: int, like: Tensor, ctx: RoundContext
