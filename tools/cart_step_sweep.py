@@ -1,23 +1,33 @@
 """The CART-step sweep behind FedCART's server defaults (docs/results/cart_step.md).
 
-A FedCART run is trained to a checkpoint after round R − 1; this tool replays round R's
-client training once and then applies the server's CART step (gradient matching, eq. 9,
-and h' re-training, eq. 10) with different caps, tolerances, optimisers and step sizes to
-the same aggregated state, evaluating r + h' after each (natural accuracy on the whole
-test set, PGD-20 on the seeded 500-sample subset the ``robust`` evaluator uses, and both
-on the Minority classes). An oracle row re-trains h' on real features (``--real-per-class``
-training images per class taken from the balanced training set before the long tail is
-applied: data the federation does not have) as an upper bound.
+Two replays of the server's CART step (gradient matching, eq. 9, and h' re-training,
+eq. 10) on bundled data, each writing a JSON result file that ``render`` turns into the
+Markdown page:
+
+* ``round``: a FedCART run trained to a checkpoint after round R − 1 (``fedshield run``);
+  round R's client training and aggregation are replayed once and the CART step is applied
+  with different optimisers, step sizes, caps and plateau rules to that same state. It
+  measures how far each phase gets (losses, steps, seconds) and r + h''s natural accuracy
+  after the step; an oracle row re-trains h' on real features (``--real-per-class`` images
+  per class of the balanced training set: data the federation does not have).
+* ``record`` + ``run``: (r, h) never depend on the CART step (clients train them and never
+  touch h'; the prototypes' inputs, r's features of x and x' at the received model, do not
+  involve h'), so one recorded run (the aggregated parameters of every round and every
+  client's prototype features) lets each CART variant be replayed over all rounds, from
+  θ^0 on, at the cost of the server step alone; evaluated like the ``robust`` evaluator
+  (natural on the whole test set and on its seeded 500-sample subset, PGD-20 on that subset
+  with the same batch size and seed, and both on the Minority classes).
 
     fedshield run --preset fedcart-fmnistlt-cpu --set rounds=9 --set checkpoint.every=1 \\
         --set eval.metrics=[] --set eval.params={} --quiet --out runs/cart-ckpt9
-    python tools/cart_step_sweep.py measure runs/cart-ckpt9 --out docs/results/cart_step.json
-    python tools/cart_step_sweep.py render docs/results/cart_step.json \\
-        --runs old=runs/cart-e2e-old new=runs/cart-e2e-new > docs/results/cart_step.md
-
-``measure`` writes one JSON record per variant (its server parameters, the logged
-``cart/*`` losses and step counts, wall time and accuracies); ``render`` turns that file
-(and the ``summary.json`` of end-to-end runs) into the Markdown page.
+    python tools/cart_step_sweep.py round runs/cart-ckpt9 --out docs/results/cart_step_round.json
+    python tools/cart_step_sweep.py record --out runs/traj_s0.pt
+    python tools/cart_step_sweep.py record --set seed=1 --out runs/traj_s1.pt
+    python tools/cart_step_sweep.py run runs/traj_s0.pt --out docs/results/cart_step_run_s0.json
+    python tools/cart_step_sweep.py run runs/traj_s1.pt --out docs/results/cart_step_run_s1.json
+    python tools/cart_step_sweep.py render --round-results docs/results/cart_step_round.json \\
+        --run-results docs/results/cart_step_run_s0.json docs/results/cart_step_run_s1.json \\
+        --runs "CReFF defaults=runs/e2e/old" ... > docs/results/cart_step.md
 """
 
 from __future__ import annotations
@@ -33,7 +43,11 @@ import torch
 
 from fedshield import config
 from fedshield.adversarial import EVAL_ATTACKS, robust_correct
-from fedshield.algorithms.server.fedcart import FedCARTServer, retrain_linear
+from fedshield.algorithms.server.fedcart import (
+    FedCARTServer,
+    FedCARTServerParams,
+    retrain_linear,
+)
 from fedshield.core.flat import set_buffers, set_params
 from fedshield.core.params import parse_params
 from fedshield.eval.robust import class_groups, subset_indices
@@ -55,51 +69,38 @@ OLD = {
 }
 
 
+#: The defaults this sweep chose (the FedCARTServerParams defaults).
+NEW = {name: FedCARTServerParams.model_fields[name].default for name in OLD}
+
+
 def variants() -> list[tuple[str, str, dict[str, Any]]]:
-    """(group, label, server.params overrides on top of OLD) of every measured CART step."""
+    """(group, label, server.params overrides on top of OLD) of the one-round replay."""
     out: list[tuple[str, str, dict[str, Any]]] = [("baseline", "CReFF defaults", {})]
-    # 1. Matching alone (re-training fixed at CReFF's T_R = 300, lr 0.01).
-    for opt, lr in (("sgd", 0.1), ("sgd", 1.0), ("sgd", 10.0), ("adam", 0.01), ("adam", 0.1)):
-        for cap in (100, 300, 1000, 3000):
-            if (opt, lr, cap) == ("sgd", 0.1, 100):
-                continue
-            out.append(
-                (
-                    "match",
-                    f"{opt} lr {lr:g}, T_V = {cap}",
-                    {"match_optimizer": opt, "match_lr": lr, "match_iters": cap},
-                )
-            )
-    # 2. Re-training after converged matching (Adam 0.1, 3000 steps).
-    conv = {"match_optimizer": "adam", "match_lr": 0.1, "match_iters": 3000}
-    for lr in (0.01, 0.1, 1.0):
-        for cap in (300, 1000, 3000, 10000):
-            out.append(
-                (
-                    "retrain",
-                    f"lr {lr:g}, T_R = {cap}",
-                    {**conv, "retrain_lr": lr, "retrain_steps": cap},
-                )
-            )
-    # 3. Plateau rules (window, tolerance) with generous caps.
-    for mw, mt in ((20, 1e-2), (50, 1e-2), (50, 1e-3), (100, 1e-3), (100, 1e-4)):
-        out.append(
-            (
-                "match_rule",
-                f"window {mw}, tol {mt:g}",
-                {**conv, "match_window": mw, "match_tol": mt, "retrain_lr": 0.1,
-                 "retrain_steps": 3000},
-            )
-        )  # fmt: skip
-    for rw, rt in ((1, 1e-2), (2, 1e-2), (3, 1e-3), (5, 1e-3), (5, 1e-4)):
-        out.append(
-            (
-                "retrain_rule",
-                f"window {rw} passes, tol {rt:g}",
-                {**conv, "retrain_lr": 0.1, "retrain_steps": 10000, "retrain_window": rw,
-                 "retrain_tol": rt},
-            )
-        )  # fmt: skip
+    # 1. Matching optimisers and caps (re-training fixed at CReFF's T_R = 300, lr 0.01).
+    for opt, lr, caps in (
+        ("sgd", 0.1, (300, 1000, 3000)),
+        ("sgd", 1.0, (100, 300, 1000)),
+        ("adam", 0.01, (100, 300, 1000)),
+        ("adam", 0.1, (100, 300, 1000)),
+    ):
+        for cap in caps:
+            over = {"match_optimizer": opt, "match_lr": lr, "match_iters": cap}
+            out.append(("match", f"{opt} lr {lr:g}, T_V = {cap}", over))
+    # 2. The matching plateau rule (Adam 0.1, cap 3000).
+    adam = {"match_optimizer": "adam", "match_lr": 0.1, "match_iters": 3000}
+    for w, tol in ((20, 1e-2), (50, 1e-3), (100, 1e-4)):
+        over = {**adam, "match_window": w, "match_tol": tol}
+        out.append(("match_rule", f"Adam lr 0.1, window {w}, tol {tol:g}", over))
+    # 3. Re-training step size and cap, after matching to its plateau.
+    conv = {**adam, "match_window": 50, "match_tol": 1e-3}
+    for lr, cap in ((0.01, 300), (0.01, 3000), (0.1, 300), (0.1, 3000), (1.0, 3000)):
+        over = {**conv, "retrain_lr": lr, "retrain_steps": cap}
+        out.append(("retrain", f"lr {lr:g}, T_R = {cap}", over))
+    # 4. The re-training plateau rule (lr 0.1, cap 10000), windows counted in passes.
+    for w, tol in ((1, 1e-2), (3, 1e-3), (5, 1e-4)):
+        over = {**conv, "retrain_lr": 0.1, "retrain_steps": 10000, "retrain_window": w,
+                "retrain_tol": tol}  # fmt: skip
+        out.append(("retrain_rule", f"lr 0.1, window {w} passes, tol {tol:g}", over))
     return out
 
 
@@ -130,8 +131,17 @@ class Evaluator:
         return model.eval()
 
     def natural(self, params: torch.Tensor, buffers: torch.Tensor) -> float:
+        return self.natural_groups(params, buffers)["natural"]
+
+    def natural_groups(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
+        """Natural accuracy on the whole test set and on its Minority classes."""
         model = self._load(params, buffers)
-        return float(robust_correct(model, self.x, self.y, None, batch_size=1000).float().mean())
+        nat = robust_correct(model, self.x, self.y, None, batch_size=1000)
+        m = self.minority[self.y]
+        return {
+            "natural": float(nat.float().mean()),
+            "minority_natural": float(nat[m].mean(dtype=torch.float)),
+        }
 
     def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
         model = self._load(params, buffers)
@@ -200,7 +210,7 @@ def measure(args: argparse.Namespace) -> None:
     server = sim.comp.server
     ev = Evaluator(sim)
     records: list[dict[str, Any]] = []
-    before = ev(step.params, step.buffers)  # h' as received: no CART step this round
+    before = ev.natural_groups(step.params, step.buffers)  # h' as received this round
     records.append({"group": "none", "label": "no CART step this round", **before})
     for group, label, over in variants():
         params = {**OLD, **over}
@@ -214,19 +224,19 @@ def measure(args: argparse.Namespace) -> None:
         out = srv.post_step(step, ctx, sim)
         wall = time.perf_counter() - t0
         m = {k.removeprefix("cart/"): v for k, v in out.metrics.items() if k.startswith("cart/")}
-        acc = ev(out.params, out.buffers)
+        acc = ev.natural_groups(out.params, out.buffers)
         records.append({"group": group, "label": label, "params": params, "wall_s": wall,
                         **m, **acc})  # fmt: skip
-        print(f"{group:12s} {label:34s} match {m['match_start']:.1f}->{m['match_end']:.2f} "
+        print(f"{group:12s} {label:38s} match {m['match_start']:.1f}->{m['match_end']:.3f} "
               f"({m['match_steps']:.0f}) retrain {m['retrain_loss']:.3f} "
-              f"({m['retrain_steps']:.0f}) nat {acc['natural']:.3f} pgd {acc['pgd20']:.3f} "
-              f"[{wall:.2f}s]", flush=True)  # fmt: skip
+              f"({m['retrain_steps']:.0f}) nat {acc['natural']:.3f} "
+              f"min {acc['minority_natural']:.3f} [{wall:.2f}s]", flush=True)  # fmt: skip
     for lr, steps in ((0.01, 300), (0.1, 3000)):
         params, fit = real_feature_oracle(sim, step, args.real_per_class, lr, steps)
-        acc = ev(params, step.buffers)
-        label = f"real features, {args.real_per_class}/class, lr {lr:g}, {steps} steps"
+        acc = ev.natural_groups(params, step.buffers)
+        label = f"real features, {args.real_per_class}/class, lr {lr:g}, T_R = {steps}"
         records.append({"group": "oracle", "label": label, **fit, **acc})
-        print(f"oracle       {label:34s} nat {acc['natural']:.3f} pgd {acc['pgd20']:.3f}")
+        print(f"oracle       {label:38s} nat {acc['natural']:.3f}")
     meta = {
         "checkpoint": str(args.ckpt),
         "round": ctx.round,
@@ -360,25 +370,21 @@ def run_variants() -> list[tuple[str, str, dict[str, Any]]]:
     """(group, label, server.params overrides on top of OLD) replayed over a whole run."""
     adam = {"match_optimizer": "adam", "match_lr": 0.1, "match_iters": 1000}
     rule = {"match_window": 50, "match_tol": 1e-3}
-    out: list[tuple[str, str, dict[str, Any]]] = [("baseline", "CReFF defaults", {})]
-    for label, m in (
-        ("SGD lr 0.1, T_V 1000 + plateau", {"match_iters": 1000, **rule}),
-        ("SGD lr 1, T_V 1000 + plateau", {"match_lr": 1.0, "match_iters": 1000, **rule}),
-        ("Adam lr 0.01, T_V 1000 + plateau", {**adam, "match_lr": 0.01, **rule}),
-        ("Adam lr 0.1, T_V 1000 + plateau", {**adam, **rule}),
-        ("Adam lr 0.1, T_V 1000, no rule", adam),
-        ("Adam lr 0.1, T_V 3000 + plateau", {**adam, "match_iters": 3000, **rule}),
-    ):
-        out.append(("run_match", label, m))
     conv = {**adam, **rule}
-    for lr, cap, win, tol in (
-        (0.01, 1000, 3, 1e-3), (0.1, 300, 0, 0.0), (0.1, 3000, 3, 1e-3), (1.0, 3000, 3, 1e-3),
-    ):  # fmt: skip
-        over = {**conv, "retrain_lr": lr, "retrain_steps": cap, "retrain_window": win,
-                "retrain_tol": tol}  # fmt: skip
-        label = f"lr {lr:g}, T_R {cap}" + (f", window {win}, tol {tol:g}" if win else "")
-        out.append(("run_retrain", label, over))
-    return out
+    return [
+        ("baseline", "CReFF defaults", {}),
+        ("run_match", "SGD lr 1, T_V 1000 + plateau",
+         {"match_lr": 1.0, "match_iters": 1000, **rule}),
+        ("run_match", "Adam lr 0.1, T_V 1000 + plateau", conv),
+        ("run_retrain", "+ re-train lr 0.1, T_R 300", {**conv, "retrain_lr": 0.1}),
+        ("run_retrain", "+ re-train lr 0.01, T_R 1000 + plateau",
+         {**conv, "retrain_steps": 1000, "retrain_window": 3, "retrain_tol": 1e-3}),
+        ("run_retrain", "+ re-train lr 0.1, T_R 3000 + plateau",
+         {**conv, "retrain_lr": 0.1, "retrain_steps": 3000, "retrain_window": 3,
+          "retrain_tol": 1e-3}),
+        ("chosen", "chosen defaults (Adam 0.1 + plateau; T_R 300, lr 0.01 + plateau)",
+         NEW),
+    ]  # fmt: skip
 
 
 def measure_run(args: argparse.Namespace) -> None:
@@ -410,84 +416,119 @@ def measure_run(args: argparse.Namespace) -> None:
 # -- render --------------------------------------------------------------------------------
 
 
-def _pct(v: float) -> str:
-    return f"{100 * v:.1f}"
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}"
 
 
-def _table(records: list[dict[str, Any]], extra: bool = True) -> str:
-    head = "| variant | match loss (start → end) | match steps | re-train loss | re-train steps "
-    head += "| natural | PGD-20 | Minority nat | Minority PGD |"
-    if extra:
-        head += " server s |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+def _num(r: dict[str, Any], key: str, fmt: str) -> str:
+    return format(r[key], fmt) if key in r else "–"
+
+
+def _round_table(records: list[dict[str, Any]]) -> str:
+    lines = [
+        "| variant | match loss start → end | match steps | re-train loss start → end "
+        "| re-train steps | CART step s | natural | Minority natural |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in records:
-        match = f"{r['match_start']:.1f} → {r['match_end']:.2f}" if "match_start" in r else "–"
-        ms = f"{r['match_steps']:.0f}" if "match_steps" in r else "–"
-        rl = f"{r['retrain_loss']:.3f}" if "retrain_loss" in r else "–"
-        rs = f"{r['retrain_steps']:.0f}" if "retrain_steps" in r else "–"
-        row = f"| {r['label']} | {match} | {ms} | {rl} | {rs} | {_pct(r['natural'])} | "
-        row += f"{_pct(r['pgd20'])} | {_pct(r['minority_natural'])} | "
-        row += f"{_pct(r['minority_pgd20'])} |"
-        if extra:
-            row += f" {r['wall_s']:.2f} |" if "wall_s" in r else " – |"
-        lines.append(row)
+        match = f"{r['match_start']:.1f} → {r['match_end']:.3g}" if "match_start" in r else "–"
+        retrain = (
+            f"{r['retrain_start']:.3f} → {r['retrain_loss']:.3f}"
+            if "retrain_start" in r
+            else _num(r, "retrain_loss", ".3f")
+        )
+        lines.append(
+            f"| {r['label']} | {match} | {_num(r, 'match_steps', '.0f')} | {retrain} | "
+            f"{_num(r, 'retrain_steps', '.0f')} | {_num(r, 'wall_s', '.2f')} | "
+            f"{_pct(r['natural'])} | {_pct(r['minority_natural'])} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def _final(run: Path) -> dict[str, Any]:
-    summary = json.loads((run / "summary.json").read_text())
-    final = dict(summary["final"])
-    final["wall_s"] = summary.get("wall_s_this_session", float("nan"))
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    final["curve"] = [(r["round"], r["test_acc"]) for r in rows if "test_acc" in r]
-    final["cart"] = [
-        (r["round"], r.get("cart/match_start"), r.get("cart/match_end"), r.get("cart/match_steps"),
-         r.get("cart/retrain_loss"), r.get("cart/retrain_steps"))
-        for r in rows
-    ]  # fmt: skip
-    return final
+def _run_table(runs: list[dict[str, Any]]) -> str:
+    """One row per variant: each seed's final natural / PGD-20 / Minority, then the mean."""
+    seeds = [r["meta"]["seed"] for r in runs]
+    head = "| variant | " + " | ".join(
+        f"seed {s}: natural / PGD-20 / Min nat / Min PGD" for s in seeds
+    )
+    head += " | mean natural | mean PGD-20 | mean Min nat | mean Min PGD | test acc r5 / r10 / r15 "
+    head += "(seed 0) | last round: match end (steps), re-train loss (steps) (seed 0) | CART s "
+    head += "per run (seed 0) |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    keys = ("natural", "pgd20", "minority_natural", "minority_pgd20")
+    for i, rec in enumerate(runs[0]["records"]):
+        rows = [run["records"][i] for run in runs]
+        assert all(r["label"] == rec["label"] for r in rows)
+        cells = [" / ".join(_pct(r[k]) for k in keys) for r in rows]
+        means = [_pct(sum(r[k] for r in rows) / len(rows)) for k in keys]
+        curve = " / ".join(_pct(rec["curve"].get(str(k), rec["curve"].get(k))) for k in (5, 10, 15))
+        last = rec["cart"][-1]
+        cart = (
+            f"{last['match_end']:.3g} ({last['match_steps']:.0f}), "
+            f"{last['retrain_loss']:.3f} ({last['retrain_steps']:.0f})"
+        )
+        lines.append(
+            f"| {rec['label']} | " + " | ".join(cells) + " | " + " | ".join(means)
+            + f" | {curve} | {cart} | {rec['server_s']:.0f} |"
+        )  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _e2e_table(specs: list[str]) -> str:
+    lines = [
+        "| full run (`fedshield run`) | natural | PGD-20 | Minority nat | Minority PGD | test acc "
+        "r5 / r10 / r15 / r20 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for spec in specs:
+        name, path = spec.split("=", 1)
+        run = Path(path)
+        final = json.loads((run / "summary.json").read_text())["final"]
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        acc = {r["round"]: r["test_acc"] for r in rows if "test_acc" in r}
+        curve = " / ".join(_pct(acc.get(k)) for k in (5, 10, 15, 20))
+        lines.append(
+            f"| {name} | {_pct(final['robust/natural'])} | {_pct(final['robust/pgd20'])} | "
+            f"{_pct(final['groups/minority/natural'])} | {_pct(final['groups/minority/pgd20'])} "
+            f"| {curve} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def render(args: argparse.Namespace) -> None:
-    data = json.loads(Path(args.results).read_text())
-    meta, records = data["meta"], data["records"]
-    by_group: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        by_group.setdefault(r["group"], []).append(r)
-    text = Path(args.template).read_text() if args.template else ""
-    parts = {
-        "META": f"round {meta['round']} of `{meta['preset']}` (checkpoint after round "
-        f"{meta['round'] - 1}, replayed); training class counts {meta['train_counts']}",
-        "TABLE_BASE": _table(by_group["none"] + by_group["baseline"] + by_group["oracle"]),
-        "TABLE_MATCH": _table(by_group["baseline"] + by_group["match"]),
-        "TABLE_RETRAIN": _table(by_group["retrain"]),
-        "TABLE_MATCH_RULE": _table(by_group["match_rule"]),
-        "TABLE_RETRAIN_RULE": _table(by_group["retrain_rule"]),
-    }
-    if args.runs:
-        lines = [
-            "| defaults | natural | FGSM | PGD-20 | CW∞ | Minority nat | Minority PGD | "
-            "final match loss (start → end, steps) | final re-train loss (steps) | wall s |",
-            "|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        curves = ["| defaults | " + " | ".join(f"round {k}" for k in (5, 10, 15, 20)) + " |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for spec in args.runs:
-            name, path = spec.split("=", 1)
-            f = _final(Path(path))
-            cart = f["cart"][-1]
+    text = Path(args.template).read_text()
+    parts: dict[str, str] = {}
+    if args.round_results:
+        data = json.loads(Path(args.round_results).read_text())
+        meta, records = data["meta"], data["records"]
+        by: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            by.setdefault(r["group"], []).append(r)
+        parts |= {
+            "ROUND_META": f"round {meta['round']} of `{meta['preset']}` (seed 0), replayed "
+            f"from the checkpoint after round {meta['round'] - 1}",
+            "ROUND_BASE": _round_table(by["none"] + by["baseline"] + by["oracle"]),
+            "ROUND_MATCH": _round_table(by["baseline"] + by["match"]),
+            "ROUND_MATCH_RULE": _round_table(by["match_rule"]),
+            "ROUND_RETRAIN": _round_table(by["retrain"]),
+            "ROUND_RETRAIN_RULE": _round_table(by["retrain_rule"]),
+        }
+    if args.run_results:
+        runs = [json.loads(Path(f).read_text()) for f in args.run_results]
+        parts["RUN_TABLE"] = _run_table(runs)
+        lines = []
+        for run in runs:
+            m, base = run["meta"], run["records"][0]
+            rec = m["recorded"]
             lines.append(
-                f"| {name} | {_pct(f['robust/natural'])} | {_pct(f['robust/fgsm'])} | "
-                f"{_pct(f['robust/pgd20'])} | {_pct(f['robust/cw'])} | "
-                f"{_pct(f['groups/minority/natural'])} | {_pct(f['groups/minority/pgd20'])} | "
-                f"{cart[1]:.1f} → {cart[2]:.2f} ({cart[3]:.0f}) | {cart[4]:.3f} ({cart[5]:.0f}) "
-                f"| {f['wall_s']:.0f} |"
+                f"seed {m['seed']}: recorded run {_pct(rec['robust/natural'])} natural / "
+                f"{_pct(rec['robust/pgd20'])} PGD-20 (500-sample subset), replayed CReFF "
+                f"defaults {_pct(base['natural500'])} / {_pct(base['pgd20'])}; recording "
+                f"took {m['record_wall_s']:.0f} s"
             )
-            acc = dict(f["curve"])
-            cells = [_pct(acc[k]) if k in acc else "–" for k in (5, 10, 15, 20)]
-            curves.append(f"| {name} | " + " | ".join(cells) + " |")
-        parts["TABLE_E2E"] = "\n".join(lines) + "\n"
-        parts["TABLE_CURVE"] = "\n".join(curves) + "\n"
+        parts["RUN_VALIDATION"] = "\n".join(f"- {line}" for line in lines) + "\n"
+    if args.runs:
+        parts["E2E_TABLE"] = _e2e_table(args.runs)
     for key, value in parts.items():
         text = text.replace(f"{{{{{key}}}}}", value)
     print(text, end="")
@@ -510,10 +551,11 @@ def main() -> None:
     rr.add_argument("trajectory")
     rr.add_argument("--out", required=True, help="JSON result file")
     rr.set_defaults(func=measure_run)
-    r = sub.add_parser("render", help="Markdown from a result file")
-    r.add_argument("results")
-    r.add_argument("--template", help="Markdown with {{TABLE_*}} / {{META}} placeholders")
-    r.add_argument("--runs", nargs="*", help="name=run_dir pairs of end-to-end runs")
+    r = sub.add_parser("render", help="the Markdown page from result files")
+    r.add_argument("--template", default=str(Path(__file__).with_name("cart_step.md.in")))
+    r.add_argument("--round-results", help="JSON of `round`")
+    r.add_argument("--run-results", nargs="*", help="JSON files of `run`, one per seed")
+    r.add_argument("--runs", nargs="*", help="name=run_dir pairs of full `fedshield run`s")
     r.set_defaults(func=render)
     args = ap.parse_args()
     args.func(args)
