@@ -363,9 +363,12 @@ def test_malformed_prototype_rows_are_left_out():
     good = _proto_update(0, [[1.0, 2.0], [3.0, 4.0]], [1, 1])
     wrong_shape = _proto_update(1, [[5.0, 5.0, 5.0], [5.0, 5.0, 5.0]], [1, 1])
     nan = _proto_update(2, [[float("nan"), 0.0], [0.0, 0.0]], [1, 1])
-    mean, total = aggregate_prototypes([good, wrong_shape, nan], _aggregator("mean"))
-    torch.testing.assert_close(mean, torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-    assert total.tolist() == [1.0, 1.0]
+    for order in ([good, wrong_shape, nan], [wrong_shape, nan, good]):
+        mean, total = aggregate_prototypes(order, _aggregator("mean"), (2, 2))
+        torch.testing.assert_close(mean, torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        assert total.tolist() == [1.0, 1.0]
+    mean, _ = aggregate_prototypes([wrong_shape, good, good], _aggregator("mean"))
+    assert mean.shape == (2, 2)  # unset shape: the one most rows have
 
 
 def test_registry_tags_and_schemas():

@@ -149,7 +149,9 @@ def _valid_rows(updates: list[ClientUpdate], c: int, p: int) -> list[ClientUpdat
 
 
 def aggregate_prototypes(
-    updates: list[ClientUpdate], rule: Aggregator | None = None
+    updates: list[ClientUpdate],
+    rule: Aggregator | None = None,
+    shape: tuple[int, int] | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """(ḡ [C, P], Σ_k n_{k,c} [C]) over the updates that carry prototypes, or None.
 
@@ -157,11 +159,17 @@ def aggregate_prototypes(
     :func:`~fedshield.aggregators.fields.aggregate_field` of their rows with their counts
     as weights: the count-weighted mean ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c} under a
     non-robust rule (``rule = None`` too), the configured robust rule or the coordinate-wise
-    median otherwise (SPEC §12). A class nobody holds gets a zero row and a zero total."""
+    median otherwise (SPEC §12). A class nobody holds gets a zero row and a zero total.
+    Rows whose shape is not ``shape`` ([C, C·D + C]; unset: the shape most rows have) or
+    that hold non-finite values are left out."""
     rows = [u for u in updates if PROTOTYPES in u.extras]
     if not rows:
         return None
-    c, p = rows[0].extras[PROTOTYPES].shape
+    if shape is None:
+        shape = Counter(tuple(u.extras[PROTOTYPES].shape) for u in rows).most_common(1)[0][0]
+        if len(shape) != 2:
+            return None
+    c, p = shape
     rows = _valid_rows(rows, c, p)
     if not rows:
         return None
@@ -289,8 +297,9 @@ class FedCARTServer(FedAvg):
                 )
             new["head_shape"] = shape
         c, d = (int(v) for v in new["head_shape"].tolist())
-        agg = aggregate_prototypes(updates, self.aggregator) if self.p.cart else None
-        if agg is not None and tuple(agg[0].shape) == (c, c * d + c):
+        shape = (c, c * d + c)
+        agg = aggregate_prototypes(updates, self.aggregator, shape) if self.p.cart else None
+        if agg is not None:
             mean, total = agg
             seen = total > 0
             proto = new.get("proto", torch.zeros_like(mean))
