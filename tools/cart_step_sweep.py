@@ -25,9 +25,11 @@ Markdown page:
     python tools/cart_step_sweep.py record --set seed=1 --out runs/traj_s1.pt
     python tools/cart_step_sweep.py run runs/traj_s0.pt --out docs/results/cart_step_run_s0.json
     python tools/cart_step_sweep.py run runs/traj_s1.pt --out docs/results/cart_step_run_s1.json
+    python tools/cart_step_sweep.py collect "CReFF defaults=runs/e2e/old" ... \\
+        --out docs/results/cart_step_e2e.json
     python tools/cart_step_sweep.py render --round-results docs/results/cart_step_round.json \\
         --run-results docs/results/cart_step_run_s0.json docs/results/cart_step_run_s1.json \\
-        --runs "CReFF defaults=runs/e2e/old" ... > docs/results/cart_step.md
+        --e2e-results docs/results/cart_step_e2e.json > docs/results/cart_step.md
 """
 
 from __future__ import annotations
@@ -451,9 +453,10 @@ def _run_table(runs: list[dict[str, Any]]) -> str:
     head = "| variant | " + " | ".join(
         f"seed {s}: natural / PGD-20 / Min nat / Min PGD" for s in seeds
     )
-    head += " | mean natural | mean PGD-20 | mean Min nat | mean Min PGD | test acc r5 / r10 / r15 "
-    head += "(seed 0) | last round: match end (steps), re-train loss (steps) (seed 0) | CART s "
-    head += "per run (seed 0) |"
+    head += " | mean natural | mean PGD-20 | mean Min nat | mean Min PGD | "
+    head += " | ".join(f"seed {s}: test acc r5 / r10 / r15" for s in seeds)
+    head += " | last round, seed 0: match end (steps), re-train loss (steps) | CART s a run "
+    head += "(seed 0) |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     keys = ("natural", "pgd20", "minority_natural", "minority_pgd20")
     for i, rec in enumerate(runs[0]["records"]):
@@ -461,7 +464,10 @@ def _run_table(runs: list[dict[str, Any]]) -> str:
         assert all(r["label"] == rec["label"] for r in rows)
         cells = [" / ".join(_pct(r[k]) for k in keys) for r in rows]
         means = [_pct(sum(r[k] for r in rows) / len(rows)) for k in keys]
-        curve = " / ".join(_pct(rec["curve"].get(str(k), rec["curve"].get(k))) for k in (5, 10, 15))
+        curves = [
+            " / ".join(_pct(r["curve"].get(str(k), r["curve"].get(k))) for k in (5, 10, 15))
+            for r in rows
+        ]
         last = rec["cart"][-1]
         cart = (
             f"{last['match_end']:.3g} ({last['match_steps']:.0f}), "
@@ -469,27 +475,45 @@ def _run_table(runs: list[dict[str, Any]]) -> str:
         )
         lines.append(
             f"| {rec['label']} | " + " | ".join(cells) + " | " + " | ".join(means)
-            + f" | {curve} | {cart} | {rec['server_s']:.0f} |"
+            + " | " + " | ".join(curves) + f" | {cart} | {rec['server_s']:.0f} |"
         )  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
-def _e2e_table(specs: list[str]) -> str:
-    lines = [
-        "| full run (`fedshield run`) | natural | PGD-20 | Minority nat | Minority PGD | test acc "
-        "r5 / r10 / r15 / r20 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for spec in specs:
+def collect(args: argparse.Namespace) -> None:
+    """The final metrics and test-accuracy curve of full runs, as one JSON result file."""
+    keys = ("robust/natural", "robust/pgd20", "groups/minority/natural",
+            "groups/minority/pgd20", "test_acc")  # fmt: skip
+    out = []
+    for spec in args.runs:
         name, path = spec.split("=", 1)
         run = Path(path)
-        final = json.loads((run / "summary.json").read_text())["final"]
+        summary = json.loads((run / "summary.json").read_text())
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        acc = {r["round"]: r["test_acc"] for r in rows if "test_acc" in r}
-        curve = " / ".join(_pct(acc.get(k)) for k in (5, 10, 15, 20))
+        out.append({
+            "name": name,
+            "final": {k: summary["final"][k] for k in keys},
+            "curve": {r["round"]: r["test_acc"] for r in rows if "test_acc" in r},
+            "wall_s": summary.get("wall_s_this_session"),
+            "server_params": tomllib.loads((run / "config.toml").read_text())["server"].get(
+                "params", {}
+            ),
+        })  # fmt: skip
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _e2e_table(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| full run (`fedshield run`) | natural (500) | PGD-20 (500) | Minority nat "
+        "| Minority PGD | test acc r5 / r10 / r15 / r20 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        f, acc = run["final"], run["curve"]
+        curve = " / ".join(_pct(acc.get(str(k))) for k in (5, 10, 15, 20))
         lines.append(
-            f"| {name} | {_pct(final['robust/natural'])} | {_pct(final['robust/pgd20'])} | "
-            f"{_pct(final['groups/minority/natural'])} | {_pct(final['groups/minority/pgd20'])} "
+            f"| {run['name']} | {_pct(f['robust/natural'])} | {_pct(f['robust/pgd20'])} | "
+            f"{_pct(f['groups/minority/natural'])} | {_pct(f['groups/minority/pgd20'])} "
             f"| {curve} |"
         )
     return "\n".join(lines) + "\n"
@@ -505,7 +529,7 @@ def render(args: argparse.Namespace) -> None:
         for r in records:
             by.setdefault(r["group"], []).append(r)
         parts |= {
-            "ROUND_META": f"round {meta['round']} of `{meta['preset']}` (seed 0), replayed "
+            "ROUND_META": f"Round {meta['round']} of `{meta['preset']}` (seed 0), replayed "
             f"from the checkpoint after round {meta['round'] - 1}",
             "ROUND_BASE": _round_table(by["none"] + by["baseline"] + by["oracle"]),
             "ROUND_MATCH": _round_table(by["baseline"] + by["match"]),
@@ -527,8 +551,8 @@ def render(args: argparse.Namespace) -> None:
                 f"took {m['record_wall_s']:.0f} s"
             )
         parts["RUN_VALIDATION"] = "\n".join(f"- {line}" for line in lines) + "\n"
-    if args.runs:
-        parts["E2E_TABLE"] = _e2e_table(args.runs)
+    if args.e2e_results:
+        parts["E2E_TABLE"] = _e2e_table(json.loads(Path(args.e2e_results).read_text()))
     for key, value in parts.items():
         text = text.replace(f"{{{{{key}}}}}", value)
     print(text, end="")
@@ -555,8 +579,12 @@ def main() -> None:
     r.add_argument("--template", default=str(Path(__file__).with_name("cart_step.md.in")))
     r.add_argument("--round-results", help="JSON of `round`")
     r.add_argument("--run-results", nargs="*", help="JSON files of `run`, one per seed")
-    r.add_argument("--runs", nargs="*", help="name=run_dir pairs of full `fedshield run`s")
+    r.add_argument("--e2e-results", help="JSON of `collect`")
     r.set_defaults(func=render)
+    col = sub.add_parser("collect", help="final metrics of full runs as one JSON file")
+    col.add_argument("runs", nargs="+", help="name=run_dir pairs of full `fedshield run`s")
+    col.add_argument("--out", required=True)
+    col.set_defaults(func=collect)
     args = ap.parse_args()
     args.func(args)
 
