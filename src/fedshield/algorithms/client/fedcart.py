@@ -43,6 +43,7 @@ from fedshield.algorithms.client.adversarial_training import (
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientContext
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import set_buffers, set_params
+from fedshield.core.integrity import FieldSpec
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.losses import align_loss, class_gradient_sums, harl_loss, mart_loss, trades_loss
@@ -114,6 +115,17 @@ class FedCARTClient(AdversarialClient):
         if self.params.at_loss == "taet":  # type: ignore[attr-defined]
             payload = with_round(payload, ctx.round)  # TAET's stage depends on the round
         return super().local_update(model, payload, data, ctx, state)
+
+    def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
+        """Prototypes [C, C·D + C], class counts [C] (non-negative integers) and the head
+        shape (C, D), which must match the server's own model."""
+        net = _dual(model)
+        c, d = net.head.out_features, net.num_features
+        return {
+            PROTOTYPES: FieldSpec((c, c * d + c)),
+            COUNTS: FieldSpec((c,), min=0.0, integral=True),
+            HEAD_SHAPE: FieldSpec((2,), dtype=torch.float32, equals=torch.tensor([c, d]).float()),
+        }
 
     # -- local loss ------------------------------------------------------------------
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
