@@ -130,6 +130,9 @@ def test_at_baselines_run_and_learn_something(algorithm):
         rounds=2,
         **{
             "client.algorithm": algorithm,
+            # lr 0.05: CalFAT's logits are scaled by s = 10, and at 0.1 its tiny MLP
+            # collapses to one class on this data.
+            "client.lr": 0.05,
             "client.params": params,  # FedTAET: HARL in round 2
             "server.algorithm": "fedavg",
             "server.params": {},

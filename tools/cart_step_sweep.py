@@ -378,6 +378,8 @@ def run_variants() -> list[tuple[str, str, dict[str, Any]]]:
         ("run_match", "SGD lr 1, T_V 1000 + plateau",
          {"match_lr": 1.0, "match_iters": 1000, **rule}),
         ("run_match", "Adam lr 0.1, T_V 1000 + plateau", conv),
+        ("run_match", "Adam lr 0.1, T_V 100 (SPEC's count as the cap) + plateau",
+         {**conv, "match_iters": 100}),
         ("run_retrain", "+ re-train lr 0.1, T_R 300", {**conv, "retrain_lr": 0.1}),
         ("run_retrain", "+ re-train lr 0.01, T_R 1000 + plateau",
          {**conv, "retrain_steps": 1000, "retrain_window": 3, "retrain_tol": 1e-3}),
