@@ -23,6 +23,7 @@ GRIDS=(
 )
 [ $# -gt 0 ] && GRIDS=("$@")
 
+mkdir -p runs
 for g in "${GRIDS[@]}"; do
   echo "== $g ($(date +%H:%M))"
   "$FS" sweep --grid "$g" --seeds "$SEEDS" -j "$JOBS" -q --out "runs/$g" > "runs/$g.log" 2>&1 \
