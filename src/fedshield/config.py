@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from fedshield.errors import ConfigError
 
@@ -103,6 +103,15 @@ class RunConfig(Section):
     threads: int | None = Field(None, ge=1)
     amp: bool = False
     progress: bool = True
+    vectorize: StrictBool | Literal["auto"] = Field(
+        "auto",
+        description="train a round's clients as one batched computation (torch.func.vmap): "
+        "auto = when the client algorithm and model allow it, else one by one; "
+        "true = required (ConfigError otherwise); false = one by one",
+    )
+    vectorize_chunk: int = Field(
+        64, ge=1, description="clients per batched call (bounds memory: ~chunk copies of θ)"
+    )
 
 
 class ExperimentConfig(Section):

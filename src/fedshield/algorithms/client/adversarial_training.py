@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,9 @@ from fedshield.losses import (
     mart_loss,
     trades_loss,
 )
+
+if TYPE_CHECKING:
+    from fedshield.algorithms.client.functional import VectorForm
 
 GRAYSCALE_EPS = 0.1
 COLOUR_EPS = 8 / 255
@@ -103,15 +107,20 @@ class AdversarialClient(ClientAlgorithm):
             )  # fmt: skip
 
 
-@CLIENT_ALGORITHMS.register("fedpgd")
+@CLIENT_ALGORITHMS.register("fedpgd", tags=["vectorizable"])
 class FedPGD(AdversarialClient):
     """FedPGD: Madry PGD-AT, CE on x' only (SPEC §7)."""
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
         return F.cross_entropy(model(self.pgd_examples(model, x, y)), y)
 
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import ATForm
 
-@CLIENT_ALGORITHMS.register("fedfat")
+        return ATForm(self)
+
+
+@CLIENT_ALGORITHMS.register("fedfat", tags=["vectorizable"])
 class FedFAT(AdversarialClient):
     """FedFAT (our reading, SPEC §7): CE(f(x), y) + CE(f(x'), y)."""
 
@@ -119,12 +128,17 @@ class FedFAT(AdversarialClient):
         x_adv = self.pgd_examples(model, x, y)
         return F.cross_entropy(model(x), y) + F.cross_entropy(model(x_adv), y)
 
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import FATForm
+
+        return FATForm(self)
+
 
 class BetaParams(ATParams):
     beta: float = Field(6.0, ge=0.0, description="weight β of the KL term")
 
 
-@CLIENT_ALGORITHMS.register("fedtrades")
+@CLIENT_ALGORITHMS.register("fedtrades", tags=["vectorizable"])
 class FedTRADES(AdversarialClient):
     """FedTRADES: CE(x) + β KL(p(x) ‖ p(x')), x' from TRADES' KL maximisation (SPEC §7)."""
 
@@ -134,8 +148,13 @@ class FedTRADES(AdversarialClient):
         x_adv = self.trades_examples(model, x)
         return trades_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
 
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import TRADESForm
 
-@CLIENT_ALGORITHMS.register("fedmart")
+        return TRADESForm(self)
+
+
+@CLIENT_ALGORITHMS.register("fedmart", tags=["vectorizable"])
 class FedMART(AdversarialClient):
     """FedMART: BCE-boosted CE on x' + β KL · (1 − p_y(x)), x' = PGD-K (SPEC §7)."""
 
@@ -144,6 +163,11 @@ class FedMART(AdversarialClient):
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
         x_adv = self.pgd_examples(model, x, y)
         return mart_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
+
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import MARTForm
+
+        return MARTForm(self)
 
 
 class CalFATParams(ATParams):
@@ -154,7 +178,7 @@ class CalFATParams(ATParams):
 LOG_PRIOR_KEY = "calfat/log_prior"
 
 
-@CLIENT_ALGORITHMS.register("calfat")
+@CLIENT_ALGORITHMS.register("calfat", tags=["vectorizable"])
 class CalFAT(AdversarialClient):
     """CalFAT (Chen et al., NeurIPS 2022; SPEC §7): calibrated CE on TRADES-style x'.
 
@@ -186,6 +210,11 @@ class CalFAT(AdversarialClient):
 
         x_adv = self.trades_examples(model, x, calibrate)
         return calibrated_ce(model(x_adv), y, log_prior, p.scale, p.tau)  # type: ignore[attr-defined]
+
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import CalFATForm
+
+        return CalFATForm(self)
 
 
 def _num_classes(model: nn.Module, data: TensorData, device: torch.device) -> int:

@@ -25,7 +25,7 @@ bias component lies outside the reachable range. ``proto_views = "sum"`` is SPEC
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,9 @@ from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.losses import align_loss, class_gradient_sums, mart_loss, trades_loss
 from fedshield.models.dual_head import DualHead
+
+if TYPE_CHECKING:
+    from fedshield.algorithms.client.functional import VectorForm
 
 PROTO_HEAD = "fedcart/proto_head"  # payload: 0 → prototypes of h', 1 → of h ("no h'")
 PROTOTYPES = "fedcart/prototypes"
@@ -77,7 +80,7 @@ class FedCARTParams(ATParams):
         return self
 
 
-@CLIENT_ALGORITHMS.register("fedcart")
+@CLIENT_ALGORITHMS.register("fedcart", tags=["vectorizable"])
 class FedCARTClient(AdversarialClient):
     """L_CART local training of (r, h) and gradient prototypes of h' (SPEC §7)."""
 
@@ -168,6 +171,11 @@ class FedCARTClient(AdversarialClient):
                 counts += k
         denom = counts * (views if p.proto_views == "mean" else 1)
         return sums / denom.clamp_min(1.0)[:, None], counts
+
+    def vector_form(self) -> VectorForm:  # run.vectorize: loss and prototypes batched
+        from fedshield.algorithms.client.functional_at import FedCARTForm
+
+        return FedCARTForm(self)
 
 
 def _dual(model: nn.Module) -> DualHead:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
+from fedshield.algorithms.client.functional import ScaffoldForm
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
@@ -26,7 +27,7 @@ class ScaffoldParams(Params):
     variant: Literal["seed", "option2"] = "seed"
 
 
-@CLIENT_ALGORITHMS.register("scaffold")
+@CLIENT_ALGORITHMS.register("scaffold", tags=["vectorizable"])
 class ScaffoldClient(ClientAlgorithm):
     """Control-variate corrected local SGD; uploads the control-variate change."""
 
@@ -74,3 +75,6 @@ class ScaffoldClient(ClientAlgorithm):
         state["h"] = new
         update.extras["dh"] = new - old
         return update
+
+    def vector_form(self) -> ScaffoldForm:
+        return ScaffoldForm(self, self.params.variant)  # type: ignore[attr-defined]

@@ -1,0 +1,138 @@
+"""When a round's cohort can train as one batched computation (``run.vectorize``), and why
+not: the client algorithm must carry the registry tag ``vectorizable`` and return a
+:class:`~fedshield.algorithms.client.functional.VectorForm`, and one batched step of the
+model must run under ``vmap`` / ``functional_call`` with every random draw routed through
+the per-client streams (a probe of two clients on two samples, ``randomness="error"``).
+
+``auto`` falls back to client-by-client training with one log line saying why; ``true``
+makes any obstacle a :class:`~fedshield.errors.ConfigError` when the experiment is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedshield.algorithms.client.base import ClientAlgorithm
+from fedshield.algorithms.client.functional import VectorForm
+from fedshield.core.context import Payload, RoundContext
+from fedshield.core.flat import get_buffers, get_params
+from fedshield.data.bundle import TensorData
+from fedshield.errors import ConfigError
+from fedshield.registry import tags_of
+from fedshield.sim.vectorized.rng import GroupDraws
+from fedshield.sim.vectorized.trainer import VectorizedTrainer
+
+if TYPE_CHECKING:
+    from fedshield.sim.builder import Experiment
+    from fedshield.sim.engine import RoundPlan, Simulator
+
+log = logging.getLogger("fedshield")
+
+TAG = "vectorizable"
+
+
+def form_of(client: ClientAlgorithm) -> tuple[VectorForm | None, str | None]:
+    """The algorithm's vectorised form, or None and the reason it has none."""
+    name = getattr(client, "registry_name", type(client).__name__)
+    if TAG not in tags_of(client):
+        return None, f"client.algorithm={name!r} has no batched form (registry tag {TAG!r})"
+    form = client.vector_form()
+    if form is None:
+        return None, f"client.algorithm={name!r} is tagged {TAG!r} but vector_form() is None"
+    return form, None
+
+
+def probe(trainer: VectorizedTrainer, payload: Payload, data: TensorData) -> str | None:
+    """None when one batched step of two clients runs; else why it cannot.
+
+    Draws are disabled and ``vmap`` runs with ``randomness="error"``, so a random op the
+    per-client streams do not replay (``F.dropout`` in a forward, DropPath, Dropout2d)
+    fails here instead of silently drawing one mask for every client."""
+    model, dev = trainer.model, trainer.device
+    n = min(2, len(data))
+    x, y = data.batch(torch.arange(n), dev)
+    if n < 2:
+        x, y = x.repeat(2, *[1] * (x.dim() - 1)), y.repeat(2)
+    xs, ys = torch.stack([x, x]), torch.stack([y, y])
+    algo = trainer.algo
+    states = [algo.init_state(payload.params.numel()) for _ in range(2)]
+    start, params, bufs = trainer.stacked_state(payload, 2)
+    consts = trainer.form.constants(model, payload, [data, data], states, dev)
+    was_training = model.training
+    model.train()
+    try:
+        trainer.grads(params, bufs, xs, ys, consts, payload, GroupDraws(None, [0, 1], dev))
+    except ConfigError:
+        raise
+    except Exception as err:  # any failure of the batched step is a reason to fall back
+        return explain(err)
+    finally:
+        model.train(was_training)
+    return None
+
+
+def explain(err: Exception) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "randomness" in text:
+        return (
+            "its forward draws random numbers outside nn.Dropout (F.dropout, DropPath, "
+            "Dropout2d, ...), which cannot be replayed per client"
+        )
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+def _names(cfg_model: str, client: ClientAlgorithm) -> str:
+    name = getattr(client, "registry_name", type(client).__name__)
+    return f"model.name={cfg_model!r} with client.algorithm={name!r}"
+
+
+def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
+    """The simulator's batched trainer, or None (logged once) when it trains one by one."""
+    cfg = sim.cfg
+    mode = cfg.run.vectorize
+    if mode is False:
+        return None
+    client = sim.comp.client
+    form, reason = form_of(client)
+    trainer = None
+    if form is not None:
+        trainer = VectorizedTrainer(
+            sim.model, client, form, sim.device, cfg.run.vectorize_chunk, cfg.run.amp
+        )
+        k = next((k for k in plan.ctx.cohort if plan.trains(k)), plan.ctx.cohort[0])
+        why = probe(trainer, plan.payload, sim.exp.clients[k])
+        if why is not None:
+            reason, trainer = f"{_names(cfg.model.name, client)} cannot run batched: {why}", None
+    if trainer is None:
+        if mode is True:  # the build-time check passed, so this is a surprise
+            raise ConfigError(f"run.vectorize=true: {reason}")
+        log.info("run.vectorize=auto: training clients one by one (%s)", reason)
+    return trainer
+
+
+def require_vectorizable(exp: Experiment) -> None:
+    """``run.vectorize = true``: a ConfigError naming both keys unless batching works."""
+    cfg, client = exp.cfg, exp.components.client
+    form, reason = form_of(client)
+    if form is not None:
+        trainer = VectorizedTrainer(
+            exp.model, client, form, exp.device, cfg.run.vectorize_chunk, cfg.run.amp
+        )
+        server = exp.components.server
+        params, buffers = get_params(exp.model), get_buffers(exp.model)
+        ctx = RoundContext(1, (0,), (), cfg.seed, cfg.data.num_clients, exp.device)
+        payload = server.broadcast(params, buffers, server.init_state(params), ctx)
+        why = probe(trainer, payload, exp.clients[0])
+        if why is None:
+            return
+        reason = f"{_names(cfg.model.name, client)} cannot run batched: {why}"
+    raise ConfigError(
+        f"run.vectorize=true: {reason}; set run.vectorize='auto' to train such cohorts "
+        f"client by client"
+    )
+
+
+__all__ = ["explain", "form_of", "probe", "require_vectorizable", "trainer_for"]

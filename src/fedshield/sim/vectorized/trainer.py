@@ -1,0 +1,354 @@
+"""The batched cohort trainer: a round's clients trained as one computation (SPEC §1).
+
+For a chunk of C clients the parameters, buffers and SGD momentum are stacked on a
+leading client axis; every local step is one ``vmap(grad(loss))`` call over the clients
+(``torch.func.functional_call`` runs the model with each client's parameters) followed by
+the SGD update on the stacked tensors. What makes it the sequential computation:
+
+* mini-batches: each client's own ``batch_indices`` stream from its (seed, round, client)
+  generator — the same index sequence; clients whose batches differ in size at a step
+  (unequal data, the partial last batch of an epoch) run as separate groups of that
+  size, so every loss sees exactly the client's batch (BatchNorm statistics, batch means);
+* local epochs on unequal data: a client whose steps are done is left out of later steps;
+* randomness: dropout masks and attack starts replay each client's global-RNG stream
+  (:mod:`.rng`);
+* SGD: ``torch.optim.SGD``'s single-tensor update (weight decay, then momentum with the
+  buffer created at the first step, then θ ← θ − η d), on [G, ...] tensors;
+* BatchNorm: per-client buffers go through ``functional_call``; train-mode forwards update
+  each client's running statistics in place, as the module does.
+
+Results agree with the sequential path to float tolerance (batched kernels sum in another
+order); ``tests/test_vectorized.py`` states and checks the tolerance per algorithm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from fedshield.algorithms.client.base import ClientAlgorithm, batch_indices
+from fedshield.algorithms.client.functional import ChunkResult, StepGrads, VectorForm
+from fedshield.core.context import ClientUpdate, Payload, derive_seed, make_generator
+from fedshield.data.bundle import TensorData
+from fedshield.sim.vectorized.rng import CohortStreams, GroupDraws, routed_dropout
+
+if TYPE_CHECKING:
+    from fedshield.sim.engine import RoundPlan, Simulator
+
+
+class _Bound(nn.Module):
+    """``functional_call`` target that runs ``fn(model, *args)``, so a form's loss can call
+    any method of the model (``forward_features``, ``main_path``) with swapped tensors."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.m = model
+
+    def forward(self, fn: Any, *args: Any) -> Any:
+        return fn(self.m, *args)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model's parameter and buffer tensors in flat-vector order (``core.flat``)."""
+
+    params: tuple[tuple[str, torch.Size], ...]
+    buffers: tuple[tuple[str, torch.Size, bool], ...]  # (name, shape, is floating point)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> Layout:
+        return cls(
+            tuple((f"m.{n}", p.shape) for n, p in model.named_parameters()),
+            tuple((f"m.{n}", b.shape, b.is_floating_point()) for n, b in model.named_buffers()),
+        )
+
+    def split_params(self, flat: Tensor) -> list[Tensor]:
+        out, offset = [], 0
+        for _, shape in self.params:
+            n = shape.numel()
+            out.append(flat[offset : offset + n].view(shape))
+            offset += n
+        return out
+
+    def split_float_buffers(self, flat: Tensor) -> list[Tensor]:
+        out, offset = [], 0
+        for _, shape, is_float in self.buffers:
+            if is_float:
+                n = shape.numel()
+                out.append(flat[offset : offset + n].view(shape))
+                offset += n
+        return out
+
+
+def _stack(t: Tensor, c: int) -> Tensor:
+    return t.detach().unsqueeze(0).expand(c, *t.shape).clone()
+
+
+def _rows(tensors: Sequence[Tensor], c: int) -> Tensor:
+    """Per-tensor [C, ...] → [C, Σ numel] (flat-vector order)."""
+    if not tensors:
+        return torch.zeros(c, 0)
+    return torch.cat([t.reshape(c, -1) for t in tensors], dim=1)
+
+
+class VectorizedTrainer:
+    """Trains a round's cohort in chunks of ``chunk`` clients (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        algo: ClientAlgorithm,
+        form: VectorForm,
+        device: torch.device,
+        chunk: int,
+        amp: bool = False,
+    ) -> None:
+        self.model = model
+        self.algo = algo
+        self.form = form
+        self.device = device
+        self.chunk = chunk
+        self.amp = amp
+        self.layout = Layout.of(model)
+        self.bound = _Bound(model)
+        self._draws: GroupDraws | None = None
+
+    # -- one batched gradient ----------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp and self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def grads(
+        self,
+        params: Sequence[Tensor],
+        buffers: Sequence[Tensor],
+        x: Tensor,
+        y: Tensor,
+        consts: dict[str, Tensor],
+        payload: Payload,
+        draws: GroupDraws,
+    ) -> tuple[list[Tensor], Tensor]:
+        """∇ of every client's mini-batch loss ([G, ...] per parameter) and the losses [G].
+        ``buffers`` are updated in place (BatchNorm running statistics)."""
+        form, bound = self.form, self.bound
+        pd = {name: t for (name, _), t in zip(self.layout.params, params)}
+        bd = {name: t for (name, _, _), t in zip(self.layout.buffers, buffers)}
+
+        def per_client(pd, bd, x, y, consts, cid):  # type: ignore[no-untyped-def]
+            draws.bind(cid)
+            x_adv = functional_call(bound, (pd, bd), (form.examples, x, y, consts, draws))
+
+            def loss_fn(p):  # type: ignore[no-untyped-def]
+                loss = functional_call(bound, (p, bd), (form.loss, x, y, x_adv, payload, consts))
+                return loss, loss.detach()
+
+            return grad(loss_fn, has_aux=True)(pd)
+
+        cid = torch.arange(x.shape[0], device=x.device)
+        # "same": the routed draws are made per client on unbatched tensors (see .rng);
+        # the support probe runs with "error" so an unrouted random op cannot slip through.
+        randomness = "error" if draws.check else "same"
+        self._draws = draws
+        with routed_dropout(self.model, self._current_draws), self._autocast():
+            g, loss = vmap(per_client, randomness=randomness)(pd, bd, x, y, consts, cid)
+        return [g[name] for name, _ in self.layout.params], loss
+
+    def _current_draws(self) -> GroupDraws:
+        assert self._draws is not None
+        return self._draws
+
+    def stacked_state(
+        self, payload: Payload, c: int
+    ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """The start point per parameter (views of the payload) and, stacked for ``c``
+        clients, the parameters and the buffers: floating ones from the payload, integer
+        counters (``num_batches_tracked``) from the model, as the sequential path sees."""
+        start = self.layout.split_params(payload.params)
+        float_bufs = iter(self.layout.split_float_buffers(payload.buffers))
+        model_bufs = dict(self.model.named_buffers())
+        bufs = [
+            _stack(next(float_bufs) if is_float else model_bufs[name[2:]], c)
+            for name, _, is_float in self.layout.buffers
+        ]
+        return start, [_stack(p, c) for p in start], bufs
+
+    # -- a round -------------------------------------------------------------------------
+    def train(self, sim: Simulator, plan: RoundPlan) -> list[ClientUpdate]:
+        """Every selected client's upload in cohort order. Deltas are rows of one [S, d]
+        tensor and buffers rows of one [S, b] tensor (attackers that skip training: zero
+        rows and the broadcast buffers, as the sequential path)."""
+        st = sim.state
+        cohort = plan.ctx.cohort
+        deltas = st.params.new_zeros(len(cohort), st.params.numel())
+        buffers = st.buffers.unsqueeze(0).repeat(len(cohort), 1)
+        updates: list[ClientUpdate | None] = [None] * len(cohort)
+        trained = [i for i, k in enumerate(cohort) if plan.trains(k)]
+        for i, k in enumerate(cohort):
+            if not plan.trains(k):
+                updates[i] = ClientUpdate(k, deltas[i], len(sim.exp.clients[k]), st.buffers)
+        self.model.train()
+        for start in range(0, len(trained), self.chunk):
+            rows = trained[start : start + self.chunk]
+            chunk = self.train_chunk(sim, plan, [cohort[i] for i in rows])
+            index = torch.tensor(rows, device=deltas.device)
+            deltas.index_copy_(0, index, chunk.deltas)
+            buffers.index_copy_(0, index, chunk.buffers)
+            for j, i in enumerate(rows):
+                u = chunk.updates[j]
+                u.delta, u.buffers = deltas[i], buffers[i]
+                updates[i] = u
+        assert all(u is not None for u in updates)
+        return updates  # type: ignore[return-value]
+
+    def train_chunk(self, sim: Simulator, plan: RoundPlan, ks: Sequence[int]) -> _Chunk:
+        from fedshield.sim.engine import _BATCH, _TORCH
+
+        cfg, st, algo, form = sim.cfg, sim.state, self.algo, self.form
+        spec = algo.spec
+        rnd, payload, dev = plan.ctx.round, plan.payload, self.device
+        c = len(ks)
+        data = [sim._client_data(k, k in plan.ctx.byzantine) for k in ks]
+        d = st.params.numel()
+        states = [st.client_states.setdefault(k, algo.init_state(d)) for k in ks]
+        steps = [spec.num_steps(len(x)) for x in data]
+        batches = [
+            batch_indices(len(x), spec.batch_size, s, make_generator(cfg.seed, rnd, k, _BATCH))
+            for x, s, k in zip(data, steps, ks)
+        ]
+        streams = CohortStreams([derive_seed(cfg.seed, rnd, k, _TORCH) for k in ks], dev)
+
+        start, params, bufs = self.stacked_state(payload, c)
+        model_bufs = dict(self.model.named_buffers())
+        counters0 = [b.clone() for b, (_, _, f) in zip(bufs, self.layout.buffers) if not f]
+        consts = form.constants(self.model, payload, data, states, dev)
+        feed = _Feed(data, dev)
+        momentum: list[Tensor | None] = [None] * len(params)
+        total = torch.zeros(c, device=dev)
+        store: dict[str, Tensor] = {}
+
+        for t in range(max(steps, default=0)):
+            groups: dict[int, list[int]] = {}
+            picks: dict[int, Tensor] = {}
+            for r in range(c):
+                if t < steps[r]:
+                    picks[r] = next(batches[r])
+                    groups.setdefault(len(picks[r]), []).append(r)
+            for members in groups.values():
+                full = len(members) == c
+                rows = torch.tensor(members, device=dev)
+
+                def sel(x: Tensor, full: bool = full, rows: Tensor = rows) -> Tensor:
+                    return x if full else x.index_select(0, rows)
+
+                p_g, b_g = [sel(p) for p in params], [sel(b) for b in bufs]
+                c_g = {key: sel(v) for key, v in consts.items()}
+                x, y = feed.batch([picks[r] for r in members], members)
+                draws = GroupDraws(streams, members, dev)
+                g, loss = self.grads(p_g, b_g, x, y, c_g, payload, draws)
+                form.adjust(StepGrads(g, p_g, start, payload, c_g, rows, t, c, store))
+                self._sgd_step(p_g, g, momentum, rows, t, c)
+                if not full:
+                    for whole, part in zip(params + bufs, p_g + b_g):
+                        whole.index_copy_(0, rows, part)
+                total.index_add_(0, rows, loss.detach().float())
+
+        delta = _rows(params, c) - payload.params
+        float_rows = [b for b, (_, _, f) in zip(bufs, self.layout.buffers) if f]
+        buf_rows = _rows(float_rows, c).to(payload.buffers) if float_rows else None
+        if buf_rows is None:
+            buf_rows = payload.buffers.new_zeros(c, 0)
+        # BatchNorm's num_batches_tracked counts every client's steps on the shared model.
+        ints = [b for b, (_, _, f) in zip(bufs, self.layout.buffers) if not f]
+        int_names = [n[2:] for n, _, f in self.layout.buffers if not f]
+        with torch.no_grad():
+            for name, b, b0 in zip(int_names, ints, counters0):
+                model_bufs[name].add_((b - b0).sum(0))
+        losses = total.tolist()
+        updates = [
+            ClientUpdate(
+                client_id=k,
+                delta=delta[i],
+                num_examples=len(data[i]),
+                buffers=buf_rows[i],
+                metrics={"train/loss": losses[i] / max(steps[i], 1)},
+            )
+            for i, k in enumerate(ks)
+        ]
+        result = ChunkResult(self.model, payload, data, states, steps, spec, dev, streams, store)
+        form.finish(result, updates)
+        return _Chunk(delta, buf_rows, updates)
+
+    def _sgd_step(
+        self,
+        params: list[Tensor],
+        grads: list[Tensor],
+        momentum: list[Tensor | None],
+        rows: Tensor,
+        step: int,
+        chunk_size: int,
+    ) -> None:
+        """``torch.optim.SGD``'s single-tensor update (dampening 0, no Nesterov) on a
+        group's stacked tensors: d = ∇ + λθ; b = d at the first step, else b ← μb + d;
+        θ ← θ − ηb. Momentum buffers are [C, ...] over the chunk."""
+        spec = self.algo.spec
+        lr, mom, wd = spec.lr, spec.momentum, spec.weight_decay
+        full = len(rows) == chunk_size
+        with torch.no_grad():
+            for j, (p, g) in enumerate(zip(params, grads)):
+                d_p = g.add(p, alpha=wd) if wd != 0 else g
+                if mom != 0:
+                    if step == 0:  # every client takes its first step at t = 0
+                        buf = d_p.detach().clone()
+                        if full:
+                            momentum[j] = buf
+                        else:
+                            if momentum[j] is None:
+                                momentum[j] = buf.new_zeros(chunk_size, *buf.shape[1:])
+                            momentum[j].index_copy_(0, rows, buf)  # type: ignore[union-attr]
+                    else:
+                        whole = momentum[j]
+                        assert whole is not None
+                        buf = whole if full else whole.index_select(0, rows)
+                        buf.mul_(mom).add_(d_p)
+                        if not full:
+                            whole.index_copy_(0, rows, buf)
+                    d_p = buf
+                p.add_(d_p, alpha=-lr)
+
+
+@dataclass
+class _Chunk:
+    deltas: Tensor
+    buffers: Tensor
+    updates: list[ClientUpdate]
+
+
+class _Feed:
+    """A chunk's data concatenated once, so a step's batch is one gather."""
+
+    def __init__(self, data: Sequence[TensorData], device: torch.device) -> None:
+        self.x = torch.cat([d.x for d in data])
+        self.y = torch.cat([d.y for d in data])
+        sizes = torch.tensor([0] + [len(d) for d in data])
+        self.offsets = torch.cumsum(sizes, 0)[:-1].tolist()
+        self.device = device
+
+    def batch(self, picks: Sequence[Tensor], rows: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """[G, b, ...] inputs and [G, b] labels, as ``TensorData.batch`` converts them."""
+        idx = torch.cat([p + self.offsets[r] for p, r in zip(picks, rows)])
+        g = len(rows)
+        x = self.x[idx.to(self.x.device)].to(self.device, non_blocking=True)
+        if x.dtype == torch.uint8:
+            x = x.float().div_(255.0)
+        y = self.y[idx.to(self.y.device)].to(self.device, non_blocking=True)
+        return x.view(g, -1, *x.shape[1:]), y.view(g, -1)
+
+
+__all__ = ["Layout", "VectorizedTrainer"]
