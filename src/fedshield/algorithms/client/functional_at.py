@@ -307,38 +307,41 @@ class FedCARTForm(ATForm):
         w, b = head.weight.detach(), head.bias.detach()
         views = 2 if steps > 0 else 1
         device = chunk.device
-        xs, ys, noise, owner = [], [], [], []
+        xs, ys, noise = [], [], []
         for i, data in enumerate(chunk.data):
             x, y = data.batch(None, device)
             xs.append(x)
             ys.append(y)
-            owner.append(torch.full((len(data),), i, device=device))
             if steps > 0:
                 eps, _ = self.algo.budget(x)
                 for start in range(0, len(data), p.proto_batch):
                     shape = (min(p.proto_batch, len(data) - start), *x.shape[1:])
                     noise.append(chunk.streams.uniform_for(i, shape, x.dtype, -eps, eps))
-        x_all, y_all, who = torch.cat(xs), torch.cat(ys), torch.cat(owner)
+        x_all, y_all = torch.cat(xs), torch.cat(ys)
         noise_all = torch.cat(noise) if noise else None
-        sums = torch.zeros(len(chunk.data), c, w.numel() + c, device=device)
-        counts = torch.zeros(len(chunk.data), c, device=device)
+        feats: list[list[Tensor]] = [[] for _ in range(views)]
         with eval_mode(net):  # features as the inference model computes them
             for start in range(0, len(y_all), p.proto_batch):
                 sl = slice(start, start + p.proto_batch)
-                x, y, k = x_all[sl], y_all[sl], who[sl]
+                x, y = x_all[sl], y_all[sl]
                 views_x = [x]
                 if noise_all is not None:
-                    main = net.main_path()  # type: ignore[attr-defined]
+                    main = net.main_path()  # type: ignore[operator]
                     views_x.append(self.pgd(main, x, y, _GivenNoise(noise_all[sl]), steps))
-                for xv in views_x:
-                    with torch.no_grad():
-                        z = net.forward_features(xv)  # type: ignore[operator]
-                    for i in torch.unique(k).tolist():
-                        m = k == i
-                        s, n = class_gradient_sums(z[m], w, b, y[m], c)
-                        sums[i] += s
-                        if xv is x:
-                            counts[i] += n
+                with torch.no_grad():
+                    for v, xv in enumerate(views_x):
+                        feats[v].append(net.forward_features(xv))  # type: ignore[operator]
+        z_views = [torch.cat(f) for f in feats]
+        sums = torch.zeros(len(chunk.data), c, w.numel() + c, device=device)
+        counts = torch.zeros(len(chunk.data), c, device=device)
+        offset = 0
+        for i, data in enumerate(chunk.data):
+            seg = slice(offset, offset + len(data))
+            offset += len(data)
+            for z in z_views:
+                s, n = class_gradient_sums(z[seg], w, b, y_all[seg], c)
+                sums[i] += s
+            counts[i] = n
         denom = counts * (views if p.proto_views == "mean" else 1)
         return sums / denom.clamp_min(1.0)[:, :, None], counts
 

@@ -81,6 +81,11 @@ def explain(err: Exception) -> str:
             "its forward draws random numbers outside nn.Dropout (F.dropout, DropPath, "
             "Dropout2d, ...), which cannot be replayed per client"
         )
+    if "mutate a captured Tensor" in text:
+        return (
+            "a buffer is updated in place inside an input-gradient transform (BatchNorm in "
+            "train mode during the attack: client.params.attack_eval_mode=false)"
+        )
     return f"{type(err).__name__}: {text[:200]}"
 
 

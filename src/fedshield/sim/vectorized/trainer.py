@@ -145,11 +145,13 @@ class VectorizedTrainer:
             draws.bind(cid)
             x_adv = functional_call(bound, (pd, bd), (form.examples, x, y, consts, draws))
 
-            def loss_fn(p):  # type: ignore[no-untyped-def]
-                loss = functional_call(bound, (p, bd), (form.loss, x, y, x_adv, payload, consts))
+            # Buffers enter as an argument, not a capture: BatchNorm mutates them in place,
+            # which grad transforms allow on inputs only.
+            def loss_fn(p, b):  # type: ignore[no-untyped-def]
+                loss = functional_call(bound, (p, b), (form.loss, x, y, x_adv, payload, consts))
                 return loss, loss.detach()
 
-            return grad(loss_fn, has_aux=True)(pd)
+            return grad(loss_fn, has_aux=True)(pd, bd)
 
         cid = torch.arange(x.shape[0], device=x.device)
         # "same": the routed draws are made per client on unbatched tensors (see .rng);
