@@ -109,8 +109,11 @@ class RunConfig(Section):
         "auto = when the client algorithm and model allow it, else one by one; "
         "true = required (ConfigError otherwise); false = one by one",
     )
-    vectorize_chunk: int = Field(
-        64, ge=1, description="clients per batched call (bounds memory: ~chunk copies of θ)"
+    vectorize_chunk: int | None = Field(
+        None,
+        ge=1,
+        description="clients per batched call, bounding memory (a few copies of θ and one "
+        "batch of activations per client); unset: 32 on CPU, up to 1024 on CUDA",
     )
 
 

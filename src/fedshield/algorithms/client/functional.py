@@ -60,8 +60,10 @@ class ClientStreams(Protocol):
 class StepGrads:
     """One batched step of a group of clients, for :meth:`VectorForm.adjust`.
 
-    ``grads`` and ``params`` are per-parameter tensors stacked over the group ([G, ...]);
-    ``start`` the broadcast start point per parameter (unstacked); ``consts`` the group's
+    ``grads`` are per-parameter tensors stacked over the group ([G, ...]); ``params`` the
+    group's current values, stacked too except at step 0, where they are the shared start
+    (unstacked: write the math so it broadcasts); ``start`` the broadcast start point per
+    parameter (unstacked); ``consts`` the group's
     rows of :meth:`VectorForm.constants`; ``rows`` the group's positions in the chunk;
     ``store`` a per-chunk scratch dict (e.g. SCAFFOLD's first gradient, [C, d])."""
 

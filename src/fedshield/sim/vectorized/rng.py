@@ -17,15 +17,15 @@ made per client and stacked, then the batched client index picks each client's r
 unrouted random op (``F.dropout`` in a forward, DropPath) would silently draw once for
 all clients there, so the engine first probes the step with ``randomness="error"`` and
 :attr:`GroupDraws.check` set, where no draw is random (see :mod:`.support`).
+:mod:`.modules` routes ``nn.Dropout`` to :meth:`GroupDraws.dropout`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
 class CohortStreams:
@@ -118,25 +118,4 @@ class GroupDraws:
         return x * self._pick(lambda r: s.dropout_for(r, x.shape, x.dtype, p))
 
 
-@contextlib.contextmanager
-def routed_dropout(model: nn.Module, draws: Callable[[], GroupDraws]) -> Iterator[int]:
-    """Route every ``nn.Dropout`` of ``model`` through the current :class:`GroupDraws`
-    (an instance-level ``forward``, removed on exit). Yields how many were routed."""
-    routed = [m for m in model.modules() if type(m) is nn.Dropout]
-
-    def make(mod: nn.Dropout) -> Callable[[Tensor], Tensor]:
-        def forward(x: Tensor) -> Tensor:
-            return draws().dropout(x, mod.p) if mod.training else x
-
-        return forward
-
-    for m in routed:
-        m.forward = make(m)  # type: ignore[method-assign]
-    try:
-        yield len(routed)
-    finally:
-        for m in routed:
-            del m.forward
-
-
-__all__ = ["CohortStreams", "GroupDraws", "routed_dropout"]
+__all__ = ["CohortStreams", "GroupDraws"]

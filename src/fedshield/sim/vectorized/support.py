@@ -59,7 +59,8 @@ def probe(trainer: VectorizedTrainer, payload: Payload, data: TensorData) -> str
     xs, ys = torch.stack([x, x]), torch.stack([y, y])
     algo = trainer.algo
     states = [algo.init_state(payload.params.numel()) for _ in range(2)]
-    start, params, bufs = trainer.stacked_state(payload, 2)
+    p_rows = payload.params.expand(2, -1).clone()
+    _, params, bufs = trainer.stacked_state(payload, p_rows)
     consts = trainer.form.constants(model, payload, [data, data], states, dev)
     was_training = model.training
     model.train()
@@ -89,6 +90,24 @@ def explain(err: Exception) -> str:
     return f"{type(err).__name__}: {text[:200]}"
 
 
+CPU_CHUNK = 32  # measured best or near it for mlp / cnn_small on one core (bench_vectorized)
+CUDA_CHUNK_MAX = 1024
+
+
+def chunk_size(configured: int | None, device: torch.device, num_params: int) -> int:
+    """``run.vectorize_chunk``, or its default: 32 clients on CPU (larger batched tensors
+    leave the cache and run no faster); on CUDA the most clients, up to 1024, whose
+    per-client training state (≈ 8 copies of θ: parameters, gradients, momentum and
+    temporaries) fits in a quarter of the free memory."""
+    if configured is not None:
+        return configured
+    if device.type != "cuda":
+        return CPU_CHUNK
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = int(free // 4 // (8 * 4 * max(num_params, 1)))
+    return max(1, min(CUDA_CHUNK_MAX, fits))
+
+
 def _names(cfg_model: str, client: ClientAlgorithm) -> str:
     name = getattr(client, "registry_name", type(client).__name__)
     return f"model.name={cfg_model!r} with client.algorithm={name!r}"
@@ -104,9 +123,8 @@ def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
     form, reason = form_of(client)
     trainer = None
     if form is not None:
-        trainer = VectorizedTrainer(
-            sim.model, client, form, sim.device, cfg.run.vectorize_chunk, cfg.run.amp
-        )
+        chunk = chunk_size(cfg.run.vectorize_chunk, sim.device, sim.state.params.numel())
+        trainer = VectorizedTrainer(sim.model, client, form, sim.device, chunk, cfg.run.amp)
         k = next((k for k in plan.ctx.cohort if plan.trains(k)), plan.ctx.cohort[0])
         why = probe(trainer, plan.payload, sim.exp.clients[k])
         if why is not None:
@@ -123,9 +141,7 @@ def require_vectorizable(exp: Experiment) -> None:
     cfg, client = exp.cfg, exp.components.client
     form, reason = form_of(client)
     if form is not None:
-        trainer = VectorizedTrainer(
-            exp.model, client, form, exp.device, cfg.run.vectorize_chunk, cfg.run.amp
-        )
+        trainer = VectorizedTrainer(exp.model, client, form, exp.device, 2, cfg.run.amp)
         server = exp.components.server
         params, buffers = get_params(exp.model), get_buffers(exp.model)
         ctx = RoundContext(1, (0,), (), cfg.seed, cfg.data.num_clients, exp.device)
@@ -140,4 +156,4 @@ def require_vectorizable(exp: Experiment) -> None:
     )
 
 
-__all__ = ["explain", "form_of", "probe", "require_vectorizable", "trainer_for"]
+__all__ = ["chunk_size", "explain", "form_of", "probe", "require_vectorizable", "trainer_for"]

@@ -36,7 +36,8 @@ from fedshield.algorithms.client.base import ClientAlgorithm, batch_indices
 from fedshield.algorithms.client.functional import ChunkResult, StepGrads, VectorForm
 from fedshield.core.context import ClientUpdate, Payload, derive_seed, make_generator
 from fedshield.data.bundle import TensorData
-from fedshield.sim.vectorized.rng import CohortStreams, GroupDraws, routed_dropout
+from fedshield.sim.vectorized.modules import batched_forwards
+from fedshield.sim.vectorized.rng import CohortStreams, GroupDraws
 
 if TYPE_CHECKING:
     from fedshield.sim.engine import RoundPlan, Simulator
@@ -68,33 +69,34 @@ class Layout:
             tuple((f"m.{n}", b.shape, b.is_floating_point()) for n, b in model.named_buffers()),
         )
 
+    @property
+    def num_params(self) -> int:
+        return sum(shape.numel() for _, shape in self.params)
+
+    @property
+    def num_float_buffers(self) -> int:
+        return sum(shape.numel() for _, shape, f in self.buffers if f)
+
     def split_params(self, flat: Tensor) -> list[Tensor]:
-        out, offset = [], 0
-        for _, shape in self.params:
-            n = shape.numel()
-            out.append(flat[offset : offset + n].view(shape))
-            offset += n
-        return out
+        """Per-parameter views of a flat vector ([d]) or of a row matrix ([C, d])."""
+        return _split(flat, [shape for _, shape in self.params])
 
     def split_float_buffers(self, flat: Tensor) -> list[Tensor]:
-        out, offset = [], 0
-        for _, shape, is_float in self.buffers:
-            if is_float:
-                n = shape.numel()
-                out.append(flat[offset : offset + n].view(shape))
-                offset += n
-        return out
+        return _split(flat, [shape for _, shape, f in self.buffers if f])
+
+
+def _split(flat: Tensor, shapes: Sequence[torch.Size]) -> list[Tensor]:
+    lead = flat.shape[:-1]
+    out, offset = [], 0
+    for shape in shapes:
+        n = shape.numel()
+        out.append(flat[..., offset : offset + n].view(*lead, *shape))
+        offset += n
+    return out
 
 
 def _stack(t: Tensor, c: int) -> Tensor:
     return t.detach().unsqueeze(0).expand(c, *t.shape).clone()
-
-
-def _rows(tensors: Sequence[Tensor], c: int) -> Tensor:
-    """Per-tensor [C, ...] → [C, Σ numel] (flat-vector order)."""
-    if not tensors:
-        return torch.zeros(c, 0)
-    return torch.cat([t.reshape(c, -1) for t in tensors], dim=1)
 
 
 class VectorizedTrainer:
@@ -134,9 +136,12 @@ class VectorizedTrainer:
         consts: dict[str, Tensor],
         payload: Payload,
         draws: GroupDraws,
+        shared: bool = False,
     ) -> tuple[list[Tensor], Tensor]:
         """∇ of every client's mini-batch loss ([G, ...] per parameter) and the losses [G].
-        ``buffers`` are updated in place (BatchNorm running statistics)."""
+        ``buffers`` are updated in place (BatchNorm running statistics). ``shared``: the
+        parameters are one unstacked start point for all clients (the first local step),
+        which lets linear layers run as one large product instead of G small ones."""
         form, bound = self.form, self.bound
         pd = {name: t for (name, _), t in zip(self.layout.params, params)}
         bd = {name: t for (name, _, _), t in zip(self.layout.buffers, buffers)}
@@ -158,8 +163,10 @@ class VectorizedTrainer:
         # the support probe runs with "error" so an unrouted random op cannot slip through.
         randomness = "error" if draws.check else "same"
         self._draws = draws
-        with routed_dropout(self.model, self._current_draws), self._autocast():
-            g, loss = vmap(per_client, randomness=randomness)(pd, bd, x, y, consts, cid)
+        with batched_forwards(self.model, self._current_draws), self._autocast():
+            in_dims = (None if shared else 0, 0, 0, 0, 0, 0)
+            fn = vmap(per_client, in_dims=in_dims, randomness=randomness)
+            g, loss = fn(pd, bd, x, y, consts, cid)
         return [g[name] for name, _ in self.layout.params], loss
 
     def _current_draws(self) -> GroupDraws:
@@ -167,49 +174,68 @@ class VectorizedTrainer:
         return self._draws
 
     def stacked_state(
-        self, payload: Payload, c: int
+        self, payload: Payload, params_out: Tensor
     ) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-        """The start point per parameter (views of the payload) and, stacked for ``c``
-        clients, the parameters and the buffers: floating ones from the payload, integer
-        counters (``num_batches_tracked``) from the model, as the sequential path sees."""
-        start = self.layout.split_params(payload.params)
+        """The start point per parameter (views of the payload); for the C clients of
+        ``params_out`` ([C, d]) the parameters as views of those rows (written by the first
+        step) and the buffers stacked at the broadcast values; integer counters
+        (``num_batches_tracked``) come from the model, as the sequential path sees."""
+        c = params_out.shape[0]
+        # Buffers are separate contiguous stacks: BatchNorm's in-place running-stat update
+        # under vmap does not reach a strided view; copied to buffers_out at the end.
         float_bufs = iter(self.layout.split_float_buffers(payload.buffers))
         model_bufs = dict(self.model.named_buffers())
         bufs = [
             _stack(next(float_bufs) if is_float else model_bufs[name[2:]], c)
             for name, _, is_float in self.layout.buffers
         ]
-        return start, [_stack(p, c) for p in start], bufs
+        return self.layout.split_params(payload.params), self.layout.split_params(params_out), bufs
 
     # -- a round -------------------------------------------------------------------------
     def train(self, sim: Simulator, plan: RoundPlan) -> list[ClientUpdate]:
-        """Every selected client's upload in cohort order. Deltas are rows of one [S, d]
-        tensor and buffers rows of one [S, b] tensor (attackers that skip training: zero
-        rows and the broadcast buffers, as the sequential path)."""
+        """Every selected client's upload in cohort order. The deltas are the rows of one
+        [S, d] tensor and the trained clients' buffers rows of one [S, b] tensor; attackers
+        that skip training upload a zero row and the broadcast buffers, as sequentially."""
         st = sim.state
         cohort = plan.ctx.cohort
-        deltas = st.params.new_zeros(len(cohort), st.params.numel())
-        buffers = st.buffers.unsqueeze(0).repeat(len(cohort), 1)
+        deltas = st.params.new_empty(len(cohort), st.params.numel())
+        buffers = st.buffers.new_empty(len(cohort), st.buffers.numel())
         updates: list[ClientUpdate | None] = [None] * len(cohort)
         trained = [i for i, k in enumerate(cohort) if plan.trains(k)]
         for i, k in enumerate(cohort):
             if not plan.trains(k):
+                deltas[i].zero_()
                 updates[i] = ClientUpdate(k, deltas[i], len(sim.exp.clients[k]), st.buffers)
         self.model.train()
-        for start in range(0, len(trained), self.chunk):
-            rows = trained[start : start + self.chunk]
-            chunk = self.train_chunk(sim, plan, [cohort[i] for i in rows])
-            index = torch.tensor(rows, device=deltas.device)
-            deltas.index_copy_(0, index, chunk.deltas)
-            buffers.index_copy_(0, index, chunk.buffers)
+        for begin in range(0, len(trained), self.chunk):
+            rows = trained[begin : begin + self.chunk]
+            # Trained rows in one run (the usual case) are trained in place in the output.
+            span = slice(rows[0], rows[0] + len(rows))
+            direct = rows == list(range(span.start, span.stop))
+            out_p = deltas[span] if direct else deltas.new_empty(len(rows), deltas.shape[1])
+            out_b = buffers[span] if direct else buffers.new_empty(len(rows), buffers.shape[1])
+            chunk = self.train_chunk(sim, plan, [cohort[i] for i in rows], out_p, out_b)
+            if not direct:
+                index = torch.tensor(rows, device=deltas.device)
+                deltas.index_copy_(0, index, out_p)
+                buffers.index_copy_(0, index, out_b)
             for j, i in enumerate(rows):
-                u = chunk.updates[j]
+                u = chunk[j]
                 u.delta, u.buffers = deltas[i], buffers[i]
                 updates[i] = u
         assert all(u is not None for u in updates)
         return updates  # type: ignore[return-value]
 
-    def train_chunk(self, sim: Simulator, plan: RoundPlan, ks: Sequence[int]) -> _Chunk:
+    def train_chunk(
+        self,
+        sim: Simulator,
+        plan: RoundPlan,
+        ks: Sequence[int],
+        params_out: Tensor,
+        buffers_out: Tensor,
+    ) -> list[ClientUpdate]:
+        """Train clients ``ks``; on return ``params_out`` ([C, d]) holds their deltas and
+        ``buffers_out`` ([C, b]) their final floating buffers."""
         from fedshield.sim.engine import _BATCH, _TORCH
 
         cfg, st, algo, form = sim.cfg, sim.state, self.algo, self.form
@@ -226,7 +252,7 @@ class VectorizedTrainer:
         ]
         streams = CohortStreams([derive_seed(cfg.seed, rnd, k, _TORCH) for k in ks], dev)
 
-        start, params, bufs = self.stacked_state(payload, c)
+        start, params, bufs = self.stacked_state(payload, params_out)
         model_bufs = dict(self.model.named_buffers())
         counters0 = [b.clone() for b, (_, _, f) in zip(bufs, self.layout.buffers) if not f]
         consts = form.constants(self.model, payload, data, states, dev)
@@ -249,23 +275,25 @@ class VectorizedTrainer:
                 def sel(x: Tensor, full: bool = full, rows: Tensor = rows) -> Tensor:
                     return x if full else x.index_select(0, rows)
 
-                p_g, b_g = [sel(p) for p in params], [sel(b) for b in bufs]
+                # Step 0 starts every client at the broadcast θ: no stacked copy needed.
+                shared = t == 0
+                p_g = list(start) if shared else [sel(p) for p in params]
+                b_g = [sel(b) for b in bufs]
                 c_g = {key: sel(v) for key, v in consts.items()}
                 x, y = feed.batch([picks[r] for r in members], members)
                 draws = GroupDraws(streams, members, dev)
-                g, loss = self.grads(p_g, b_g, x, y, c_g, payload, draws)
+                g, loss = self.grads(p_g, b_g, x, y, c_g, payload, draws, shared)
                 form.adjust(StepGrads(g, p_g, start, payload, c_g, rows, t, c, store))
-                self._sgd_step(p_g, g, momentum, rows, t, c)
+                self._sgd_step(p_g, g, momentum, rows, t, params)
                 if not full:
-                    for whole, part in zip(params + bufs, p_g + b_g):
+                    for whole, part in zip(bufs, b_g):
                         whole.index_copy_(0, rows, part)
                 total.index_add_(0, rows, loss.detach().float())
 
-        delta = _rows(params, c) - payload.params
-        float_rows = [b for b, (_, _, f) in zip(bufs, self.layout.buffers) if f]
-        buf_rows = _rows(float_rows, c).to(payload.buffers) if float_rows else None
-        if buf_rows is None:
-            buf_rows = payload.buffers.new_zeros(c, 0)
+        delta = params_out.sub_(payload.params)  # θ_k − θ_start, in place
+        float_rows = [b.reshape(c, -1) for b, (_, _, f) in zip(bufs, self.layout.buffers) if f]
+        if float_rows:
+            torch.cat(float_rows, dim=1, out=buffers_out)
         # BatchNorm's num_batches_tracked counts every client's steps on the shared model.
         ints = [b for b, (_, _, f) in zip(bufs, self.layout.buffers) if not f]
         int_names = [n[2:] for n, _, f in self.layout.buffers if not f]
@@ -278,14 +306,14 @@ class VectorizedTrainer:
                 client_id=k,
                 delta=delta[i],
                 num_examples=len(data[i]),
-                buffers=buf_rows[i],
+                buffers=buffers_out[i],
                 metrics={"train/loss": losses[i] / max(steps[i], 1)},
             )
             for i, k in enumerate(ks)
         ]
         result = ChunkResult(self.model, payload, data, states, steps, spec, dev, streams, store)
         form.finish(result, updates)
-        return _Chunk(delta, buf_rows, updates)
+        return updates
 
     def _sgd_step(
         self,
@@ -294,14 +322,18 @@ class VectorizedTrainer:
         momentum: list[Tensor | None],
         rows: Tensor,
         step: int,
-        chunk_size: int,
+        targets: list[Tensor],
     ) -> None:
         """``torch.optim.SGD``'s single-tensor update (dampening 0, no Nesterov) on a
-        group's stacked tensors: d = ∇ + λθ; b = d at the first step, else b ← μb + d;
-        θ ← θ − ηb. Momentum buffers are [C, ...] over the chunk."""
+        group: d = ∇ + λθ; b = d at the first step, else b ← μb + d; θ ← θ − ηb.
+
+        ``params`` are the group's values ([G, ...] or, at step 0, the shared start);
+        the results go to ``targets``, the chunk's [C, ...] parameters (in place when the
+        group is the whole chunk). Momentum buffers are [C, ...] over the chunk."""
         spec = self.algo.spec
         lr, mom, wd = spec.lr, spec.momentum, spec.weight_decay
-        full = len(rows) == chunk_size
+        c = targets[0].shape[0]
+        full = len(rows) == c
         with torch.no_grad():
             for j, (p, g) in enumerate(zip(params, grads)):
                 d_p = g.add(p, alpha=wd) if wd != 0 else g
@@ -312,7 +344,7 @@ class VectorizedTrainer:
                             momentum[j] = buf
                         else:
                             if momentum[j] is None:
-                                momentum[j] = buf.new_zeros(chunk_size, *buf.shape[1:])
+                                momentum[j] = buf.new_zeros(c, *buf.shape[1:])
                             momentum[j].index_copy_(0, rows, buf)  # type: ignore[union-attr]
                     else:
                         whole = momentum[j]
@@ -322,14 +354,12 @@ class VectorizedTrainer:
                         if not full:
                             whole.index_copy_(0, rows, buf)
                     d_p = buf
-                p.add_(d_p, alpha=-lr)
-
-
-@dataclass
-class _Chunk:
-    deltas: Tensor
-    buffers: Tensor
-    updates: list[ClientUpdate]
+                if p is targets[j]:
+                    p.add_(d_p, alpha=-lr)
+                elif full:
+                    torch.add(p, d_p, alpha=-lr, out=targets[j])
+                else:
+                    targets[j].index_copy_(0, rows, p.add(d_p, alpha=-lr))
 
 
 class _Feed:
