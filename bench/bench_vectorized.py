@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -66,9 +65,12 @@ def simulator(raw: dict[str, Any], vectorize: bool, chunk: int | None = None) ->
     return Simulator(build(config.validate(raw)))
 
 
-def hand_loop(sim: Simulator) -> Callable[[int], None]:
+def hand_loop(sim: Simulator, pgd_steps: int = 0) -> Callable[[int], None]:
     """Per client: θ ← θ⁰, then U plain SGD steps on random batches of the simulator's
-    batch size (capped by the client's size); the deltas are kept, as a round must."""
+    batch size (capped by the client's size), on PGD-K examples (eval mode, ε = 0.1,
+    α = ε/4) when ``pgd_steps`` > 0; the deltas are kept, as a round must."""
+    from fedshield.adversarial import pgd
+
     model, spec, device = sim.model, sim.comp.client.spec, sim.device
     clients = sim.exp.clients
     params = list(model.parameters())
@@ -86,6 +88,10 @@ def hand_loop(sim: Simulator) -> Callable[[int], None]:
             for _ in range(spec.num_steps(len(data))):
                 idx = torch.randperm(len(data), generator=g)[:b]
                 x, y = data.batch(idx, device)
+                if pgd_steps:
+                    model.eval()
+                    x = pgd(model, x, y, 0.1, 0.025, pgd_steps)
+                    model.train()
                 opt.zero_grad(set_to_none=True)
                 F.cross_entropy(model(x), y).backward()
                 opt.step()
@@ -132,24 +138,11 @@ def report(label: str, times: dict[str, list[float]]) -> str:
 
 
 def peak_memory(raw: dict[str, Any], chunk: int) -> float:
-    """MiB of peak memory growth during one batched round, in a fresh process."""
-    code = (
-        "import json,sys,resource,torch;"
-        "sys.path.insert(0,'bench');import bench_vectorized as b;"
-        "raw=json.loads(sys.argv[1]);sim=b.simulator(raw,True,int(sys.argv[2]));"
-        "dev=sim.device;b._sync(dev);"
-        "cuda=dev.type=='cuda';"
-        "torch.cuda.reset_peak_memory_stats() if cuda else None;"
-        "base=torch.cuda.memory_allocated() if cuda else "
-        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024;"
-        "sim.train_cohort(sim.begin_round(1));b._sync(dev);"
-        "peak=torch.cuda.max_memory_allocated() if cuda else "
-        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024;"
-        "print((peak-base)/2**20)"
-    )
+    """MiB of peak memory growth during one batched round, in a fresh process: resident
+    set size polled every 0.5 ms on CPU, ``max_memory_allocated`` on CUDA."""
     env = dict(os.environ, PYTHONPATH=os.environ.get("PYTHONPATH", "src"))
     out = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(raw), str(chunk)],
+        [sys.executable, __file__, "--memory-child", json.dumps(raw), str(chunk)],
         capture_output=True,
         text=True,
         env=env,
@@ -158,12 +151,50 @@ def peak_memory(raw: dict[str, Any], chunk: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_child(raw_json: str, chunk: int) -> None:
+    import threading
+
+    torch.set_num_threads(1)
+    sim = simulator(json.loads(raw_json), True, chunk)
+    plan = sim.begin_round(1)
+    dev = sim.device
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        sim.train_cohort(plan)
+        torch.cuda.synchronize()
+        print((torch.cuda.max_memory_allocated() - base) / 2**20)
+        return
+    base, peak, done = _rss(), [0], threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.0005)
+
+    th = threading.Thread(target=poll)
+    th.start()
+    sim.train_cohort(plan)
+    done.set()
+    th.join()
+    print((max(peak[0], _rss()) - base) / 2**20)
+
+
 def param_count(raw: dict[str, Any]) -> int:
     sim = simulator(raw, False)
     return sim.state.params.numel()
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--memory-child":
+        memory_child(sys.argv[2], int(sys.argv[3]))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dataset", default="mnist5k")
@@ -171,9 +202,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="10,100,1000")
     ap.add_argument("--steps", default="1,5")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--loop-max", type=int, default=100, help="largest S for loop/seq timing")
+    ap.add_argument("--loop-max", type=int, default=1000, help="largest S for loop/seq timing")
     ap.add_argument("--pgd-clients", type=int, default=20)
     ap.add_argument("--chunks", default="32,128,1000", help="chunk sizes of the memory check")
+    ap.add_argument("--chunk", type=int, default=None, help="run.vectorize_chunk of the timings")
     ap.add_argument("--save", type=Path, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -194,7 +226,7 @@ def main() -> None:
         for s in (int(v) for v in args.sizes.split(",")):
             for u in (int(v) for v in args.steps.split(",")):
                 raw = raw_config(model, args.dataset, s, u, args.device)
-                vec = simulator(raw, True)
+                vec = simulator(raw, True, args.chunk)
                 runs: dict[str, Callable[[int], None]] = {"vec": cohort_round(vec)}
                 if s <= args.loop_max:  # beyond, the sequential runs take minutes
                     seq = simulator(raw, False)
@@ -203,18 +235,30 @@ def main() -> None:
                 emit(report(f"{model:<9} S={s:<4} U={u}", measure(runs, args.repeats)))
 
     s = args.pgd_clients
-    raw = raw_config("cnn_small", args.dataset, s, 2, args.device, algorithm="fedpgd")
-    raw["client"]["params"] = {"steps": 5}
-    runs = {"vec": cohort_round(simulator(raw, True)), "seq": cohort_round(simulator(raw, False))}
-    emit(report(f"fedpgd    S={s:<4} U=2 PGD-5", measure(runs, args.repeats)))
+    for model in args.models.split(","):
+        raw = raw_config(model, args.dataset, s, 2, args.device, algorithm="fedpgd")
+        raw["client"]["params"] = {"steps": 5, "eps": 0.1}
+        vec, seq = simulator(raw, True, args.chunk), simulator(raw, False)
+        runs = {"vec": cohort_round(vec), "seq": cohort_round(seq), "loop": hand_loop(seq, 5)}
+        emit(report(f"fedpgd {model:<9} S={s} U=2 PGD-5", measure(runs, args.repeats)))
 
-    model = args.models.split(",")[-1]
-    raw = raw_config(model, args.dataset, 1000, 1, args.device)
-    d = param_count(raw)
-    emit(f"# memory: {model}, S=1000, U=1, d={d} ({d * 4 / 2**20:.2f} MiB per copy of θ)")
-    for chunk in (int(v) for v in args.chunks.split(",")):
-        mib = peak_memory(raw, chunk)
-        emit(f"chunk={chunk:<5} peak growth {mib:8.1f} MiB  ({mib * 2**20 / (chunk * d * 4):.1f} θ-copies per chunk client)")
+    if args.chunks:
+        s = max(int(v) for v in args.sizes.split(","))
+        model = args.models.split(",")[-1]
+        raw = raw_config(model, args.dataset, s, 1, args.device)
+        d = param_count(raw)
+        out = s * d * 4 / 2**20
+        emit(
+            f"# memory of one batched round: {model}, S={s}, U=1, d={d}; the [S, d] deltas "
+            f"alone are {out:.1f} MiB (the sequential path holds them too)"
+        )
+        for chunk in (int(v) for v in args.chunks.split(",")):
+            mib = peak_memory(raw, chunk)
+            per = (mib - out) * 2**20 / (min(chunk, s) * d * 4)
+            emit(
+                f"chunk={chunk:<5} peak growth {mib:8.1f} MiB = deltas + {mib - out:7.1f} MiB "
+                f"working set ({per:.1f} θ-sized copies per client of the chunk)"
+            )
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
         args.save.write_text("\n".join(lines) + "\n")

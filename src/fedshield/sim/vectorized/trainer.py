@@ -290,6 +290,9 @@ class VectorizedTrainer:
                         whole.index_copy_(0, rows, part)
                 total.index_add_(0, rows, loss.detach().float())
 
+        for r in range(c):
+            if steps[r] == 0:  # no data in epoch mode: never written by a step
+                params_out[r].copy_(payload.params)
         delta = params_out.sub_(payload.params)  # θ_k − θ_start, in place
         float_rows = [b.reshape(c, -1) for b, (_, _, f) in zip(bufs, self.layout.buffers) if f]
         if float_rows:
