@@ -113,7 +113,8 @@ class RunConfig(Section):
         None,
         ge=1,
         description="clients per batched call, bounding memory (a few copies of θ and one "
-        "batch of activations per client); unset: 32 on CPU, up to 1024 on CUDA",
+        "batch of activations per client); unset: 2^22/d clients (16..256) on CPU, up to 1024 "
+        "on CUDA as memory allows",
     )
 
 

@@ -206,6 +206,11 @@ class VectorizedTrainer:
             if not plan.trains(k):
                 deltas[i].zero_()
                 updates[i] = ClientUpdate(k, deltas[i], len(sim.exp.clients[k]), st.buffers)
+        # Clients of equal size step with equal batch sizes: chunks ordered by size keep
+        # each step's groups few and contiguous (see Rows).
+        byz = plan.ctx.byzantine
+        size = {i: len(sim._client_data(cohort[i], cohort[i] in byz)) for i in trained}
+        trained.sort(key=size.__getitem__)
         self.model.train()
         for begin in range(0, len(trained), self.chunk):
             rows = trained[begin : begin + self.chunk]
@@ -269,26 +274,20 @@ class VectorizedTrainer:
                     picks[r] = next(batches[r])
                     groups.setdefault(len(picks[r]), []).append(r)
             for members in groups.values():
-                full = len(members) == c
-                rows = torch.tensor(members, device=dev)
-
-                def sel(x: Tensor, full: bool = full, rows: Tensor = rows) -> Tensor:
-                    return x if full else x.index_select(0, rows)
-
+                rows = Rows(members, dev)
                 # Step 0 starts every client at the broadcast θ: no stacked copy needed.
                 shared = t == 0
-                p_g = list(start) if shared else [sel(p) for p in params]
-                b_g = [sel(b) for b in bufs]
-                c_g = {key: sel(v) for key, v in consts.items()}
+                p_g = list(start) if shared else [rows.take(p) for p in params]
+                b_g = [rows.take(b) for b in bufs]
+                c_g = {key: rows.take(v) for key, v in consts.items()}
                 x, y = feed.batch([picks[r] for r in members], members)
                 draws = GroupDraws(streams, members, dev)
                 g, loss = self.grads(p_g, b_g, x, y, c_g, payload, draws, shared)
-                form.adjust(StepGrads(g, p_g, start, payload, c_g, rows, t, c, store))
+                form.adjust(StepGrads(g, p_g, start, payload, c_g, rows.index, t, c, store))
                 self._sgd_step(p_g, g, momentum, rows, t, params)
-                if not full:
-                    for whole, part in zip(bufs, b_g):
-                        whole.index_copy_(0, rows, part)
-                total.index_add_(0, rows, loss.detach().float())
+                for whole, part in zip(bufs, b_g):
+                    rows.put(whole, part)
+                total.index_add_(0, rows.index, loss.detach().float())
 
         for r in range(c):
             if steps[r] == 0:  # no data in epoch mode: never written by a step
@@ -323,46 +322,72 @@ class VectorizedTrainer:
         params: list[Tensor],
         grads: list[Tensor],
         momentum: list[Tensor | None],
-        rows: Tensor,
+        rows: Rows,
         step: int,
         targets: list[Tensor],
     ) -> None:
         """``torch.optim.SGD``'s single-tensor update (dampening 0, no Nesterov) on a
         group: d = ∇ + λθ; b = d at the first step, else b ← μb + d; θ ← θ − ηb.
 
-        ``params`` are the group's values ([G, ...] or, at step 0, the shared start);
-        the results go to ``targets``, the chunk's [C, ...] parameters (in place when the
-        group is the whole chunk). Momentum buffers are [C, ...] over the chunk."""
+        ``params`` are the group's values (``rows.take`` of ``targets``, the chunk's
+        [C, ...] parameters, or at step 0 the shared start); the results land in
+        ``targets``. Momentum buffers are [C, ...] over the chunk."""
         spec = self.algo.spec
         lr, mom, wd = spec.lr, spec.momentum, spec.weight_decay
         c = targets[0].shape[0]
-        full = len(rows) == c
         with torch.no_grad():
             for j, (p, g) in enumerate(zip(params, grads)):
                 d_p = g.add(p, alpha=wd) if wd != 0 else g
                 if mom != 0:
                     if step == 0:  # every client takes its first step at t = 0
                         buf = d_p.detach().clone()
-                        if full:
+                        if rows.size == c:
                             momentum[j] = buf
                         else:
                             if momentum[j] is None:
                                 momentum[j] = buf.new_zeros(c, *buf.shape[1:])
-                            momentum[j].index_copy_(0, rows, buf)  # type: ignore[union-attr]
+                            rows.put(momentum[j], buf)  # type: ignore[arg-type]
                     else:
                         whole = momentum[j]
                         assert whole is not None
-                        buf = whole if full else whole.index_select(0, rows)
+                        buf = rows.take(whole)
                         buf.mul_(mom).add_(d_p)
-                        if not full:
-                            whole.index_copy_(0, rows, buf)
+                        rows.put(whole, buf)
                     d_p = buf
-                if p is targets[j]:
+                if p.dim() == targets[j].dim():  # the group's own rows
                     p.add_(d_p, alpha=-lr)
-                elif full:
-                    torch.add(p, d_p, alpha=-lr, out=targets[j])
-                else:
-                    targets[j].index_copy_(0, rows, p.add(d_p, alpha=-lr))
+                    rows.put(targets[j], p)
+                else:  # step 0: θ_start − η d, written into the rows
+                    rows.write(targets[j], p, d_p, -lr)
+
+
+class Rows:
+    """The clients of a group as positions in the chunk. A contiguous run (the usual case:
+    chunks are ordered by client size) is taken as a view, so updates write through."""
+
+    def __init__(self, members: Sequence[int], device: torch.device) -> None:
+        self.index = torch.tensor(list(members), device=device)
+        self.size = len(members)
+        first = members[0]
+        contiguous = list(members) == list(range(first, first + len(members)))
+        self.span = slice(first, first + len(members)) if contiguous else None
+
+    def take(self, t: Tensor) -> Tensor:
+        return t[self.span] if self.span is not None else t.index_select(0, self.index)
+
+    def put(self, t: Tensor, value: Tensor) -> None:
+        """Store ``value`` (a group's rows) into ``t``; nothing to do for a view of ``t``."""
+        if self.span is None:
+            t.index_copy_(0, self.index, value)
+        elif value.data_ptr() != t[self.span].data_ptr():
+            t[self.span].copy_(value)
+
+    def write(self, t: Tensor, base: Tensor, d: Tensor, alpha: float) -> None:
+        """Rows of ``t`` ← ``base + alpha·d`` (``base`` broadcast over the group)."""
+        if self.span is not None:
+            torch.add(base, d, alpha=alpha, out=t[self.span])
+        else:
+            t.index_copy_(0, self.index, base.add(d, alpha=alpha))
 
 
 class _Feed:
