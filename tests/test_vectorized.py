@@ -168,7 +168,10 @@ CASES: dict[str, dict[str, Any]] = {
         "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
     },
     "fedcart-trades-proto-steps": {
-        "client": {"algorithm": "fedcart", "params": {**AT, "at_loss": "trades", "proto_batch": 30}},
+        "client": {
+            "algorithm": "fedcart",
+            "params": {**AT, "at_loss": "trades", "proto_batch": 30},
+        },
         "server": {"algorithm": "fedcart"},
         "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
     },
@@ -218,7 +221,8 @@ def test_dropout_masks_are_the_sequential_ones():
     """With dropout on and nothing else random, masks must match exactly, not in law:
     a different mask would move Δθ far beyond REL."""
     raw = raw_cfg(client={"local_steps": 1})
-    seq, vec = last_round(simulator(raw, False, BNDropNet)), last_round(simulator(raw, True, BNDropNet))
+    seq = last_round(simulator(raw, False, BNDropNet))
+    vec = last_round(simulator(raw, True, BNDropNet))
     other = last_round(simulator(dict(raw, seed=4), True, BNDropNet))
     assert_same_updates(seq, vec)
     assert float((seq[0].delta - other[0].delta).abs().max()) > 1e3 * REL * float(
@@ -302,6 +306,21 @@ def test_unroutable_randomness_falls_back_to_the_sequential_result(caplog):
     assert "outside nn.Dropout" in line and "model.name='mlp'" in line
     seq = last_round(simulator(raw, False, FunctionalDropoutNet))
     assert all(torch.equal(u.delta, v.delta) for u, v in zip(seq, ups))
+
+
+def test_auto_keeps_large_cpu_steps_sequential(caplog):
+    """On CPU, "auto" batches only small client steps (bench_vectorized: large ones gain
+    nothing); the decision reads FLOP counts, so it is the same on every run."""
+    raw = raw_cfg(model={"params": {"hidden": 40_000}})  # ≈ 5 MFLOP per sample × 16
+    if DEVICE != "cpu":
+        pytest.skip("the FLOP rule is CPU-only")
+    with caplog.at_level(logging.INFO, logger="fedshield"):
+        sim = simulator(raw, "auto")
+        assert sim._batched_trainer(sim.begin_round(1)) is None
+    (line,) = [r.getMessage() for r in caplog.records if "one by one" in r.getMessage()]
+    assert "MFLOP" in line and "run.vectorize=true" in line
+    forced = simulator(raw, True)
+    assert forced._batched_trainer(forced.begin_round(1)) is not None
 
 
 def test_vectorize_true_is_a_config_error_when_impossible():

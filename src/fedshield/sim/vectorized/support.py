@@ -6,6 +6,11 @@ the per-client streams (a probe of two clients on two samples, ``randomness="err
 
 ``auto`` falls back to client-by-client training with one log line saying why; ``true``
 makes any obstacle a :class:`~fedshield.errors.ConfigError` when the experiment is built.
+On CPU ``auto`` also stays client by client when one client's step is large
+(> :data:`CPU_MAX_STEP_FLOPS` forward FLOPs): there the batched kernels run no faster
+than per-client ones (bench_vectorized: ``cnn_small`` on 28×28 MNIST, ≈ 71 MFLOP per
+32-sample step, batched 0.85–1.0× the sequential simulator), so batching would only cost
+memory. The rule reads FLOP counts, not timings, so a run's path is reproducible.
 """
 
 from __future__ import annotations
@@ -112,6 +117,24 @@ def chunk_size(configured: int | None, device: torch.device, num_params: int) ->
     return max(1, min(CUDA_CHUNK_MAX, int(free // 4 // (8 * 4 * d))))
 
 
+CPU_MAX_STEP_FLOPS = 2**25  # ≈ 34 MFLOP forward per client step (see the module docstring)
+
+
+def step_flops(model: torch.nn.Module, data: TensorData, batch_size: int, dev: torch.device) -> int:
+    """Forward FLOPs of one client step (one sample's forward × min(batch, client size))."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, _ = data.batch(torch.arange(1), dev)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x)
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() * min(batch_size, len(data))
+
+
 def _names(cfg_model: str, client: ClientAlgorithm) -> str:
     name = getattr(client, "registry_name", type(client).__name__)
     return f"model.name={cfg_model!r} with client.algorithm={name!r}"
@@ -130,9 +153,19 @@ def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
         chunk = chunk_size(cfg.run.vectorize_chunk, sim.device, sim.state.params.numel())
         trainer = VectorizedTrainer(sim.model, client, form, sim.device, chunk, cfg.run.amp)
         k = next((k for k in plan.ctx.cohort if plan.trains(k)), plan.ctx.cohort[0])
-        why = probe(trainer, plan.payload, sim.exp.clients[k])
+        data = sim.exp.clients[k]
+        why = probe(trainer, plan.payload, data)
         if why is not None:
             reason, trainer = f"{_names(cfg.model.name, client)} cannot run batched: {why}", None
+        elif mode == "auto" and sim.device.type == "cpu":
+            flops = step_flops(sim.model, data, client.spec.batch_size, sim.device)
+            if flops > CPU_MAX_STEP_FLOPS:
+                reason, trainer = (
+                    f"on CPU a client step of model.name={cfg.model.name!r} costs "
+                    f"≈ {flops / 1e6:.0f} MFLOP, above the {CPU_MAX_STEP_FLOPS / 1e6:.0f} "
+                    f"MFLOP where batching pays; run.vectorize=true batches anyway",
+                    None,
+                )
     if trainer is None:
         if mode is True:  # the build-time check passed, so this is a surprise
             raise ConfigError(f"run.vectorize=true: {reason}")
@@ -160,4 +193,13 @@ def require_vectorizable(exp: Experiment) -> None:
     )
 
 
-__all__ = ["chunk_size", "explain", "form_of", "probe", "require_vectorizable", "trainer_for"]
+__all__ = [
+    "CPU_MAX_STEP_FLOPS",
+    "chunk_size",
+    "explain",
+    "form_of",
+    "probe",
+    "require_vectorizable",
+    "step_flops",
+    "trainer_for",
+]

@@ -69,14 +69,6 @@ class Layout:
             tuple((f"m.{n}", b.shape, b.is_floating_point()) for n, b in model.named_buffers()),
         )
 
-    @property
-    def num_params(self) -> int:
-        return sum(shape.numel() for _, shape in self.params)
-
-    @property
-    def num_float_buffers(self) -> int:
-        return sum(shape.numel() for _, shape, f in self.buffers if f)
-
     def split_params(self, flat: Tensor) -> list[Tensor]:
         """Per-parameter views of a flat vector ([d]) or of a row matrix ([C, d])."""
         return _split(flat, [shape for _, shape in self.params])
@@ -272,7 +264,7 @@ class VectorizedTrainer:
             for r in range(c):
                 if t < steps[r]:
                     picks[r] = next(batches[r])
-                    groups.setdefault(len(picks[r]), []).append(r)
+                    groups.setdefault(picks[r].shape[0], []).append(r)
             for members in groups.values():
                 rows = Rows(members, dev)
                 # Step 0 starts every client at the broadcast θ: no stacked copy needed.
