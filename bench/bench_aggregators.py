@@ -13,7 +13,9 @@ ratios on a busy machine.
 
 Geometric median: ByzFL runs a fixed number of Weiszfeld iterations, so it is given the
 count our tolerance-based stopping rule used (same ν), i.e. the same work, and ``max|diff|``
-compares it with ours run the ByzFL way (start at 0, that many iterations).
+compares it with ours run the ByzFL way (start at 0, that many iterations). ``norm_clip`` is
+ByzFL's Clipping pre-aggregator followed by its Average. Bulyan has no ByzFL version;
+Flower's (``--flower-bulyan``) runs S − 2f Krum rounds in Python loops, minutes at d = 10^6.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ try:
 except ImportError:
     flwr_agg = None
 
-O_SD_RULES = {"mean", "drag", "brdrag", "fltrust", "centered_clipping"}
+O_SD_RULES = {"mean", "drag", "brdrag", "fltrust", "centered_clipping", "norm_clip"}
 
 
 def best_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -71,6 +73,8 @@ def our_kwargs(name: str, f: int, s: int) -> dict[str, Any]:
         return {"f": f, "m": s - f - 1}
     if name == "trimmed_mean":
         return {"f": f}
+    if name == "bulyan":  # needs S ≥ 4f + 3
+        return {"f": min(f, (s - 3) // 4)}
     return {}
 
 
@@ -94,10 +98,14 @@ def byzfl_rule(name: str, f: int, diag: dict[str, float]) -> Callable[[torch.Ten
     if name == "centered_clipping":
         # ByzFL's CenteredClipping keeps its centre between calls: a fresh one per call.
         return lambda x: byzfl.CenteredClipping(tau=10.0, L=1)(x)
+    if name == "norm_clip":  # clip to τ around 0, then average
+        return lambda x: byzfl.Average()(byzfl.Clipping(c=10.0)(x))
     return None
 
 
-def flower_rule(name: str, f: int, s: int) -> Callable[[np.ndarray], Any] | None:
+def flower_rule(
+    name: str, f: int, s: int, flower_bulyan: bool = False
+) -> Callable[[np.ndarray], Any] | None:
     if flwr_agg is None:
         return None
 
@@ -114,6 +122,11 @@ def flower_rule(name: str, f: int, s: int) -> Callable[[np.ndarray], Any] | None
         return lambda x: flwr_agg.aggregate_median(results(x))[0]
     if name == "trimmed_mean":  # ⌊βS⌋ = f
         return lambda x: flwr_agg.aggregate_trimmed_avg(results(x), (f + 0.5) / s)[0]
+    if name == "bulyan" and flower_bulyan:  # S − 2f Krum rounds in Python: minutes at 10^6
+        fb = min(f, (s - 3) // 4)
+        return lambda x: flwr_agg.aggregate_bulyan(
+            results(x), fb, flwr_agg.aggregate_krum, to_keep=0
+        )[0]
     return None
 
 
@@ -141,6 +154,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--no-flower", action="store_true", help="skip Flower (slow numpy Krum)")
+    ap.add_argument("--flower-bulyan", action="store_true", help="time Flower's Bulyan too (slow)")
     ap.add_argument("--only", nargs="*", default=None, help="subset of aggregator names")
     args = ap.parse_args()
     if args.threads:
@@ -199,7 +213,7 @@ def main() -> None:
         if theirs is not None:
             theirs_t = times[2]
         fl_t = None
-        fl = None if args.no_flower else flower_rule(name, f, s)
+        fl = None if args.no_flower else flower_rule(name, f, s, args.flower_bulyan)
         if fl is not None:
             fl_t, _ = best_time(lambda g=fl: g(xn), 1)
         floor_ratio = fmt_ratio(ours_t, floor) if name in O_SD_RULES else "-"

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from pydantic import ValidationError
 from torch import nn
 
 from fedshield.adversarial import (
@@ -238,3 +239,38 @@ def test_cw_eval_attack_equals_cw_linf() -> None:
     built = EVAL_ATTACKS.build("cw", eps=EPS, steps=4, seed=5)(model, x, y)
     direct = cw_linf(model, x, y, EPS, steps=4, generator=torch.Generator().manual_seed(5))
     assert torch.equal(built, direct)
+
+
+def test_autoattack_needs_four_classes() -> None:
+    # torchattacks' APGD-T reads the 4th largest logit: fewer classes used to end in an
+    # IndexError at the last round's evaluation.
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).eval()
+    x = torch.rand(2, 3, 2, 2)
+    with pytest.raises(ConfigError, match="'autoattack' needs >= 4 classes.*the model has 3"):
+        EVAL_ATTACKS.build("autoattack")(model, x, model(x).argmax(1))
+    with pytest.raises(ConfigError, match=r"^eval.params.n_classes: Input should be greater than"):
+        EVAL_ATTACKS.parse("autoattack", {"n_classes": 3}, "eval.params")
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "match"),
+    [
+        ("pgd", {"stpes": 3}, r"^e.pgd.stpes: unknown key \(did you mean 'steps'\?"),
+        ("pgd", {"eps": 2.0}, r"^e.pgd.eps: Input should be less than or equal to 1"),
+        ("pgd", {"steps": 2.0}, r"^e.pgd.steps: Input should be a valid integer"),
+        ("cw", {"kappa": -1.0}, r"^e.cw.kappa: Input should be greater than or equal to 0"),
+        ("fgsm", {"clamp": [1.0, 0.0]}, r"^e.fgsm.clamp: low must be < high"),
+        ("autoattack", {"eps": 2.0}, r"^e.autoattack.eps: must be <= 1 for norm = 'Linf'"),
+        ("autoattack", {"version": "std"}, r"^e.autoattack.version: Input should be 'standard'"),
+    ],
+)
+def test_eval_attack_params_are_validated(name: str, params: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        EVAL_ATTACKS.build(name, where=f"e.{name}", **params)
+    with pytest.raises(ValidationError):  # direct construction is checked as strictly
+        EVAL_ATTACKS.get(name)(**params)
+
+
+def test_eval_attack_accepts_a_toml_array_clamp_and_an_l2_budget() -> None:
+    assert EVAL_ATTACKS.build("fgsm", clamp=[-1, 1]).clamp == (-1.0, 1.0)
+    assert EVAL_ATTACKS.build("autoattack", norm="L2", eps=1.5).eps == 1.5

@@ -1,4 +1,6 @@
-"""Aggregation rules (SPEC §1–§5): worked examples, the registry contract, config errors."""
+"""Aggregation rules (SPEC §1–§5, §12): worked examples, the registry contract, conformance
+of every registered rule (finite on huge and non-finite rows, dtype kept, inputs untouched,
+symmetric), config errors, degraded rules."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import pytest
 import torch
 
 import fedshield.aggregators as agg
+from fedshield.core.params import Params
 from fedshield.errors import ConfigError
-from fedshield.registry import RegistryError
+from fedshield.registry import TAGS, RegistryError, tags_of
 
 ALL = agg.names()
 #: Hyper-parameters that make every rule non-trivial on S = 9 rows.
@@ -17,20 +20,11 @@ KWARGS: dict[str, dict[str, object]] = {
     "krum": {"f": 2},
     "multikrum": {"f": 2},
     "trimmed_mean": {"f": 2},
+    "bulyan": {"f": 1},
     "centered_clipping": {"tau": 2.0, "iters": 3},
+    "norm_clip": {"tau": 2.0},
 }
-ROBUST = [
-    "brdrag",
-    "centered_clipping",
-    "fltrust",
-    "geomed",
-    "krum",
-    "median",
-    "multikrum",
-    "raga",
-    "rfa",
-    "trimmed_mean",
-]
+ROBUST = [n for n in ALL if "robust" in agg.AGGREGATORS.entry(n).tags]
 S, D = 9, 17
 
 
@@ -55,9 +49,10 @@ def run(name: str, x: torch.Tensor, w: torch.Tensor | None, r: torch.Tensor) -> 
 def test_registry_lists_every_rule() -> None:
     expected = {
         "mean", "drag", "brdrag", "fltrust", "geomed", "rfa", "raga", "krum", "multikrum",
-        "median", "trimmed_mean", "centered_clipping",
+        "median", "trimmed_mean", "centered_clipping", "norm_clip", "bulyan",
     }  # fmt: skip
     assert set(ALL) == expected
+    assert set(ROBUST) == expected - {"mean", "drag"}
     assert agg.AGGREGATORS.names() == ALL
     assert agg.build("krum", f=2)(torch.randn(10, 4)).shape == (4,)
 
@@ -69,8 +64,12 @@ def test_unknown_name_lists_known_names() -> None:
 
 
 def test_unknown_parameter_lists_accepted() -> None:
-    with pytest.raises(ConfigError, match="accepted: f, m"):
+    with pytest.raises(
+        ConfigError, match=r"aggregator 'multikrum'\.k: unknown key .*allowed: f, m"
+    ):
         agg.build("multikrum", k=3)
+    with pytest.raises(ConfigError, match="did you mean 'tau'"):
+        agg.build("centered_clipping", taus=3.0)
 
 
 @pytest.mark.parametrize(
@@ -80,6 +79,7 @@ def test_unknown_parameter_lists_accepted() -> None:
         ("krum", {"f": 2}, 6),
         ("multikrum", {"f": 1}, 4),
         ("trimmed_mean", {"f": 3}, 6),
+        ("bulyan", {"f": 2}, 10),
     ],
 )
 def test_validate_rejects_impossible_f(name: str, kwargs: dict, s: int) -> None:
@@ -96,6 +96,7 @@ def test_validate_accepts_feasible_settings() -> None:
     agg.build("krum", f=2).validate(7)
     agg.build("trimmed_mean", f=2).validate(5)
     agg.build("multikrum", f=1, m=5).validate(5)
+    agg.build("bulyan", f=2).validate(11)
     with pytest.raises(ConfigError, match="m=6"):
         agg.build("multikrum", f=1, m=6).validate(5)
 
@@ -111,13 +112,27 @@ def test_validate_accepts_feasible_settings() -> None:
         ("brdrag", {"c": float("nan")}, "c"),
         ("centered_clipping", {"tau": 0.0}, "tau"),
         ("centered_clipping", {"iters": 0}, "iters"),
+        ("norm_clip", {"tau": -1.0}, "tau"),
+        ("bulyan", {"f": "2"}, "f"),
         ("geomed", {"nu": 0.0}, "nu"),
         ("rfa", {"init": "median"}, "init"),
     ],
 )
 def test_bad_hyper_parameters(name: str, kwargs: dict, param: str) -> None:
-    with pytest.raises(ConfigError, match=param):
+    with pytest.raises(ConfigError, match=rf"aggregator '{name}'\.{param}: "):
         agg.build(name, **kwargs)
+    with pytest.raises(ConfigError, match=rf"aggregator '{name}'\.{param}: "):  # constructor
+        agg.AGGREGATORS.get(name)(**kwargs)
+
+
+def test_constructors_are_a_library_api() -> None:
+    from fedshield.aggregators.krum import Krum, MultiKrum
+
+    rule = Krum(f=2)
+    assert rule.f == 2 and rule.params.kwargs() == {"f": 2} and repr(rule) == "Krum(f=2)"
+    assert agg.build("krum", f=2).params == rule.params
+    assert MultiKrum(1, 4).m == 4 and MultiKrum().m is None
+    assert rule.replace(f=1).f == 1 and rule.f == 2
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if agg.AGGREGATORS.get(n).needs_reference])
@@ -162,7 +177,12 @@ def test_cuda_matches_cpu(name: str) -> None:
     torch.testing.assert_close(out.cpu(), run(name, x, w, r))
 
 
-@pytest.mark.parametrize("name", ALL)
+#: Bulyan's late Krum rounds score over one neighbour, so two mutual nearest neighbours tie
+#: exactly and the first row wins (as in Flower): not symmetric in the row order.
+SYMMETRIC = [n for n in ALL if n != "bulyan"]
+
+
+@pytest.mark.parametrize("name", SYMMETRIC)
 def test_permutation_invariant(name: str) -> None:
     x, w, r = data(torch.float64)
     perm = torch.randperm(S, generator=torch.Generator().manual_seed(1))
@@ -173,6 +193,140 @@ def test_permutation_invariant(name: str) -> None:
 def test_weights_only_matter_relatively(name: str) -> None:
     x, w, r = data(torch.float64)
     torch.testing.assert_close(run(name, x, 7.5 * w, r), run(name, x, w, r))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_declared_schema_and_tags(name: str) -> None:
+    entry = agg.AGGREGATORS.entry(name)
+    assert entry.declared and issubclass(entry.schema, Params)
+    assert entry.obj.params_schema is entry.schema
+    for field, info in entry.schema.model_fields.items():
+        assert info.description, f"{name}.{field} has no description"
+    assert entry.tags and set(entry.tags) <= set(TAGS), entry.tags
+    assert entry.obj.needs_reference == entry.has("needs_reference")
+    assert not (entry.has("reference_free") and entry.has("needs_reference"))
+    assert not (entry.has("reference_free") and entry.has("needs_center"))
+    assert entry.has("uses_weights") or not entry.has("sample_weighted")
+    assert entry.help.endswith("."), entry.help
+    rule = make(name)
+    assert tags_of(rule) == entry.tags and rule.registry_name == name
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_weights_tag_matches_behaviour(name: str) -> None:
+    x, _, r = data(torch.float64)
+    heavy = torch.arange(1.0, S + 1, dtype=x.dtype).square()
+    differs = not torch.allclose(run(name, x, heavy, r), run(name, x, None, r))
+    assert differs == ("uses_weights" in tags_of(make(name)))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_reference_free_rules_run_without_reference(name: str) -> None:
+    x, w, _ = data()
+    rule = make(name)
+    if "needs_reference" not in tags_of(rule):
+        assert torch.isfinite(rule(x, w)).all()  # needs_center rules start from 0
+
+
+def sign_rows(scale: float, rows: int, seed: int = 4) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(rows, D, generator=gen).sign()
+
+
+@pytest.mark.parametrize("scale", [1e30, 3e38])
+@pytest.mark.parametrize("name", ALL)
+def test_finite_on_huge_rows(name: str, scale: float) -> None:
+    """SPEC §12: finite rows up to float32's max never give NaN/Inf; a robust rule stays at
+    the honest scale with one such row."""
+    x, w, r = data()
+    rule = make(name)
+    ref = r if rule.needs_reference else None
+    honest = max(float(x.norm(dim=1).max()), float(r.norm()))
+    one = x.clone()
+    one[3] = sign_rows(scale, 1)[0]
+    two = x.clone()
+    two[[1, 5]] = sign_rows(scale, 2)
+    for y in (one, two, sign_rows(scale, S)):  # one, two and all rows huge
+        out, diag = rule.aggregate(y, w, reference=ref)
+        assert torch.isfinite(out).all() and out.dtype == y.dtype, (name, diag)
+        assert diag.get("agg/nonfinite", 0.0) == 0.0
+    if "robust" in tags_of(rule):
+        assert float(rule(one, w, reference=ref).norm()) < 3 * honest
+
+
+#: Rules without an absolute scale (τ, ν): rule(s·x) = s·rule(x), or = rule(x) for the two
+#: that rescale every row to ‖r‖.
+HOMOGENEOUS = ["mean", "drag", "median", "trimmed_mean", "krum", "multikrum", "bulyan"]
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e30])
+@pytest.mark.parametrize("name", [*HOMOGENEOUS, "brdrag", "fltrust"])
+def test_tiny_and_huge_float32_rows_keep_their_geometry(name: str, scale: float) -> None:
+    """float32 norms of rows at 1e-30 underflow to 0 and at 1e30 overflow: the geometry must
+    not notice (it is redone in float64), so the rule is unchanged up to the scale."""
+    x, w, r = data()
+    got = run(name, scale * x, w, r)
+    expected = run(name, x, w, r) * (scale if name in HOMOGENEOUS else 1.0)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0.0)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_nonfinite_rows_are_dropped_or_given_their_documented_meaning(name: str) -> None:
+    x, w, r = data(torch.float64)
+    rule = make(name)
+    ref = r if rule.needs_reference else None
+    bad = x.clone()
+    bad[2, 3] = torch.nan
+    bad[6, 0] = -torch.inf
+    out, diag = rule.aggregate(bad, w, reference=ref)
+    assert torch.isfinite(out).all() and diag["agg/nonfinite"] == 2.0
+    if name == "brdrag":  # documented: a non-finite row is replaced by r
+        clean = x.clone()
+        clean[[2, 6]] = r
+        expected = rule(clean, w, reference=ref)
+    else:  # dropped (FLTrust: trust 0, the same thing)
+        keep = [i for i in range(S) if i not in (2, 6)]
+        expected = rule(x[keep], w[keep], reference=ref)
+    torch.testing.assert_close(out, expected)
+    none_left = torch.full_like(x, torch.inf)
+    if rule.handles_nonfinite:
+        assert torch.isfinite(rule(none_left, w, reference=ref)).all()
+    else:
+        with pytest.raises(ValueError, match="non-finite"):
+            rule(none_left, w, reference=ref)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_half_precision_is_kept(name: str) -> None:
+    x, w, r = data()
+    out = run(name, x.half(), w.half(), r.half())
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), run(name, x, w, r), atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_adapted_degrades_instead_of_aborting(name: str) -> None:
+    x, w, r = data()
+    rule = make(name)
+    ref = r if rule.needs_reference else None
+    min_clients = "min_clients" in tags_of(rule)
+    assert rule.adapted(S) is rule
+    for n in range(1, S + 1):
+        a = rule.adapted(n)
+        if a is None:  # only Krum-like rules, on fewer than 3 rows
+            assert min_clients and n < 3
+            continue
+        a.validate(n)
+        assert type(a) is type(rule)
+        if a is not rule:  # the largest feasible f, never a larger one
+            assert min_clients and a.f < rule.f
+            with pytest.raises(ConfigError):
+                a.replace(f=a.f + 1).validate(n)
+        assert torch.isfinite(a(x[:n], w[:n], reference=ref)).all()
+    if not min_clients:
+        rule.validate(1)
+    with pytest.raises(ConfigError):
+        rule.validate(0)
 
 
 @pytest.mark.parametrize("name", ROBUST)
@@ -214,7 +368,9 @@ def test_every_rule_returns_the_point_when_all_rows_agree() -> None:
     x = row.repeat(S, 1)
     for name in ALL:
         # brdrag/fltrust rescale to ‖r‖, so give them r = row; the others ignore it.
-        torch.testing.assert_close(run(name, x, None, row), row, msg=name)
+        rule = agg.build(name, tau=10.0) if name == "norm_clip" else make(name)
+        got = rule(x, reference=row if rule.needs_reference else None)
+        torch.testing.assert_close(got, row, msg=name)
 
 
 # -- DRAG (SPEC §2 eq. 10–11) --------------------------------------------------------------
@@ -403,6 +559,45 @@ def test_centered_clipping_hand_example() -> None:
     diff = x[1] - centre
     expected = centre + 0.5 * diff / diff.norm()  # row 0 sits on the centre
     torch.testing.assert_close(rule(x, reference=centre), expected)
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        rule(x, reference=torch.tensor([torch.nan, 0.0], dtype=torch.float64))
+
+
+def test_centered_clipping_iterates_around_the_previous_aggregate() -> None:
+    """The server's contract: round t passes v_0 = Δ^{t−1}; L iterations of the paper."""
+    x, w, _ = data(torch.float64)
+    prev = x.mean(0) + 0.3
+    tau, iters = 1.5, 3
+    v = prev.clone()
+    for _ in range(iters):  # the definition, line by line
+        diff = x - v
+        scale = (tau / diff.norm(dim=1)).clamp(max=1.0)
+        v = v + ((w / w.sum() * scale)[:, None] * diff).sum(0)
+    got = agg.build("centered_clipping", tau=tau, iters=iters)(x, w, reference=prev)
+    torch.testing.assert_close(got, v)
+
+
+def test_norm_clip_is_clipping_around_zero() -> None:
+    x = torch.tensor([[3.0, 0.0], [0.0, 0.5]], dtype=torch.float64)
+    out, diag = agg.build("norm_clip", tau=1.0).aggregate(x)
+    torch.testing.assert_close(out, torch.tensor([0.5, 0.25], dtype=torch.float64))
+    assert diag["agg/clipped"] == 0.5
+    y, w, _ = data(torch.float64)
+    torch.testing.assert_close(
+        agg.build("norm_clip", tau=2.0)(y, w), agg.build("centered_clipping", tau=2.0)(y, w)
+    )
+
+
+def test_bulyan_hand_example() -> None:
+    # f = 1, n = 7: θ = 5 rows chosen by repeated Krum (100 and −60 are left out), then per
+    # coordinate the β = 3 values closest to the median of the 5 are averaged.
+    x = line([0.0, 1.0, 2.0, 3.0, 10.0, 100.0, -60.0])
+    x[:, 1] = torch.tensor([5.0, -1.0, 0.0, 2.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    out, diag = agg.build("bulyan", f=1).aggregate(x)
+    # first coordinate: {0, 1, 2, 3, 10}, median 2 → {1, 2, 3} → 2;
+    # second: {5, −1, 0, 2, 1}, median 1 → {0, 1, 2} → 1
+    torch.testing.assert_close(out, torch.tensor([2.0, 1.0], dtype=torch.float64))
+    assert diag["agg/num_selected"] == 5.0
 
 
 # -- geometric median (RFA / RAGA) ---------------------------------------------------------
@@ -445,31 +640,156 @@ def test_rfa_is_translation_equivariant_and_raga_ignores_weights() -> None:
 
 
 def test_median_with_ties_matches_the_sorted_definition() -> None:
+    from fedshield.aggregators.median import coordinate_median
+
     gen = torch.Generator().manual_seed(7)
     for s in (2, 4, 7, 10):
         x = torch.randint(0, 3, (s, 200), generator=gen).to(torch.float64)
-        x[0, :5] = torch.inf
         mid = torch.sort(x, dim=0).values[(s - 1) // 2 : s // 2 + 1].mean(0)
         torch.testing.assert_close(agg.build("median")(x), mid)
+        x[0, :5] = torch.inf  # the kernel orders ±inf like any value
+        mid = torch.sort(x, dim=0).values[(s - 1) // 2 : s // 2 + 1].mean(0)
+        torch.testing.assert_close(coordinate_median(x), mid)
+        if s > 2:  # the rule drops the row instead
+            torch.testing.assert_close(agg.build("median")(x), coordinate_median(x[1:]))
 
 
-def test_median_infinite_middle_values_are_not_nan() -> None:
+def test_median_kernel_infinite_and_huge_middle_values() -> None:
+    from fedshield.aggregators.median import coordinate_median
+
     inf = torch.inf
     x = torch.tensor([[1.0, inf, 0.0], [inf, inf, float("nan")], [inf, 2.0, 1.0], [0.0, inf, 2.0]])
-    out = agg.build("median")(x)
+    out = coordinate_median(x)
     assert out[0] == inf and out[1] == inf and torch.isnan(out[2])  # NaN stays NaN
+    big = torch.tensor([[3e38, -3e38], [-3e38, 3e38], [3e38, 3e38], [-3e38, -3e38]])
+    assert torch.equal(coordinate_median(big), torch.zeros(2))  # no overflow in (a + b)/2
+    assert torch.equal(agg.build("trimmed_mean", f=1)(big), torch.zeros(2))
 
 
 def test_blocked_helpers_match_direct_formulas(monkeypatch: pytest.MonkeyPatch) -> None:
     from fedshield.aggregators import _ops
 
     x = torch.randn(8, 5_003, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    whole = {n: agg.build(n)(x) for n in ("raga", "centered_clipping")}
+    names = ("raga", "centered_clipping", "median", "trimmed_mean", "bulyan", "drag")
+    r = x[0].flip(0)
+    whole = {n: run(n, x, None, r) for n in names}
     monkeypatch.setattr(_ops, "_BLOCK_ELEMS", 8 * 1024)  # force several column blocks
     blocks = _ops.column_blocks(x)
     assert len(blocks) == 5 and blocks[-1].stop == x.shape[1]
     xc = x - x.mean(0)
-    torch.testing.assert_close(_ops.centered_gram(x), xc @ xc.T)
+    g, ok = _ops.centered_gram(x)
+    torch.testing.assert_close(g, xc @ xc.T)
+    assert ok.all()
     torch.testing.assert_close(_ops.row_dists(x, x[3]), (x - x[3]).norm(dim=1))
     for name, out in whole.items():
-        torch.testing.assert_close(agg.build(name)(x), out)
+        torch.testing.assert_close(run(name, x, None, r), out)
+    y = x.clone()
+    y[5, 4_000] = torch.nan  # non-finite only in a later block
+    g, ok = _ops.centered_gram(y)
+    assert ok.tolist() == [True] * 5 + [False] + [True] * 2
+    keep = [0, 1, 2, 3, 4, 6, 7]
+    d2, idx = _ops.pairwise_sq_dists(y)
+    assert idx.tolist() == keep
+    torch.testing.assert_close(d2, torch.cdist(x[keep], x[keep]).square())
+
+
+# -- numerics under far outliers (SPEC §12) ------------------------------------------------
+def direct_sq_dists(x: torch.Tensor) -> torch.Tensor:
+    x = x.double()
+    return (x[:, None, :] - x[None, :, :]).square().sum(-1)
+
+
+def far_cluster(seed: int, d: int = 100) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """16 honest rows μ + σ·N(0, 1) and 12 rows at μ + 10^6 σ, in float32."""
+    gen = torch.Generator().manual_seed(seed)
+    mu = torch.randn(d, generator=gen)
+    sigma = torch.rand(d, generator=gen) + 0.5
+    honest = mu + sigma * torch.randn(16, d, generator=gen)
+    return torch.cat([honest, (mu + 1e6 * sigma).expand(12, d)]), honest, sigma
+
+
+def test_pairwise_distances_are_exact_across_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedshield.aggregators import _ops
+
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(12, 30, generator=gen, dtype=torch.float64)
+    # three clusters at 0, 1e8 and 1e16: the Gram trick about the global mean keeps no digit
+    # of the distances inside the first two, re-centring on each group recovers them all
+    x = noise * torch.tensor([1.0] * 4 + [1.0] * 4 + [1e4] * 4, dtype=torch.float64)[:, None]
+    x[4:8] += 1e8
+    x[8:] += 1e16
+    exact = direct_sq_dists(x)
+    d2, idx = _ops.pairwise_sq_dists(x)
+    assert idx.tolist() == list(range(12))
+    torch.testing.assert_close(d2, exact, rtol=1e-9, atol=0)
+    g, _ = _ops.centered_gram(x)
+    assert not torch.allclose(_ops.sq_dists_from_gram(g)[:4, :4], exact[:4, :4], rtol=0.1)
+    monkeypatch.setattr(_ops, "_CANCEL", 2.0)  # flag every pair: the direct-difference path
+    torch.testing.assert_close(_ops.pairwise_sq_dists(x)[0], exact, rtol=1e-12, atol=0)
+
+
+def test_krum_float32_selects_the_exact_row_under_far_outliers() -> None:
+    """12 of 28 rows at μ + 10^6 σ: the float32 Gram trick chose another honest row than
+    exact Krum in 27 of 30 trials; now it is the exact choice in all 30."""
+    hits = 0
+    for seed in range(30):
+        x, _, _ = far_cluster(seed)
+        d2 = direct_sq_dists(x).fill_diagonal_(torch.inf)
+        exact = int(d2.topk(28 - 12 - 2, dim=1, largest=False).values.sum(1).argmin())
+        _, diag = agg.build("krum", f=12).aggregate(x)
+        hits += int(diag["agg/selected"]) == exact
+    assert hits == 30
+
+
+def test_geomed_converges_under_far_outliers() -> None:
+    """16 honest + 12 rows at μ + 10^6 σ: the relative-objective rule alone stopped 1.1 ‖σ‖
+    from the converged median (0.2 ‖σ‖ from the honest mean); with the iterate rule the
+    result is the minimiser (its subgradient vanishes), ~1.1 ‖σ‖ from the honest mean."""
+    for seed in range(3):
+        x, honest, sigma = far_cluster(seed)
+        out, diag = agg.build("rfa").aggregate(x)
+        assert diag["agg/iterations"] < 100
+        z = out.double()
+        diff = z - x.double()
+        grad = (diff / diff.norm(dim=1, keepdim=True)).mean(0)  # ∇ of the mean distance
+        assert float(grad.norm()) < 1e-4
+        offset = float((z - honest.double().mean(0)).norm() / sigma.double().norm())
+        assert 0.9 < offset < 1.3
+        long = agg.build("rfa", tol=0.0, max_iter=3000)(x.double())
+        assert float((z - long).norm() / sigma.double().norm()) < 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_repair_paths_leave_inputs_untouched(dtype: torch.dtype) -> None:
+    """The re-centred Gram (Krum, Bulyan), the re-centred geometric median and the centre
+    subtraction (Centered Clipping) work on copies, also for float64 input (no cast)."""
+    x, _, _ = far_cluster(0)
+    x = x.to(dtype)
+    before = x.clone()
+    centre = x[:16].mean(0) + 0.1
+    _, diag = agg.build("rfa").aggregate(x)
+    assert diag["agg/recentred"] >= 1
+    agg.build("krum", f=12)(x)
+    agg.build("bulyan", f=6)(x)
+    agg.build("centered_clipping", iters=2)(x, reference=centre)
+    assert torch.equal(x, before)
+
+
+def test_user_rule_helpers_keep_their_contract() -> None:
+    """A plugin rule written against the base class (no _configure call, check_updates'
+    weights in the updates' dtype) keeps working: repr, adapted, w @ updates."""
+    from fedshield.aggregators.base import Aggregator, check_updates
+
+    class Scaled(Aggregator):
+        def __init__(self, factor: float = 0.5) -> None:
+            self.factor = factor
+
+        def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001, ANN202
+            w = check_updates(updates, weights)
+            return self.factor * (w @ updates), {}
+
+    x, w, _ = data()
+    rule = Scaled()
+    assert check_updates(x, w).dtype == x.dtype and repr(rule) == "Scaled()"
+    assert rule.adapted(S) is rule
+    torch.testing.assert_close(rule(x, w), 0.5 * (w / w.sum()) @ x)

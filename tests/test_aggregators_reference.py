@@ -1,9 +1,11 @@
 """Our aggregators equal maintained references on seeded random inputs (SPEC §5).
 
-References: ByzFL (EPFL's Byzantine-robust FL library) and Flower's strategy aggregation
-functions. Where their definitions are parameterised differently we map the parameters
-(each mapping is stated next to its test); the rules for which no library exists (DRAG,
-BR-DRAG, FLTrust) are checked against a literal per-client loop over the SPEC equations.
+References: ByzFL (EPFL's Byzantine-robust FL library: Krum, Multi-Krum, Median, TrMean,
+GeometricMedian, CenteredClipping, Clipping + Average) and Flower's strategy aggregation
+functions (Krum, Multi-Krum, Median, trimmed mean, FedAvg, Bulyan). Where their definitions
+are parameterised differently we map the parameters (each mapping is stated next to its
+test); the rules for which no library exists (DRAG, BR-DRAG, FLTrust) are checked against a
+literal per-client loop over the SPEC equations.
 """
 
 from __future__ import annotations
@@ -96,9 +98,46 @@ def test_centered_clipping_matches_byzfl(seed: int, size: tuple[int, int]) -> No
     bz = byzfl()
     x = rows(seed, *size)
     for tau, iters in ((10.0, 1), (3.0, 5), (100.0, 2)):
-        # ByzFL's instance keeps its centre between calls: a fresh one each time.
+        # A fresh ByzFL instance starts from the centre 0, like ours without a reference.
         theirs = bz.CenteredClipping(tau=tau, L=iters)(x)
         close(agg.build("centered_clipping", tau=tau, iters=iters)(x), theirs)
+
+
+@cases
+def test_centered_clipping_centre_is_the_previous_aggregate_as_in_byzfl(
+    seed: int, size: tuple[int, int]
+) -> None:
+    bz = byzfl()
+    # ByzFL's instance carries its last output into its next call as the centre: rounds
+    # t − 1 and t through one instance equal ours with reference = our previous output.
+    prev, x = rows(seed, *size), rows(seed + 50, *size)
+    for tau, iters in ((3.0, 1), (1.0, 3)):
+        theirs = bz.CenteredClipping(tau=tau, L=iters)
+        rule = agg.build("centered_clipping", tau=tau, iters=iters)
+        v1 = rule(prev)
+        close(v1, theirs(prev))
+        close(rule(x, reference=v1), theirs(x))
+
+
+@cases
+def test_norm_clip_matches_byzfl_clipping_then_average(seed: int, size: tuple[int, int]) -> None:
+    bz = byzfl()
+    x = rows(seed, *size)
+    for tau in (0.5, 5.0, 50.0):
+        close(agg.build("norm_clip", tau=tau)(x), bz.Average()(bz.Clipping(c=tau)(x)))
+
+
+def test_geometric_median_under_far_outliers_matches_byzfl_run_long() -> None:
+    bz = byzfl()
+    gen = torch.Generator().manual_seed(0)
+    mu, sigma = torch.randn(50, generator=gen), torch.rand(50, generator=gen) + 0.5
+    x = torch.cat(
+        [mu + sigma * torch.randn(16, 50, generator=gen), (mu + 1e6 * sigma).expand(12, 50)]
+    )
+    # ByzFL iterates in R^d from z = 0 (in float32); 2000 steps reach the minimiser too.
+    theirs = bz.GeometricMedian(nu=1e-6, T=2000)(x)
+    ours = agg.build("rfa")(x)  # default stopping rules
+    assert float((ours - theirs).norm() / sigma.norm()) < 1e-2
 
 
 @cases
@@ -150,6 +189,18 @@ def test_weighted_mean_matches_flower_fedavg(seed: int, size: tuple[int, int]) -
     counts = sample_counts(seed, size[0])
     got = fa.aggregate(flower_results(x, counts))
     close(agg.build("mean")(x, counts.double()), flat(got), tol=1e-12)
+
+
+@cases
+def test_bulyan_matches_flower(seed: int, size: tuple[int, int]) -> None:
+    fa = pytest.importorskip("flwr.server.strategy.aggregate")
+    x = rows(seed, *size, dtype=torch.float64)
+    s = size[0]
+    for f in sorted({0, 1, (s - 3) // 4}):
+        # Flower's Bulyan with Krum: aggregate_krum(results, num_malicious=f, to_keep=0) on
+        # the shrinking set; it pops from the list it is given, hence a fresh one.
+        got = fa.aggregate_bulyan(flower_results(x), f, fa.aggregate_krum, to_keep=0)
+        close(agg.build("bulyan", f=f)(x), flat(got), tol=1e-12)
 
 
 # -- the SPEC equations, one client at a time ----------------------------------------------

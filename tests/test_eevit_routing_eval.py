@@ -1,4 +1,5 @@
-"""Routing evaluators' helpers (SPEC §8 metrics): client-local test sets, top-k, errors."""
+"""Routing evaluators (SPEC §8 metrics): client-local test sets, top-k, the client profile
+on θ^0, declared schemas and clear errors."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import pytest
 import torch
 from torch import nn
 
+from fedshield.core.flat import get_buffers, get_params
 from fedshield.data.bundle import DataBundle, TensorData
 from fedshield.errors import ConfigError
-from fedshield.eval.base import EvalInputs
+from fedshield.eval.base import EVALUATORS, EvalInputs
 from fedshield.eval.routing_eval import (
+    RoutingParams,
+    client_profile,
     client_test_sets,
     exit_probs,
     routing_adv_eval,
@@ -49,7 +53,7 @@ def test_topk_accuracy_caps_k_at_the_class_count() -> None:
     assert topk_acc(probs, torch.tensor([0, 2]), k=5) == 1.0  # k → C = 3
 
 
-def _inputs(model_bundle: DataBundle, clients: list[TensorData]) -> EvalInputs:
+def _inputs(model_bundle: DataBundle, clients: list[TensorData], initial=None) -> EvalInputs:
     return EvalInputs(
         bundle=model_bundle,
         clients=clients,
@@ -58,6 +62,7 @@ def _inputs(model_bundle: DataBundle, clients: list[TensorData]) -> EvalInputs:
         batch_size=64,
         seed=0,
         round=1,
+        initial=initial,
     )
 
 
@@ -71,8 +76,62 @@ def test_evaluators_need_a_multi_exit_model_and_global_policies() -> None:
     model = build_model("eevit", (1, 8, 8), 4, patch_size=4, embed_dim=16, num_heads=1, depth=2)
     with pytest.raises(ConfigError, match="global policies"):
         routing_adv_eval(model.eval(), inputs, policies=["client_robust"])
-    with pytest.raises(ConfigError, match="unknown"):
+    with pytest.raises(ConfigError, match="routing_adv.attacks"):
         routing_adv_eval(model.eval(), inputs, attacks=["cw"])
     probs = exit_probs(model.eval(), test.x, 50, torch.device("cpu"))
     assert probs.shape == (2, 120, 4)
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 120))
+
+
+def test_evaluator_schemas_catch_typos_and_declare_their_model() -> None:
+    for name in ("routing", "routing_adv"):
+        entry = EVALUATORS.entry(name)
+        assert entry.declared and entry.tag_values("needs_model") == {"multi_exit"}
+        assert entry.help.endswith(".")
+        assert all(f.description for f in entry.schema.model_fields.values())
+    with pytest.raises(ConfigError, match="did you mean 'client_test_size'"):
+        EVALUATORS.parse("routing", {"client_tst_size": 5}, "eval.params.routing")
+    with pytest.raises(ConfigError, match="eval.params.routing_adv.eps"):
+        EVALUATORS.parse("routing_adv", {"eps": ["0.1"]}, "eval.params.routing_adv")
+    test = _test_set()
+    bundle = DataBundle("t", test, test, 4, (1, 8, 8), ("a", "b", "c", "d"))
+    model = build_model("eevit", (1, 8, 8), 4, patch_size=4, embed_dim=16, num_heads=1, depth=2)
+    with pytest.raises(ConfigError, match="did you mean 'profile_on'"):
+        routing_eval(model.eval(), _inputs(bundle, [test]), profile_of="final")
+
+
+def test_profile_is_taken_on_the_initial_model_by_default() -> None:
+    torch.manual_seed(0)
+    test = _test_set(per_class=10)
+    bundle = DataBundle("t", test, test, 4, (1, 8, 8), ("a", "b", "c", "d"))
+    clients = [test.subset(torch.arange(0, 25)), test.subset(torch.arange(15, 40))]
+    model = build_model("eevit", (1, 8, 8), 4, patch_size=4, embed_dim=16, num_heads=1, depth=2)
+    model.eval()
+    theta0 = (get_params(model).clone(), get_buffers(model).clone())
+    inputs = _inputs(bundle, clients, initial=theta0)
+    args = {"client_test_size": 8, "policies": ["fixed", "client_robust"]}
+
+    def profile(**kw) -> dict[str, float]:
+        out = routing_eval(model, inputs, **args, **kw)
+        return {k: v for k, v in out.items() if k.startswith("profile/")}
+
+    before = profile()
+    assert set(before) == {
+        f"profile/{k}/{t}" for k in (0, 1) for t in ("score", "label_entropy", "confidence_deficit")
+    }
+    torch.testing.assert_close(
+        torch.tensor([before["profile/0/score"], before["profile/1/score"]]),
+        client_profile(model, inputs, RoutingParams(**args)).score.float(),
+    )
+    # "Train" the model: the default profile (θ^0) does not move, the final one does.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    trained = get_params(model).clone()
+    assert profile() == before
+    assert torch.equal(get_params(model), trained)  # θ^0 was only borrowed
+    final = profile(profile_on="final")
+    deficits = [final[f"profile/{k}/confidence_deficit"] for k in (0, 1)]
+    assert deficits != [before[f"profile/{k}/confidence_deficit"] for k in (0, 1)]
+    with pytest.raises(ConfigError, match="profile_on = 'final'"):
+        routing_eval(model, _inputs(bundle, clients), **args)

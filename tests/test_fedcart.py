@@ -49,9 +49,16 @@ def model(seed: int = 0) -> DualHead:
     return build_model("dual_head", SHAPE, C, backbone="cnn_small", width=4, hidden=8)
 
 
-def data(n: int = 24, seed: int = 0) -> TensorData:
+def data(n: int = 24, seed: int = 0, signal: bool = False) -> TensorData:
+    """Uniform noise images; ``signal``: class c also lights up quadrant c (learnable)."""
     g = torch.Generator().manual_seed(seed)
-    return TensorData(torch.rand(n, *SHAPE, generator=g), torch.arange(n) % C)
+    x, y = torch.rand(n, *SHAPE, generator=g), torch.arange(n) % C
+    if signal:
+        x = 0.3 * x
+        for c in range(C):
+            r, q = divmod(c, 2)
+            x[y == c, :, 4 * r : 4 * r + 4, 4 * q : 4 * q + 4] += 0.7
+    return TensorData(x, y)
 
 
 def client(**params) -> FedCARTClient:  # noqa: ANN003
@@ -158,6 +165,24 @@ def test_each_loss_ablation_removes_exactly_its_term(batch, switch, term):
     assert t[term].item() > 0
     diff = full.loss(m, x, y, payload) - ablated.loss(m, x, y, payload)
     torch.testing.assert_close(diff, t[term])
+
+
+def test_taet_plus_fedcart_switch_follows_the_two_stages(batch):
+    """at_loss = 'taet': natural CE (stage 1, rounds ≤ stabilize_rounds), then HARL on x'
+    (stage 2), each plus γ·L_Align."""
+    from fedshield.algorithms.client.adversarial_training import with_round
+    from fedshield.losses import harl_loss
+
+    m, x, x_adv, y = batch
+    cl = client(at_loss="taet", stabilize_rounds=2)
+    _fixed_adv(cl, x_adv)
+    t = _terms(m, x, x_adv, y)
+    base = Payload(get_params(m), get_buffers(m))
+    stage1 = cl.loss(m, x, y, with_round(base, 2))
+    torch.testing.assert_close(stage1, t["nat"] + t["align"])
+    stage2 = cl.loss(m, x, y, with_round(base, 3))
+    harl = harl_loss(m.main_head(m.forward_features(x_adv)), y)
+    torch.testing.assert_close(stage2, harl + t["align"])
 
 
 def test_trades_plus_fedcart_switch(batch):
@@ -274,18 +299,93 @@ def test_proto_head_flag_selects_the_main_head():
 # -- server ------------------------------------------------------------------------------
 
 
-def test_prototype_aggregation_is_count_weighted():
-    def up(k: int, protos: list[list[float]], counts: list[float]) -> ClientUpdate:
-        u = ClientUpdate(k, torch.zeros(1), int(sum(counts)), torch.zeros(0))
-        u.extras = {PROTOTYPES: torch.tensor(protos), COUNTS: torch.tensor(counts)}
-        return u
+def _proto_update(k: int, protos: list[list[float]], counts: list[float]) -> ClientUpdate:
+    u = ClientUpdate(k, torch.zeros(1), int(sum(counts)), torch.zeros(0))
+    u.extras = {PROTOTYPES: torch.tensor(protos), COUNTS: torch.tensor(counts)}
+    return u
 
-    mean, total = aggregate_prototypes(
-        [up(0, [[1.0, 1.0], [0.0, 0.0]], [3, 0]), up(1, [[5.0, -3.0], [2.0, 4.0]], [1, 2])]
-    )
-    torch.testing.assert_close(mean, torch.tensor([[2.0, 0.0], [2.0, 4.0]]))
-    assert total.tolist() == [4.0, 2.0]
+
+def _aggregator(name: str):  # noqa: ANN202
+    import fedshield.aggregators  # noqa: F401
+    from fedshield.aggregators.base import AGGREGATORS
+
+    return AGGREGATORS.get(name)()
+
+
+def test_prototype_aggregation_is_count_weighted():
+    ups = [
+        _proto_update(0, [[1.0, 1.0], [0.0, 0.0]], [3, 0]),
+        _proto_update(1, [[5.0, -3.0], [2.0, 4.0]], [1, 2]),
+    ]
+    for rule in (None, _aggregator("mean")):
+        mean, total = aggregate_prototypes(ups, rule)
+        torch.testing.assert_close(mean, torch.tensor([[2.0, 0.0], [2.0, 4.0]]))
+        assert total.tolist() == [4.0, 2.0]
     assert aggregate_prototypes([ClientUpdate(0, torch.zeros(1), 1, torch.zeros(0))]) is None
+
+
+class _RobustMedian:
+    """A stand-in robust, reference-free rule (tags as a registered robust rule carries)."""
+
+    registry_tags = {"robust": frozenset(), "reference_free": frozenset()}
+    registry_name = "stub_median"
+    calls = 0
+
+    def validate(self, num_rows: int) -> None:
+        pass
+
+    def __call__(self, rows: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        type(self).calls += 1
+        return rows.median(0).values
+
+
+def test_prototypes_go_through_the_robust_rule_class_by_class():
+    """Class 0 is held by all three clients, one of which uploads a huge prototype: the
+    robust rule gives the benign median; class 1 is held by one client only, so its row is
+    that client's; class 2 by nobody: a zero row and a zero count, never NaN."""
+    ups = [
+        _proto_update(0, [[1.0, 2.0], [7.0, 7.0], [9.0, 9.0]], [5, 0, 0]),
+        _proto_update(1, [[1.2, 2.2], [3.0, -1.0], [9.0, 9.0]], [5, 4, 0]),
+        _proto_update(2, [[1e30, -1e30], [0.0, 0.0], [9.0, 9.0]], [5, 0, 0]),
+    ]
+    robust = _RobustMedian()
+    mean, total = aggregate_prototypes(ups, robust)  # type: ignore[arg-type]
+    torch.testing.assert_close(mean[0], torch.tensor([1.2, 2.0]))  # coordinate-wise
+    torch.testing.assert_close(mean[1], torch.tensor([3.0, -1.0]))
+    torch.testing.assert_close(mean[2], torch.zeros(2))
+    assert total.tolist() == [15.0, 4.0, 0.0] and torch.isfinite(mean).all()
+    assert _RobustMedian.calls == 2  # one call per class someone holds
+    plain, _ = aggregate_prototypes(ups, _aggregator("mean"))
+    assert plain[0].abs().max() > 1e28  # the mean follows the attacker
+
+
+def test_malformed_prototype_rows_are_left_out():
+    good = _proto_update(0, [[1.0, 2.0], [3.0, 4.0]], [1, 1])
+    wrong_shape = _proto_update(1, [[5.0, 5.0, 5.0], [5.0, 5.0, 5.0]], [1, 1])
+    nan = _proto_update(2, [[float("nan"), 0.0], [0.0, 0.0]], [1, 1])
+    for order in ([good, wrong_shape, nan], [wrong_shape, nan, good]):
+        mean, total = aggregate_prototypes(order, _aggregator("mean"), (2, 2))
+        torch.testing.assert_close(mean, torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        assert total.tolist() == [1.0, 1.0]
+    mean, _ = aggregate_prototypes([wrong_shape, good, good], _aggregator("mean"))
+    assert mean.shape == (2, 2)  # unset shape: the one most rows have
+
+
+def test_registry_tags_and_schemas():
+    from fedshield.algorithms.client import CLIENT_ALGORITHMS
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    srv = SERVER_ALGORITHMS.entry("fedcart")
+    cl = CLIENT_ALGORITHMS.entry("fedcart")
+    assert srv.tag_values("needs_client") == {"fedcart"}
+    assert cl.tag_values("needs_model") == {"dual_head"}
+    assert cl.tag_values("uploads") == {"prototypes"}
+    assert srv.schema is FedCARTServerParams and cl.schema is FedCARTParams
+    names = ["fedcart", "fedpgd", "fedfat", "fedtrades", "fedmart", "calfat", "fedtaet"]
+    for entry in [srv] + [CLIENT_ALGORITHMS.entry(n) for n in names]:
+        assert entry.declared and entry.help.endswith(".")
+        for name, field in entry.schema.model_fields.items():
+            assert field.description and field.description.endswith("."), (entry.name, name)
 
 
 def server(**params) -> FedCARTServer:  # noqa: ANN003
@@ -297,7 +397,7 @@ def server(**params) -> FedCARTServer:  # noqa: ANN003
     return FedCARTServer(agg, params=parse_params(FedCARTServerParams, {**base, **params}, "s"))
 
 
-def _round(srv: FedCARTServer, rnd: int = 1, state=None):  # noqa: ANN001, ANN202
+def _round(srv: FedCARTServer, rnd: int = 1, state=None, signal: bool = False):  # noqa: ANN001, ANN202
     """One FedCART round on two clients; returns (θ before, step after post_step)."""
     m = model()
     theta, buffers = get_params(m), get_buffers(m)
@@ -308,7 +408,7 @@ def _round(srv: FedCARTServer, rnd: int = 1, state=None):  # noqa: ANN001, ANN20
     for k in range(2):
         torch.manual_seed(k)
         c = ClientContext(k, rnd, torch.Generator().manual_seed(k), torch.device("cpu"))
-        ups.append(cl.local_update(m, payload, data(seed=k), c, {}))
+        ups.append(cl.local_update(m, payload, data(seed=k, signal=signal), c, {}))
     step = srv.update(theta, buffers, state, ups, rctx(rnd), None)  # type: ignore[arg-type]
     return theta, step, srv.post_step(step, rctx(rnd), None), payload  # type: ignore[arg-type]
 
@@ -363,9 +463,95 @@ def test_server_needs_fedcart_clients():
         srv.update(theta, get_buffers(m), {}, plain, rctx(), None)  # type: ignore[arg-type]
 
 
+def test_cart_step_logs_its_losses_and_stops_each_phase_on_a_plateau():
+    capped = _round(server(match_iters=25, retrain_steps=30, match_window=0, retrain_window=0))[
+        2
+    ].metrics
+    assert capped["cart/match_steps"] == 25 and capped["cart/retrain_steps"] == 30
+    assert capped["cart/match_end"] < capped["cart/match_start"]
+    assert capped["cart/retrain_loss"] < capped["cart/retrain_start"]
+    out = _round(
+        server(
+            match_iters=5000, match_optimizer="adam", match_lr=0.1, match_window=10,
+            match_tol=1e-2, retrain_steps=100000, retrain_lr=0.1, retrain_window=5,
+            retrain_tol=1e-2,
+        ),
+        signal=True,
+    )[2]  # fmt: skip
+    early = out.metrics
+    assert 10 < early["cart/match_steps"] < 5000
+    assert 0 < early["cart/retrain_steps"] < 100000
+    assert early["cart/match_end"] < 0.05 * early["cart/match_start"]
+    # The logged re-training loss is h''s full-data CE on the virtual features it ends with.
+    zv = out.state["zv"]
+    head = out.params[-P:]
+    logits = zv.reshape(-1, 8) @ head[: C * 8].view(C, 8).T + head[C * 8 :]
+    labels = torch.arange(C).repeat_interleave(zv.shape[1])
+    ce = F.cross_entropy(logits, labels).item()
+    assert early["cart/retrain_loss"] == pytest.approx(ce, rel=1e-5)
+
+
+def test_extreme_finite_prototypes_never_make_theta_non_finite():
+    """Prototypes of 1e30 (a non-robust rule lets one attacker set them) overflow the
+    matching loss; the CART step then keeps h' and Z_v instead of writing NaN."""
+    for optimizer in ("sgd", "adam"):
+        srv = server(match_iters=5, match_optimizer=optimizer)
+        _, agg, _, _ = _round(srv)
+        agg.state["proto"] = torch.full_like(agg.state["proto"], 1e30)
+        out = srv.post_step(agg, rctx(), None)  # type: ignore[arg-type]
+        assert torch.isfinite(out.params).all() and torch.isfinite(out.state["proto"]).all()
+        if optimizer == "sgd":  # SGD's step overflows: the phase is skipped, θ kept
+            assert out.metrics["cart/skipped"] == 1.0
+            torch.testing.assert_close(out.params, agg.params)
+
+
+def test_head_shape_is_what_most_clients_upload():
+    from fedshield.algorithms.server.fedcart import _head_shape
+
+    def up(shape: list[float]) -> ClientUpdate:
+        u = ClientUpdate(0, torch.zeros(1), 1, torch.zeros(0))
+        u.extras = {HEAD_SHAPE: torch.tensor(shape)}
+        return u
+
+    ups = [up([4, 8]), up([4, 8]), up([1e6, 8]), up([2, 3])]
+    assert _head_shape(ups, 200).tolist() == [4.0, 8.0]
+    assert _head_shape([up([1e6, 8])], 200) is None  # two such heads cannot fit
+
+
 def test_cold_start_retraining_is_seeded():
     a = _round(server(retrain_warm_start=False))[2].params
     b = _round(server(retrain_warm_start=False))[2].params
     warm = _round(server())[2].params
     torch.testing.assert_close(a, b)
     assert (a[-P:] - warm[-P:]).abs().max() > 0
+
+
+# -- FedTAET ---------------------------------------------------------------------------------
+
+
+def test_fedtaet_client_is_natural_ce_then_harl_and_reads_the_round():
+    from fedshield.algorithms.client.adversarial_training import (
+        FedTAET,
+        TAETParams,
+        with_round,
+    )
+    from fedshield.losses import harl_loss
+
+    torch.manual_seed(0)
+    m = build_model("cnn_small", SHAPE, C, width=4, hidden=8)
+    d = data()
+    x, y = d.x[:8], d.y[:8]
+    x_adv = (x + 0.05).clamp(0, 1)
+    spec = LocalSpec(lr=0.05, batch_size=8, steps=1)
+    cl = FedTAET(spec, parse_params(TAETParams, {"stabilize_rounds": 3}, "client.params"))
+    cl.pgd_examples = lambda model, x, y, steps=None: x_adv  # type: ignore[method-assign]
+    base = Payload(get_params(m), get_buffers(m))
+    torch.testing.assert_close(cl.loss(m, x, y, with_round(base, 3)), F.cross_entropy(m(x), y))
+    torch.testing.assert_close(cl.loss(m, x, y, with_round(base, 4)), harl_loss(m(x_adv), y))
+    seen = []
+    real_loss = cl.loss
+    cl.loss = lambda model, x, y, payload: (  # type: ignore[method-assign]
+        seen.append(float(payload.extras["taet/round"])) or real_loss(model, x, y, payload)
+    )
+    cl.local_update(m, base, d, ctx(rnd=5), {})
+    assert seen == [5.0]

@@ -121,12 +121,19 @@ def test_fedcart_composes_with_a_byzantine_aggregator():
     assert "cart/match_end" in summary["final"]
 
 
-@pytest.mark.parametrize("algorithm", ["fedpgd", "fedfat", "fedtrades", "fedmart", "calfat"])
+@pytest.mark.parametrize(
+    "algorithm", ["fedpgd", "fedfat", "fedtrades", "fedmart", "calfat", "fedtaet"]
+)
 def test_at_baselines_run_and_learn_something(algorithm):
+    params = {"steps": 2} | ({"stabilize_rounds": 1} if algorithm == "fedtaet" else {})
     raw = fedcart_cfg(
         rounds=2,
         **{
             "client.algorithm": algorithm,
+            # lr 0.05: CalFAT's logits are scaled by s = 10, and at 0.1 its tiny MLP
+            # collapses to one class on this data.
+            "client.lr": 0.05,
+            "client.params": params,  # FedTAET: HARL in round 2
             "server.algorithm": "fedavg",
             "server.params": {},
             "eval.metrics": [],
@@ -139,6 +146,13 @@ def test_at_baselines_run_and_learn_something(algorithm):
 
 def test_mart_plus_fedcart_runs():
     run(fedcart_cfg(rounds=1, **{"client.params": {"steps": 1, "at_loss": "mart"}}))
+
+
+def test_taet_plus_fedcart_runs_both_stages():
+    params = {"steps": 1, "at_loss": "taet", "stabilize_rounds": 1}
+    over = {"client.params": params, "eval.metrics": [], "eval.params": {}}
+    summary = run(fedcart_cfg(rounds=2, **over))
+    assert summary["final"]["train/loss"] > 0 and "cart/match_steps" in summary["final"]
 
 
 # -- evaluators ----------------------------------------------------------------------------
@@ -200,6 +214,35 @@ def test_robust_evaluator_bad_param_names_the_key():
         EVALUATORS.get("robust")(model, inputs, pgd_stpes=3)
 
 
+@pytest.mark.parametrize("name", ["robust", "groups"])
+def test_evaluator_schemas_refuse_typos_at_build_time_and_agree_with_the_call(name):
+    """The declared schema refuses ``pgd_stpes`` before any training, with a did-you-mean;
+    the evaluator parses its keyword arguments with that same schema."""
+    from fedshield.eval.robust import GroupParams, RobustParams
+
+    entry = EVALUATORS.entry(name)
+    assert entry.declared and entry.schema is {"robust": RobustParams, "groups": GroupParams}[name]
+    where = f"eval.params.{name}"
+    with pytest.raises(
+        ConfigError, match=rf"{where}\.pgd_stpes: unknown key \(did you mean 'pgd_steps'"
+    ):
+        EVALUATORS.parse(name, {"pgd_stpes": 3}, where)
+    with pytest.raises(ConfigError, match="pgd_steps"):
+        EVALUATORS.parse(name, {"pgd_steps": "3"}, where)  # strict: no str → int
+    raw = {"pgd_steps": 3, "max_samples": 12}
+    if name == "robust":
+        raw |= {"autoattack": False, "cw_steps": 2}
+    parsed = EVALUATORS.parse(name, raw, where)
+    model, inputs = _inputs()
+    out = entry.obj(model, inputs, **parsed.kwargs())  # what Registry.build would call
+    out.pop("robust/wall_s", None)
+    again = entry.obj(model, inputs, **raw)
+    again.pop("robust/wall_s", None)
+    assert out == again
+    for field, info in entry.schema.model_fields.items():
+        assert info.description and info.description.endswith("."), field
+
+
 # -- presets -------------------------------------------------------------------------------
 
 FULL = ["fedcart-cifar10lt", "fedcart-cifar100lt", "fedcart-svhnlt", "fedcart-fmnistlt"]
@@ -225,6 +268,29 @@ def test_baselines_and_ablations_are_overrides_of_the_preset(name):
         ["server.params.aux_head=false", "server.aggregator=krum"],
     ):
         build_components(config.load(preset=name, overrides=overrides))
+
+
+GRIDS = {
+    "fedcart-methods-cpu": {"fedcart", "trades_fedcart", "mart_fedcart", "taet_fedcart", "calfat"},
+    "fedcart-baselines-cpu": {"fedpgd", "fedtrades", "fedmart", "fedfat", "fedtaet"},
+    "fedcart-ablations-cpu": {"full", "no_at", "no_nat", "no_align", "no_cart", "no_aux"},
+    "fedcart-rho-cpu": {f"rho={r}" for r in (5, 10, 50, 100)},  # seed 003 Fig. 5
+    "fedcart-rho-calfat-cpu": {f"rho={r}" for r in (5, 10, 50, 100)},
+}
+
+
+@pytest.mark.parametrize("grid", sorted(GRIDS))
+def test_fedcart_grids_expand_to_valid_runs(grid):
+    from fedshield.sweep import expand, read_grid
+
+    spec, where = read_grid(grid=grid)
+    _, runs = expand(spec, where)
+    for r in runs:
+        build_components(config.validate(r.raw))
+    assert {r.name for r in runs} == GRIDS[grid]
+    algorithms = {config.validate(r.raw).client.algorithm for r in runs}
+    if grid == "fedcart-rho-calfat-cpu":
+        assert algorithms == {"calfat"}
 
 
 def test_autoattack_subset_and_robust_avg(monkeypatch):

@@ -4,6 +4,7 @@ ClientApp parity with the in-process simulator over an in-process Grid."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from flwr.app import MessageType, RecordDict  # noqa: E402
 from fedshield import config  # noqa: E402
 from fedshield.attacks.base import ATTACKS  # noqa: E402
 from fedshield.core.context import ClientUpdate, Payload  # noqa: E402
+from fedshield.errors import ConfigError  # noqa: E402
 from fedshield.flower import client_app, codec  # noqa: E402
 from fedshield.flower.byzantine import runs_on_client  # noqa: E402
 from fedshield.flower.local import LocalGrid  # noqa: E402
@@ -109,6 +111,27 @@ def test_payload_and_update_roundtrip_exactly():
     assert all(torch.equal(u.extras[k], v) for k, v in update.extras.items())
 
 
+def test_fedcart_extras_roundtrip_exactly():
+    """FedCART's real payload and upload (prototypes [C, C·D + C], counts [C], head shape,
+    the 0-d prototype request) come out of the codec bit for bit."""
+    sim = Simulator(build(config.validate(raw_config(**FEDCART))))
+    plan = sim.begin_round(1)
+    payload = codec.decode_payload(codec.encode_payload(plan.payload))
+    sent = plan.payload.extras["fedcart/proto_head"]
+    assert payload.extras["fedcart/proto_head"].shape == sent.shape == ()
+    assert torch.equal(payload.extras["fedcart/proto_head"], sent)
+    update = sim.client_update(plan, plan.ctx.cohort[0])
+    assert {"fedcart/prototypes", "fedcart/counts", "fedcart/head_shape"} <= set(update.extras)
+    back = codec.decode_update(codec.encode_update(update))
+    assert set(back.extras) == set(update.extras)
+    for name, value in update.extras.items():
+        got = back.extras[name]
+        assert got.dtype == value.dtype and got.shape == value.shape, name
+        assert torch.equal(got, value), name
+    c, d = (int(v) for v in update.extras["fedcart/head_shape"])
+    assert update.extras["fedcart/prototypes"].shape == (c, c * d + c)
+
+
 def test_task_roundtrip():
     task = codec.Task(5, 2, True, False, True, "seed = 1\n", "abc")
     assert codec.Task.from_record(task.to_record()) == task
@@ -130,6 +153,18 @@ def test_attack_placement():
 
 # -- parity with the simulator ----------------------------------------------------------
 
+# FedCART (SPEC §7): prototypes, class counts and the head shape travel as update extras,
+# the prototype request as a payload extra; long-tailed digits so class counts differ.
+FEDCART: dict[str, Any] = {
+    "data": {"partition": "dirichlet", "beta": 0.5, "long_tail": {"rho": 10}},
+    "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
+    "client": {"algorithm": "fedcart", "batch_size": 32, "params": {"steps": 2}},
+    "server": {
+        "algorithm": "fedcart",
+        "params": {"match_iters": 10, "retrain_steps": 20, "num_virtual": 10},
+    },
+}
+
 PARITY = {
     "fedavg": {},
     "brdrag": {"server": {"algorithm": "brdrag"}, "data": {"root_size": 100}},
@@ -148,12 +183,13 @@ PARITY = {
     "min_max": {"attack": {"name": "min_max", "fraction": 0.5, "mode": "per_round"}},
     "noise": {"attack": {"name": "noise", "fraction": 0.25}},
     "label_flip": {"attack": {"name": "label_flip", "fraction": 0.25}},
+    "fedcart": FEDCART,
 }
 
 
 # The issue's three (FedAvg, BR-DRAG, a client-side method) and one attack per placement
 # run by default; the rest of the matrix is marked slow to keep the default suite short.
-FAST = {"fedavg", "brdrag", "scaffold", "median+sign_flip", "min_max", "label_flip"}
+FAST = {"fedavg", "brdrag", "scaffold", "median+sign_flip", "min_max", "label_flip", "fedcart"}
 
 
 @pytest.mark.parametrize(
@@ -279,3 +315,137 @@ def test_run_config_resolves_experiment(tmp_path):
     path.write_text(config.dump(config.validate(raw_config())))
     s = settings_from_run_config({"config": str(path), "preset": "demo", "resume": True})
     assert s.cfg.name == "flower-test" and s.resume and s.out.name == "flower-test-flower"
+
+
+# -- client state across SuperNode restarts ---------------------------------------------
+
+
+class RestartingGrid(LocalGrid):
+    """Every SuperNode restarts (loses its Context) before every training round."""
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        if any(m.metadata.message_type == MessageType.TRAIN for m in messages):
+            self.restart()
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+SCAFFOLD_PARTIAL = {
+    "client": {"algorithm": "scaffold"},
+    "server": {"algorithm": "scaffold", "clients_per_round": 2},
+    "rounds": 4,  # partial participation: clients come back to their h_m rounds later
+}
+
+
+def test_scaffold_state_survives_supernode_restarts_via_state_dir(tmp_path):
+    from fedshield.flower import node_state
+
+    raw = raw_config(**SCAFFOLD_PARTIAL)
+    ref = Simulator(build(config.validate(raw)))
+    ref.run()
+    grid = RestartingGrid(4, node_config={"state-dir": str(tmp_path / "state")})
+    sim = prepare(config.validate(raw), None)
+    strategy = FedshieldStrategy(sim)
+    strategy.run(grid)
+    assert_same(ref.records, sim.records)
+    # Every client that trained has its h_m on disk, bit-identical to the simulator's.
+    assert len(ref.state.client_states) == 4
+    for k, expected in ref.state.client_states.items():
+        saved = node_state.load(tmp_path / "state", k, strategy.run_key)
+        assert saved is not None and saved.round <= raw["rounds"]
+        assert set(saved.tensors) == set(expected) == {"h"}
+        assert torch.equal(saved.tensors["h"], expected["h"]), k
+
+
+def test_restart_without_state_dir_loses_scaffold_state():
+    """What ``state-dir`` prevents: a restarted node starts again from h_m = 0."""
+    raw = raw_config(**SCAFFOLD_PARTIAL)
+    ref = simulate(raw)
+    records, _, _ = on_flower(raw, grid=RestartingGrid(4))
+    assert records[0]["test_acc"] == pytest.approx(ref[0]["test_acc"])  # no state yet
+    assert any(a["test_loss"] != pytest.approx(b["test_loss"]) for a, b in zip(ref, records))
+
+
+def test_state_file_is_per_run_and_atomic(tmp_path):
+    from fedshield.flower import node_state
+
+    h = torch.randn(5, dtype=torch.float64)
+    node_state.save(tmp_path, node_state.SavedState("run-a", 2, 3, {"h": h}))
+    assert [p.name for p in tmp_path.iterdir()] == ["client-2.pt"]  # no temporary left
+    saved = node_state.load(tmp_path, 2, "run-a")
+    assert saved.round == 3 and torch.equal(saved.tensors["h"], h)
+    assert node_state.load(tmp_path, 2, "run-b") is None  # another run's state is ignored
+    assert node_state.load(tmp_path, 1, "run-a") is None
+    with pytest.raises(ConfigError, match="state-dir=3"):
+        client_app.state_dir({"state-dir": 3})
+
+
+# -- progress display -------------------------------------------------------------------
+
+
+def test_strategy_hands_round_wall_time_to_callbacks_that_take_it(tmp_path):
+    got: list[tuple[int, float]] = []
+    sim = prepare(config.validate(raw_config()), tmp_path / "run")
+    serve(LocalGrid(4), sim, on_round=lambda m, wall_s: got.append((m["round"], wall_s)))
+    timing = [json.loads(x) for x in (tmp_path / "run" / "timing.jsonl").read_text().splitlines()]
+    assert got == [(t["round"], t["wall_s"]) for t in timing] and len(got) == 2
+    plain: list[int] = []
+    # A callback without ``wall_s`` gets the metrics only.
+    serve(LocalGrid(4), prepare(config.validate(raw_config()), None), lambda m: plain.append(1))
+    assert plain == [1, 1]
+
+
+def test_progress_bar_shows_rounds_accuracy_round_time_and_eta():
+    import io
+
+    from rich.console import Console
+
+    from fedshield.progress import RoundProgress
+
+    buf = io.StringIO()
+    raw = raw_config(rounds=3)
+    sim = prepare(config.validate(raw), None)
+    with RoundProgress("flower-test", 3, console=Console(file=buf, width=160)) as bar:
+        serve(LocalGrid(4), sim, on_round=bar.on_round)
+    line = buf.getvalue().strip().splitlines()[-1]
+    assert line.startswith("flower-test") and "3/3" in line, line
+    assert f"acc {sim.records[-1]['test_acc']:.4f}" in line, line
+    assert re.search(r"last round \d+\.\ds", line) and "eta" in line, line
+
+
+def test_discovery_query_needs_no_torch():
+    """On a SuperNode every message is a fresh process: loading the ClientApp and answering
+    the discovery query must not import torch (it costs seconds)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict\n"
+        "from fedshield.flower import client_app, keys\n"
+        "from fedshield.flower.local import _set_task_identity\n"
+        "_set_task_identity()\n"
+        "msg = Message(RecordDict({keys.HELLO: ConfigRecord({'num-clients': 4})}),\n"
+        "              dst_node_id=1, message_type=MessageType.QUERY)\n"
+        "ctx = Context(0, 1, {'partition-id': 2}, RecordDict(), {})\n"
+        "reply = client_app.app(msg, ctx)\n"
+        "print(reply.content.config_records[keys.NODE]['partition-id'], 'torch' in sys.modules)\n"
+    )
+    src = Path(__file__).resolve().parents[1] / "src"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(src), "PATH": ""},
+    )  # fmt: skip
+    assert proc.stdout.split() == ["2", "False"], proc.stderr[-2000:]
+
+
+def test_serverapp_logs_each_round_for_flwr_log(caplog):
+    from fedshield.flower.server_app import log_rounds
+
+    sim = prepare(config.validate(raw_config()), None)
+    with caplog.at_level("INFO", logger="flwr"):
+        serve(LocalGrid(4), sim, log_rounds(2))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fedshield")]
+    acc = f"acc {sim.records[-1]['test_acc']:.4f}"
+    assert len(lines) == 2 and re.fullmatch(rf"fedshield round 2/2 {acc} \(\d+\.\d s\)", lines[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-from test_flower import assert_same, raw_config, simulate  # noqa: E402
+from test_flower import FEDCART, assert_same, raw_config, simulate  # noqa: E402
 
 from fedshield import config  # noqa: E402
 
@@ -28,6 +29,8 @@ CONFIGS = {
     "scaffold": raw_config(
         client={"algorithm": "scaffold"}, server={"algorithm": "scaffold"}, rounds=3
     ),
+    # FedCART's extras (prototypes, counts, head shape) through the codec and Ray.
+    "fedcart": raw_config(**FEDCART),
 }
 
 
@@ -53,18 +56,22 @@ def test_ray_simulation_matches_simulator(flower_runs, name):
 
 @pytest.mark.slow  # a fresh interpreter + its own Ray start: ~45 s on 2 busy cores
 def test_cli_backend_flower(tmp_path):
-    """``fedshield run --backend flower`` end to end (a separate process, its own Ray)."""
+    """``fedshield run --backend flower`` end to end (a separate process, its own Ray),
+    with the simulator's progress bar: rounds, accuracy, last round's time, ETA."""
     cfg = tmp_path / "exp.toml"
-    cfg.write_text(config.dump(config.validate(raw_config(rounds=1))))
+    cfg.write_text(config.dump(config.validate(raw_config(rounds=1, run={"progress": True}))))
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "fedshield", "run", str(cfg), "--backend", "flower"]
-        + ["--out", str(out), "-q"],
+        + ["--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "160"},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((out / "summary.json").read_text())["rounds"] == 1
     assert "final acc" in proc.stdout
+    acc = json.loads((out / "summary.json").read_text())["final_test_acc"]
+    bar = re.search(r"flower-test .* 1/1 acc (\S+) last round \d+\.\ds .*eta", proc.stdout)
+    assert bar and float(bar.group(1)) == pytest.approx(acc, abs=1e-4), proc.stdout[-2000:]

@@ -18,6 +18,7 @@ from fedshield.losses import (
     linear_ce_grad_per_sample,
     mart_loss,
     match_distance,
+    plateaued,
     supervised_contrastive,
     synthesize_features,
     trades_kl,
@@ -214,16 +215,157 @@ def test_gradient_matching_drives_mse_down_and_retrained_head_classifies_real_fe
     protos = sums / counts[:, None]
     classes = torch.arange(c)
     z0 = torch.randn(c, v, d, generator=torch.Generator().manual_seed(4))
-    zv, start, end = synthesize_features(z0, w, b, classes, protos, iters=200, lr=1.0)
-    assert end < 0.02 * start
+    res = synthesize_features(z0, w, b, classes, protos, iters=200, lr=1.0)
+    zv = res.features
+    assert res.end < 0.02 * res.start
     # The synthesized features reproduce the real class gradients...
     gap = (class_mean_grads(zv, w, b, classes) - protos).norm() / protos.norm()
     assert gap < 0.1
     before = ((z_real @ w.T + b).argmax(1) == y_real).float().mean()
-    w2, b2, _ = retrain_linear(
+    fit = retrain_linear(
         w, b, zv.reshape(-1, d), classes.repeat_interleave(v),
         steps=300, lr=0.05, batch_size=32, generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
-    after = ((z_real @ w2.T + b2).argmax(1) == y_real).float().mean()
+    after = ((z_real @ fit.weight.T + fit.bias).argmax(1) == y_real).float().mean()
     # ...and h' re-trained on them alone classifies the real features.
     assert before < 0.5 and after > 0.9
+
+
+# -- the CART step's stopping rule ---------------------------------------------------------
+
+
+def test_plateau_rule_worked_example():
+    """Relative improvement over the last `window` entries: (L[t−w] − L[t]) ≤ tol·|L[t−w]|."""
+    h = [10.0, 9.0, 8.9, 8.89]
+    assert plateaued(h, window=2, tol=0.05)  # 9 → 8.89: 1.2 % < 5 %
+    assert not plateaued(h, window=2, tol=0.01)  # 1.2 % > 1 %
+    assert not plateaued(h, window=3, tol=0.05)  # 10 → 8.89: 11 % > 5 %
+    assert not plateaued(h, window=4, tol=0.5)  # too short a history to judge
+    assert not plateaued(h, window=0, tol=1.0)  # window 0: the rule is off
+    assert plateaued([1.0, 1.5], window=1, tol=0.0)  # a rising loss is a plateau
+    assert plateaued([0.0, 0.0], window=1, tol=0.0)  # an exact zero stops, no 0/0
+
+
+def _matching_problem():  # noqa: ANN202
+    c, d, v = 4, 8, 50
+    z_real, y_real = _clusters(c, d)
+    w, b = _linear(c, d, seed=5)
+    sums, counts = class_gradient_sums(z_real, w, b, y_real, c)
+    z0 = torch.randn(c, v, d, generator=torch.Generator().manual_seed(4))
+    return z0, w, b, torch.arange(c), sums / counts[:, None]
+
+
+def test_matching_stops_early_on_a_plateau_it_cannot_pass():
+    """A target whose bias part no feature can produce (ḡ_c's own-class entry is a mean of
+    p_c − 1 ∈ (−1, 0); here it is −2): the distance floors above zero and the rule stops
+    matching long before the cap; the steps taken are reported."""
+    z0, w, b, classes, protos = _matching_problem()
+    c = w.shape[0]
+    protos = protos.clone()
+    protos[classes, -c + classes] = -2.0
+    capped = synthesize_features(z0, w, b, classes, protos, iters=600, lr=1.0)
+    stopped = synthesize_features(z0, w, b, classes, protos, iters=600, lr=1.0, window=10, tol=1e-3)
+    assert capped.steps == 600 and stopped.steps < 300
+    assert stopped.end > 4 * 0.9  # ≥ (−2 − (−1))² per class: the floor it plateaus on
+    assert stopped.end <= 1.05 * capped.end  # it stopped where little was left to gain
+
+
+def test_matching_runs_to_the_cap_while_the_loss_still_falls():
+    z0, w, b, classes, protos = _matching_problem()
+    res = synthesize_features(z0, w, b, classes, protos, iters=60, lr=0.1, window=10, tol=1e-3)
+    assert res.steps == 60 and res.end < 0.8 * res.start
+
+
+def test_matching_loss_falls_below_a_stated_value_with_adam():
+    """MSE 336 → below 0.05 on the worked example (Adam, lr 0.1, ≤ 400 steps)."""
+    z0, w, b, classes, protos = _matching_problem()
+    res = synthesize_features(
+        z0, w, b, classes, protos, iters=400, lr=0.1, optimizer="adam", window=20, tol=1e-3
+    )
+    assert res.start == pytest.approx(336.2, abs=0.1)
+    assert res.end < 0.05
+
+
+def test_retraining_fits_the_virtual_features_and_stops_on_its_plateau():
+    """h' re-trained on matched features: CE well below ln C, stopped at a pass boundary
+    before the cap; without the rule it runs to the cap."""
+    from fedshield.algorithms.server.fedcart import retrain_linear
+
+    z0, w, b, classes, protos = _matching_problem()
+    c, v, d = z0.shape
+    zv = synthesize_features(z0, w, b, classes, protos, iters=200, lr=1.0).features
+    z, y = zv.reshape(-1, d), classes.repeat_interleave(v)
+    fit = retrain_linear(
+        w, b, z, y, steps=3000, lr=0.1, batch_size=32,
+        generator=torch.Generator().manual_seed(0), window=3, tol=1e-3,
+    )  # fmt: skip
+    per_pass = -(-len(y) // 32)
+    assert fit.steps < 3000 and fit.steps % per_pass == 0
+    assert fit.loss < 0.25 * math.log(c) < fit.start
+    full = retrain_linear(
+        w, b, z, y, steps=40, lr=0.01, batch_size=32, generator=torch.Generator().manual_seed(0),
+        window=1, tol=1e-4,
+    )  # fmt: skip
+    assert full.steps == 40 and full.loss < full.start
+
+
+# -- TAET ----------------------------------------------------------------------------------
+
+
+def test_harl_worked_example():
+    """Three samples of classes (0, 0, 1), C = 3 (class 2 absent), logits chosen so the
+    per-sample CEs are log 2, log 4 and log 3:
+
+    L = (½(log 2 + log 4), log 3, 0) = (1.5 log 2, log 3, 0),  L̄ = (1.5 log 2 + log 3)/3,
+    BCL = α L̄, HDL = β mean_c (L_c − L̄)², RCEL = γ Σ_c (L_c / Σ L)², α = β = γ = 0.1."""
+    from fedshield.losses import class_mean_losses, harl_loss, harl_terms
+
+    def row(p_true: float, true: int) -> list[float]:  # logits with p(true) = p_true
+        other = (1 - p_true) / 2
+        return [math.log(p_true if k == true else other) for k in range(3)]
+
+    logits = torch.tensor([row(0.5, 0), row(0.25, 0), row(1 / 3, 1)])
+    y = torch.tensor([0, 0, 1])
+    per = torch.tensor([math.log(2), math.log(4), math.log(3)])
+    lc = [1.5 * math.log(2), math.log(3), 0.0]
+    mean = sum(lc) / 3
+    expected = {
+        "bcl": 0.1 * mean,
+        "hdl": 0.1 * sum((v - mean) ** 2 for v in lc) / 3,
+        "rcel": 0.1 * sum((v / sum(lc)) ** 2 for v in lc),
+    }
+    torch.testing.assert_close(class_mean_losses(per, y, 3), torch.tensor(lc))
+    terms = harl_terms(logits, y)
+    for key, value in expected.items():
+        assert terms[key].item() == pytest.approx(value, rel=1e-5), key
+    assert harl_loss(logits, y).item() == pytest.approx(sum(expected.values()), rel=1e-5)
+    # α, β, γ scale their own term only.
+    three = harl_terms(logits, y, alpha=0.3, beta=0.1, gamma=0.2)
+    assert three["bcl"].item() == pytest.approx(3 * expected["bcl"], rel=1e-5)
+    assert three["rcel"].item() == pytest.approx(2 * expected["rcel"], rel=1e-5)
+
+
+def test_the_server_defaults_converge_on_the_worked_example():
+    """FedCART's default CART step (Adam matching to its plateau, then T_R re-training
+    steps at lr 0.01): the MSE falls from 336 to below 1e-3 (here the relative improvement
+    stays above the tolerance, so the cap binds), and h' fits the virtual features (CE below
+    half of ln C) and classifies the real ones."""
+    from fedshield.algorithms.server.fedcart import FedCARTServerParams, retrain_linear
+
+    p = FedCARTServerParams()
+    z0, w, b, classes, protos = _matching_problem()
+    c, v, d = z0.shape
+    match = synthesize_features(
+        z0, w, b, classes, protos, iters=p.match_iters, lr=p.match_lr,
+        optimizer=p.match_optimizer, window=p.match_window, tol=p.match_tol,
+    )  # fmt: skip
+    assert match.end < 1e-3
+    fit = retrain_linear(
+        w, b, match.features.reshape(-1, d), classes.repeat_interleave(v),
+        steps=p.retrain_steps, lr=p.retrain_lr, batch_size=p.retrain_batch,
+        generator=torch.Generator().manual_seed(0), window=p.retrain_window, tol=p.retrain_tol,
+    )  # fmt: skip
+    assert fit.loss < 0.5 * math.log(c)
+    z_real, y_real = _clusters(c, d)
+    acc = ((z_real @ fit.weight.T + fit.bias).argmax(1) == y_real).float().mean()
+    assert acc > 0.9

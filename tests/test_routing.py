@@ -150,6 +150,9 @@ def test_policy_registry_and_validation() -> None:
         assert (policy.a, policy.b, policy.c, policy.d) == coeffs
         assert (policy.tau0, policy.tau_min, policy.tau_max) == (0.6, 0.45, 0.95)
         assert policy.client_aware == name.startswith("client")
+        entry = POLICIES.entry(name)  # a declared schema, a one-sentence help, described keys
+        assert entry.declared and entry.help[0].isupper() and entry.help.endswith(".")
+        assert all(f.description for f in entry.schema.model_fields.values())
     with pytest.raises(ConfigError, match="tau_min"):
         POLICIES.build("fixed", tau_min=0.9, tau_max=0.5)
     with pytest.raises(ConfigError, match=r"\.b: Input should be greater than or equal to 0"):

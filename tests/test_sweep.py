@@ -53,7 +53,7 @@ def test_sweep_writes_table_and_resumes(tmp_path, small_cfg, capsys):
     out = tmp_path / "out"
     assert main(["sweep", str(grid), "--out", str(out), "-q"]) == 0
     table = (out / "comparison.md").read_text().splitlines()
-    assert table[0].startswith("| name | variant | client.lr |") and len(table) == 6
+    assert table[0].startswith("| label | variant | client.lr |") and len(table) == 6
     assert (out / "comparison.csv").exists() and (out / "accuracy.png").exists()
     before = (out / "mean_lr=0.1" / "metrics.jsonl").read_text()
     summary = json.loads((out / "median_lr=0.05" / "summary.json").read_text())

@@ -132,14 +132,22 @@ def assert_same_updates(seq: list[ClientUpdate], vec: list[ClientUpdate]) -> Non
 
 
 def compare(raw: dict[str, Any], model: type[nn.Module] | None = None) -> Simulator:
+    """Every round's uploads and client states, batched vs sequential. Each round starts
+    both simulators from the same state (the sequential one's), so float differences of
+    one round are not amplified by the next (sign-gradient attacks would amplify them)."""
     seq_sim = simulator(raw, False, model)
     vec_sim = simulator(raw, True, model)
-    seq, vec = last_round(seq_sim), last_round(vec_sim)
+    for rnd in range(1, raw["rounds"] + 1):
+        vec_sim.state = copy.deepcopy(seq_sim.state)
+        seq_plan, vec_plan = seq_sim.begin_round(rnd), vec_sim.begin_round(rnd)
+        seq, vec = seq_sim.train_cohort(seq_plan), vec_sim.train_cohort(vec_plan)
+        assert_same_updates(seq, vec)
+        for k, state in seq_sim.state.client_states.items():
+            for name, value in state.items():
+                assert_near(value, vec_sim.state.client_states[k][name], f"state {k} {name}")
+        seq_sim.end_round(seq_plan, seq)
+        vec_sim.end_round(vec_plan, vec)
     assert vec_sim._vectorized is not None and seq_sim._vectorized is None
-    assert_same_updates(seq, vec)
-    for k, state in seq_sim.state.client_states.items():
-        for name, value in state.items():
-            assert_near(value, vec_sim.state.client_states[k][name], f"state {k} {name}")
     return vec_sim
 
 
@@ -148,6 +156,17 @@ CASES: dict[str, dict[str, Any]] = {
     "sgd-momentum-wd": {"client": {"momentum": 0.9, "weight_decay": 1e-3}},
     "sgd-epochs": {"client": {"local_steps": None, "local_epochs": 2, "batch_size": 32}},
     "fedprox": {"client": {"algorithm": "fedprox", "params": {"mu": 0.5}}},
+    # dual_head under a plain loss: h gets no gradient, so SGD (and its weight decay) skips
+    # it sequentially; SCAFFOLD gives it a zero gradient plus the correction instead.
+    "sgd-unreached-head-wd": {
+        "client": {"momentum": 0.9, "weight_decay": 0.01},
+        "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
+    },
+    "scaffold-unreached-head-wd": {
+        "client": {"algorithm": "scaffold", "weight_decay": 0.01},
+        "server": {"algorithm": "scaffold"},
+        "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
+    },
     "fedacg": {
         "client": {"algorithm": "fedacg", "params": {"beta": 0.5}, "momentum": 0.5},
         "server": {"algorithm": "fedacg"},
@@ -163,7 +182,7 @@ CASES: dict[str, dict[str, Any]] = {
     "fedmart": {"client": {"algorithm": "fedmart", "params": AT}},
     "calfat": {"client": {"algorithm": "calfat", "params": AT}},
     "fedcart": {
-        "client": {"algorithm": "fedcart", "params": AT},
+        "client": {"algorithm": "fedcart", "params": AT, "weight_decay": 0.01},
         "server": {"algorithm": "fedcart"},
         "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
     },
@@ -321,6 +340,15 @@ def test_auto_keeps_large_cpu_steps_sequential(caplog):
     assert "MFLOP" in line and "run.vectorize=true" in line
     forced = simulator(raw, True)
     assert forced._batched_trainer(forced.begin_round(1)) is not None
+
+
+def test_dp_sgd_clients_train_one_by_one(caplog):
+    raw = raw_cfg(privacy={"local": {"clip": 1.0, "noise_multiplier": 1.0}})
+    with caplog.at_level(logging.INFO, logger="fedshield"):
+        sim = simulator(raw, "auto")
+        assert sim._batched_trainer(sim.begin_round(1)) is None
+    (line,) = [r.getMessage() for r in caplog.records if "one by one" in r.getMessage()]
+    assert "privacy.local" in line
 
 
 def test_vectorize_true_is_a_config_error_when_impossible():

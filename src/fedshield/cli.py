@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
 from fedshield.errors import FedshieldError
+from fedshield.progress import round_columns
 
 console = Console(stderr=False)
 
@@ -37,13 +38,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
 
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
+    if args.resume:
+        target = _out_dir(args.out, cfg.name, True)
+        if not ((target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()):
+            raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
+        from fedshield.progress import RoundProgress
 
         out = _out_dir(args.out, cfg.name, args.resume)
         quiet = args.quiet or not cfg.run.progress
         verbose = getattr(args, "verbose", False)
-        summary = run_simulation(cfg, out, args.resume, quiet=quiet, verbose=verbose)
+        with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=not quiet) as bar:
+            summary = run_simulation(
+                cfg, out, args.resume, on_round=bar.on_round, quiet=quiet, verbose=verbose
+            )
         summary["out"] = str(out)
         print_summaries([summary])
         return 0
@@ -53,39 +62,29 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
-    """Build and run one experiment with a progress bar; return its summary."""
-    import torch
+    """Build and run one experiment with a progress bar (see :func:`fedshield.runner.run`)."""
+    from fedshield.runner import run
 
-    from fedshield.sim.builder import build
-    from fedshield.sim.engine import Simulator
-
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    sim = Simulator(build(cfg), out, resume=resume)
-    show = cfg.run.progress and not quiet
-    with Progress(*_columns(), console=console, disable=not show, transient=False) as bar:
-        task = bar.add_task(cfg.name, total=cfg.rounds, completed=sim.state.round - 1, acc="")
-
-        def on_round(m: dict[str, Any]) -> None:
-            acc = f"acc {m['test_acc']:.4f}" if "test_acc" in m else bar.tasks[task].fields["acc"]
-            bar.update(task, completed=m["round"], acc=acc)
-
-        summary = sim.run(on_round)
-    summary["out"] = str(out)
-    return summary
+    return run(cfg, out, resume=resume, quiet=quiet, console=console)
 
 
 def print_summaries(summaries: list[dict[str, Any]]) -> None:
+    """The results table: every run's accuracy and its evaluators' headline metrics."""
+    from fedshield.report import fmt, headline_keys, label_runs
+
+    label_runs(summaries)
+    heads = headline_keys(summaries)
     table = Table(title="results")
-    for col in ("run", "rounds", "final acc", "best acc", "rounds to target"):
-        table.add_column(col, no_wrap=col == "run")
+    for col in ("run", "rounds", "final acc", "best acc", "to target", *heads):
+        table.add_column(col, no_wrap=col == "run", overflow="fold")
     for s in summaries:
         table.add_row(
-            s["name"],
+            s["label"],
             str(s.get("rounds", "")),
-            f"{s.get('final_test_acc', float('nan')):.4f}",
-            f"{s.get('best_test_acc', float('nan')):.4f}",
-            str(s.get("rounds_to_target", "-")),
+            fmt(s.get("final_test_acc")),
+            fmt(s.get("best_test_acc")),
+            fmt(s.get("rounds_to_target")),
+            *[fmt(s.get(k)) for k in heads],
         )
     console.print(table)
     outs = sorted({str(Path(s["out"]).parent) for s in summaries if s.get("out")})
@@ -105,16 +104,22 @@ LIST_KINDS = (
     "attacks",
     "client-algorithms",
     "server-algorithms",
+    "evaluators",
+    "routing-policies",
+    "eval-attacks",
 )
 
 
 def _registries() -> dict[str, Any]:
+    from fedshield.adversarial.registry import EVAL_ATTACKS
     from fedshield.aggregators.base import AGGREGATORS
     from fedshield.algorithms.client import CLIENT_ALGORITHMS
     from fedshield.algorithms.server import SERVER_ALGORITHMS
     from fedshield.attacks.base import ATTACKS
     from fedshield.data import DATASETS, PARTITIONERS
+    from fedshield.eval import EVALUATORS
     from fedshield.models import MODELS
+    from fedshield.routing import POLICIES
     from fedshield.sim.builder import load_plugins
 
     load_plugins()
@@ -126,30 +131,72 @@ def _registries() -> dict[str, Any]:
         "attacks": ATTACKS,
         "client-algorithms": CLIENT_ALGORITHMS,
         "server-algorithms": SERVER_ALGORITHMS,
+        "evaluators": EVALUATORS,
+        "routing-policies": POLICIES,
+        "eval-attacks": EVAL_ATTACKS,
     }
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """One table per kind: each entry's name, its one-sentence description, then its
+    parameters as ``key=default`` (TOML literals, what a config would say) and its tags."""
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+    from rich.text import Text
+
     from fedshield.config import preset_names, read_preset
+
+    def literal(value: Any) -> str:
+        if value is None:
+            return "unset"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):  # 0.0 stays a float literal; 8/255 stays short
+            return f"{value:.1f}" if value.is_integer() else f"{value:.6g}"
+        if isinstance(value, str):
+            return f'"{value}"'
+        if isinstance(value, tuple | list):
+            return "[" + ",".join(literal(v) for v in value) + "]"  # no space: no line break
+        if isinstance(value, BaseModel):
+            return "{" + ", ".join(f"{k}={literal(v)}" for k, v in value) + "}"
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}={literal(v)}" for k, v in value.items()) + "}"
+        return str(value)
+
+    def params_text(schema: type[BaseModel]) -> str:
+        out = []
+        for key, field in schema.model_fields.items():
+            if field.default is PydanticUndefined and field.default_factory is None:
+                out.append(f"{key}=<required>")
+            else:
+                out.append(f"{key}={literal(field.get_default(call_default_factory=True))}")
+        return ", ".join(out)
+
+    def details(entry: Any) -> Text:
+        text = Text(entry.help or "(no description)")
+        for label, value in (("params", params_text(entry.schema)), ("tags", entry.tag_text)):
+            if value:
+                text.append(f"\n{label}: ", style="dim")
+                text.append(value, style="cyan")
+        return text
 
     kinds = [args.kind] if args.kind else list(LIST_KINDS)
     regs = _registries()
     for kind in kinds:
         table = Table(title=kind, show_header=False, title_justify="left")
-        table.add_column("name", style="bold")
+        table.add_column("name", style="bold", no_wrap=True)
         table.add_column("description")
         if kind == "presets":
             for name in preset_names():
-                table.add_row(name, read_preset(name).get("description", ""))
+                table.add_row(name, Text(read_preset(name).get("description", "")))
         elif kind == "grids":
             from fedshield.sweep import grid_names, read_grid
 
             for name in grid_names():
-                table.add_row(name, read_grid(grid=name)[0].get("description", ""))
+                table.add_row(name, Text(read_grid(grid=name)[0].get("description", "")))
         else:
-            reg = regs[kind]
-            for name in reg.names():
-                table.add_row(name, reg.help(name))
+            for entry in regs[kind].entries():
+                table.add_row(entry.name, details(entry))
         console.print(table)
     return 0
 
@@ -171,30 +218,51 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec, where = read_grid(args.grid_file, args.grid)
     for item in args.set or []:
         spec.setdefault("set", []).append(item)
-    name, runs = expand(spec, where)
+    seeds = None
+    if args.seeds:
+        try:
+            seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+        except ValueError:
+            raise FedshieldError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
+    name, runs = expand(spec, where, seeds)
     out = Path(args.out) if args.out else Path("runs") / name
+    backend = _sweep_backend(args)
     console.print(f"sweep {name}: {len(runs)} runs → {out}")
     show = not args.quiet
-    with Progress(*_columns(), console=console, disable=not show) as bar:
-        task = bar.add_task(name, total=len(runs), acc="")
+    with Progress(*round_columns(), console=console, disable=not show) as bar:
+        task = bar.add_task(name, total=len(runs), acc="", last="")
 
         def done(s: dict[str, Any]) -> None:
             bar.update(task, advance=1, acc=f"{s['name']}: {s.get('final_test_acc', 0):.4f}")
 
-        summaries = run_sweep(runs, out, jobs=args.jobs, on_done=done)
+        summaries = run_sweep(runs, out, jobs=args.jobs, on_done=done, backend=backend)
     print_summaries(summaries)
+    for extra in ("cells.md", "pivot.md"):
+        if (out / extra).exists():
+            console.print((out / extra).read_text(), markup=False, highlight=False)
     console.print(f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}")
     return 0
 
 
-def _columns() -> list[Any]:
-    return [
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[acc]}"),
-        TimeElapsedColumn(),
-    ]
+def _sweep_backend(args: argparse.Namespace) -> Any:
+    """The sweep backend of ``--backend`` (None: the local one with ``-j`` processes)."""
+    ray_only = {"--address": args.address, "--cpus-per-run": args.cpus_per_run}
+    ray_only["--gpus-per-run"] = args.gpus_per_run
+    if args.backend == "local":
+        given = [flag for flag, value in ray_only.items() if value is not None]
+        if given:
+            raise FedshieldError(f"{given[0]} needs --backend ray")
+        return None
+    if args.jobs != 1:
+        raise FedshieldError(
+            "-j/--jobs is for --backend local; on Ray the cluster's resources decide how "
+            "many runs go at once (see --cpus-per-run, --gpus-per-run)"
+        )
+    from fedshield.sweep_ray import RayBackend
+
+    cpus = 1.0 if args.cpus_per_run is None else args.cpus_per_run
+    gpus = 0.0 if args.gpus_per_run is None else args.gpus_per_run
+    return RayBackend(args.address, cpus=cpus, gpus=gpus)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,7 +293,19 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--grid", help="a bundled grid (see `fedshield list grids`)")
     sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override for every run")
     sw.add_argument("--out", help="output directory (default runs/<grid name>)")
-    sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes")
+    sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
+    sw.add_argument("--seeds", help="repeat every run for these seeds, e.g. 0,1,2")
+    sw.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="where runs execute: this machine, or one Ray task per run (docs/deployment.md)",
+    )
+    sw.add_argument(
+        "--address", help="Ray cluster: auto, HOST:6379 or ray://HOST:10001 (default: a local Ray)"
+    )
+    sw.add_argument("--cpus-per-run", type=float, help="Ray: CPUs per run (default 1)")
+    sw.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per run (default 0)")
     sw.add_argument("-q", "--quiet", action="store_true")
     sw.set_defaults(func=cmd_sweep)
     return p

@@ -54,6 +54,10 @@ TAGS: dict[str, str] = {
     "needs_client": "needs one of these client algorithms: needs_client=fedcart|...",
     "needs_root": "trains on a server root dataset (data.root_size > 0)",
     "needs_aggregator": "needs an aggregator with this tag: needs_aggregator=needs_reference",
+    # attacks
+    "kind": "what an attack rewrites: kind=update (the uploaded update rows) or kind=data "
+    "(the client's local dataset, before training)",
+    "omniscient": "reads the round's benign updates (mean, std, ...), as in the literature",
     # datasets
     "bundled": "ships with the installed packages (works offline)",
     "files": "reads files under data.root",

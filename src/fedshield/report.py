@@ -1,10 +1,23 @@
-"""Compare finished runs: one table (CSV + Markdown) and accuracy curves overlaid in one PNG."""
+"""Compare finished runs: tables (CSV + Markdown), pivots, seed intervals and curves.
+
+* Every row shows what its method measures: test accuracy plus the **headline metrics** of
+  the run's evaluators (robust accuracies, per-group accuracy, routed accuracy and depth
+  saving per policy, communication, privacy ε), found in the final record.
+* Runs that share a name are labelled by their run directory.
+* Runs that differ only by their seed form one **cell**: mean ± std and a 95 % Student-t
+  interval of each metric over the seeds (``cells.md``); curves show the mean and a ±std band.
+* A comparison over exactly two varying keys (e.g. attack × defense) is also written as a
+  pivot table of final accuracy (``pivot.md``).
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +25,34 @@ from fedshield.errors import DataError
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text
 
 COLUMNS = ("name", "rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target")
+
+#: Final-record keys shown next to test accuracy when a run has them (evaluator outputs).
+HEADLINE = (
+    r"robust/(natural|fgsm|pgd20|cw|aa|avg)",
+    r"groups/(majority|medium|minority)/(natural|pgd20)",
+    r"route/[a-z_]+/(acc|depth_saving)",
+    r"route_local/[a-z_]+/(mean_acc|worst_acc)",
+    r"client/(mean_acc|worst_acc)",
+    r"privacy/epsilon",
+    r"comm/cum_gib",
+)
+_HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
+
+
+def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
+    """The headline keys present in any of the final records, in a stable order."""
+    keys = {k for f in finals for k, v in f.items() if _HEADLINE_RE.match(k) and _is_num(v)}
+    order = {p: i for i, p in enumerate(HEADLINE)}
+
+    def rank(k: str) -> tuple[int, str]:
+        i = next(order[p] for p in HEADLINE if re.match(f"^({p})$", k))
+        return i, k
+
+    return sorted(keys, key=rank)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v
 
 
 def load_run(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -27,19 +68,29 @@ def load_run(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
         summary = summarize(d.name, records, {})
     summary["out"] = str(d)
+    final = summary.get("final") or (records[-1] if records else {})
+    # Evaluator metrics appear in the rounds they ran: take the latest value of each.
+    latest: dict[str, Any] = {}
+    for r in records:
+        latest.update({k: v for k, v in r.items() if _is_num(v)})
+    for k in headline_keys([latest, final]):
+        summary[k] = final.get(k, latest.get(k))
     return summary, records
 
 
-def markdown_table(rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
-    def fmt(v: Any) -> str:
-        return f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v))
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return "-" if v is None else str(v)
 
+
+def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
-def csv_table(rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
+def csv_table(rows: list[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
     w.writeheader()
@@ -47,44 +98,160 @@ def csv_table(rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) ->
     return buf.getvalue()
 
 
+def label_runs(summaries: list[dict[str, Any]]) -> None:
+    """Give every summary a unique ``label``: its name, or its run directory on a clash."""
+    names = [s["name"] for s in summaries]
+    for s in summaries:
+        clash = names.count(s["name"]) > 1
+        s["label"] = s.get("out", s["name"]) if clash else s["name"]
+
+
+# -- seeds --------------------------------------------------------------------------------
+def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, sample std, half-width of the 95 % Student-t interval) of ``values``."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0, float("nan")
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    from scipy.stats import t  # scikit-learn's dependency, always installed
+
+    return mean, std, float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+
+
+def cell_key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple((k, json.dumps(v)) for k, v in params.items() if k != "seed")
+
+
+def seed_cells(
+    summaries: list[dict[str, Any]], params: list[dict[str, Any]], metrics: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One row per cell (runs equal but for their seed): n, and per metric its mean, std
+    and 95 % interval half-width (``<metric>`` = "mean ± std", ``<metric>_ci95``)."""
+    groups: dict[Any, list[int]] = {}
+    for i, p in enumerate(params):
+        groups.setdefault(cell_key(p), []).append(i)
+    rows = []
+    for key, idx in groups.items():
+        row: dict[str, Any] = {k: json.loads(v) for k, v in key}
+        row["n_seeds"] = len(idx)
+        for m in metrics:
+            vals = [summaries[i][m] for i in idx if _is_num(summaries[i].get(m))]
+            if not vals:
+                continue
+            mean, std, half = t_interval(vals)
+            row[m] = f"{mean:.4f} ± {std:.4f}"
+            row[f"{m}_mean"], row[f"{m}_std"], row[f"{m}_ci95"] = mean, std, half
+        rows.append(row)
+    return rows
+
+
+# -- pivots -------------------------------------------------------------------------------
+def pivot(
+    rows: list[dict[str, Any]], row_key: str, col_key: str, value: str = "final_test_acc"
+) -> str:
+    """A ``row_key × col_key`` Markdown table of ``value`` (numbers with 3 decimals)."""
+    rkeys = list(dict.fromkeys(str(r.get(row_key)) for r in rows))
+    ckeys = list(dict.fromkeys(str(r.get(col_key)) for r in rows))
+    cell = {(str(r.get(row_key)), str(r.get(col_key))): r.get(value) for r in rows}
+    lines = [f"| {row_key} \\ {col_key} | " + " | ".join(ckeys) + " |"]
+    lines.append("|---" * (len(ckeys) + 1) + "|")
+    for rk in rkeys:
+        vals = []
+        for ck in ckeys:
+            v = cell.get((rk, ck))
+            try:
+                vals.append(f"{float(v):.3f}")
+            except (TypeError, ValueError):
+                vals.append(str(v) if v not in (None, "") else "-")
+        lines.append(f"| {rk} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def varying_keys(params: list[dict[str, Any]]) -> list[str]:
+    """The parameter keys (seed aside) that take more than one value across runs."""
+    keys = list(dict.fromkeys(k for p in params for k in p if k != "seed"))
+    return [k for k in keys if len({json.dumps(p.get(k)) for p in params}) > 1]
+
+
+# -- curves -------------------------------------------------------------------------------
 def plot_overlay(
-    runs: list[tuple[str, list[dict[str, Any]]]], path: Path, key: str = "test_acc"
+    runs: list[tuple[str, list[list[dict[str, Any]]]]], path: Path, key: str = "test_acc"
 ) -> Path:
+    """One curve per entry; an entry with several record lists (seeds) is drawn as their
+    mean with a ±std band. A run with one evaluation point is drawn as a marker."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for label, records in runs:
-        pts = [(r["round"], r[key]) for r in records if key in r]
-        if pts:
-            ax.plot(*zip(*pts), label=label)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, seeds in runs:
+        series = [{r["round"]: r[key] for r in recs if _is_num(r.get(key))} for recs in seeds]
+        rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+        if not rounds:
+            continue
+        vals = np.array([[s[r] for r in rounds] for s in series])
+        mean = vals.mean(0)
+        marker = "o" if len(rounds) <= 20 else None
+        (line,) = ax.plot(rounds, mean, label=label, marker=marker, markersize=3)
+        if len(series) > 1:
+            std = vals.std(0, ddof=1)
+            ax.fill_between(rounds, mean - std, mean + std, alpha=0.2, color=line.get_color())
     ax.set_xlabel("round")
     ax.set_ylabel(key.replace("_", " "))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    n = len(runs)
+    if n:
+        # Many runs: the legend goes beside the axes in columns instead of over the curves.
+        ncol = 1 if n <= 12 else 2 if n <= 30 else 3
+        ax.legend(fontsize=7 if n > 8 else 8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=ncol, frameon=False)  # fmt: skip
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
 
+# -- the comparison -----------------------------------------------------------------------
 def compare_runs(
     dirs: list[Path], out: Path, extra: list[dict[str, Any]] | None = None
 ) -> tuple[list[dict[str, Any]], Path]:
-    """Write comparison.md/.csv and accuracy.png for ``dirs``; ``extra`` adds per-run columns
-    (a sweep's parameters)."""
+    """Write comparison.md/.csv and accuracy.png for ``dirs`` (plus cells.md with seed
+    intervals, and pivot.md for two varying keys). ``extra`` adds per-run columns (a
+    sweep's parameters)."""
     loaded = [load_run(d) for d in dirs]
     out.mkdir(parents=True, exist_ok=True)
     summaries = [s for s, _ in loaded]
-    columns = COLUMNS
-    if extra:
-        for s, e in zip(summaries, extra):
-            s.update(e)
-        keys = [k for k in extra[0] if k != "variant" or any(e.get("variant") for e in extra)]
-        columns = ("name", *keys, *COLUMNS[1:])
+    label_runs(summaries)
+    params = extra or [{} for _ in summaries]
+    for s, e in zip(summaries, params):
+        s.update(e)
+    heads = headline_keys(summaries)
+    keys = [k for k in dict.fromkeys(k for p in params for k in p)]
+    keys = [k for k in keys if k != "variant" or any(p.get("variant") for p in params)]
+    columns = ("label", *keys, *COLUMNS[1:], *heads)
     atomic_write_text(out / "comparison.md", markdown_table(summaries, columns))
     atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
-    png = plot_overlay([(s["name"], r) for s, r in loaded], out / "accuracy.png")
+    seeded = any("seed" in p for p in params)
+    if seeded:
+        metrics = ["final_test_acc", "best_test_acc", *heads]
+        cells = seed_cells(summaries, params, metrics)
+        ckeys = [k for k in keys if k != "seed"]
+        cols = (*ckeys, "n_seeds", *[m for m in metrics if any(m in c for c in cells)])
+        ci = [f"{m}_ci95" for m in metrics if any(f"{m}_ci95" in c for c in cells)]
+        atomic_write_text(out / "cells.md", markdown_table(cells, (*cols, *ci)))
+        atomic_write_text(out / "cells.csv", csv_table(cells, (*cols, *ci)))
+    vary = varying_keys(params)
+    if len(vary) == 2:
+        rows = seed_cells(summaries, params, ["final_test_acc"]) if seeded else summaries
+        value = "final_test_acc_mean" if seeded else "final_test_acc"
+        atomic_write_text(out / "pivot.md", pivot(rows, vary[0], vary[1], value))
+    curves: dict[Any, tuple[str, list[list[dict[str, Any]]]]] = {}
+    for (s, recs), p in zip(loaded, params):
+        key = cell_key(p) if seeded else s["label"]
+        label = s["label"] if not seeded else "_".join(f"{v}" for k, v in cell_key(p)) or s["name"]
+        curves.setdefault(key, (label.replace('"', ""), []))[1].append(recs)
+    png = plot_overlay(list(curves.values()), out / "accuracy.png")
     return summaries, png

@@ -13,6 +13,11 @@ A grid file::
 
 Runs land in ``<out>/<run name>/``; a sweep that is interrupted resumes where it stopped
 (finished runs are kept, unfinished ones continue from their checkpoints).
+
+Where the runs execute is a :class:`SweepBackend`: :class:`LocalBackend` (this process, or
+``jobs`` local processes) or :class:`fedshield.sweep_ray.RayBackend` (one Ray task per run,
+on a local Ray or a cluster). A backend only maps runs to summaries; finished runs are
+skipped, resumption and the comparison files are the same for every backend.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import itertools
 import json
 import os
 import tomllib
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fedshield import config as cfgmod
 from fedshield.errors import ConfigError
@@ -69,14 +75,38 @@ def _short(key: str) -> str:
     return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
 
 
-def expand(spec: dict[str, Any], where: Path) -> tuple[str, list[RunSpec]]:
-    """The runs of a grid file: variants × cartesian grid, each a validated config."""
-    allowed = {"name", "description", "base", "file", "set", "grid", "variant"}
+def _seeds(value: Any) -> list[int]:
+    ok = (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    )
+    if not ok or len(set(value)) != len(value):
+        raise ConfigError(f"grid.seeds: expected a list of distinct seeds >= 0, got {value!r}")
+    return list(value)
+
+
+def expand(
+    spec: dict[str, Any], where: Path, seeds: list[int] | None = None
+) -> tuple[str, list[RunSpec]]:
+    """The runs of a grid file: variants × cartesian grid (× seeds), each a validated config.
+    ``seeds`` (``--seeds``) overrides the grid's ``seeds`` key; with seeds every run is
+    repeated per seed, named ``<run>_seed=<s>``, and tables report mean ± std and a 95 %
+    interval per cell."""
+    allowed = {"name", "description", "base", "file", "set", "grid", "variant", "seeds"}
     unknown = sorted(set(spec) - allowed)
     if unknown:
+        import difflib
+
+        close = difflib.get_close_matches(unknown[0], sorted(allowed), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
-            f"grid: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})"
+            f"grid: unknown key {unknown[0]!r} ({hint}allowed: {', '.join(sorted(allowed))})"
         )
+    if seeds is None and "seeds" in spec:
+        seeds = _seeds(spec["seeds"])
+    elif seeds is not None:
+        seeds = _seeds(seeds)
     name = spec.get("name", "sweep")
     if "file" in spec:
         base = cfgmod.read_toml(where / spec["file"])
@@ -99,61 +129,114 @@ def expand(spec: dict[str, Any], where: Path) -> tuple[str, list[RunSpec]]:
         for values in itertools.product(*(grid[k] for k in keys)):
             grid_set = [f"{k}={json.dumps(v)}" for k, v in zip(keys, values)]
             label = "_".join(
-                [var.get("name", "")]
-                + [f"{_short(k)}={_fmt(v)}" for k, v in zip(keys, values)]
+                [var.get("name", "")] + [f"{_short(k)}={_fmt(v)}" for k, v in zip(keys, values)]
             ).strip("_")
             label = label or name
-            raw = cfgmod.apply_overrides(
-                base, [*common, *vset, *grid_set, f"name={json.dumps(label)}"]
-            )
-            cfgmod.validate(raw, f"grid run {label}")
             params = {"variant": var.get("name", "")} | dict(zip(keys, values))
-            runs.append(RunSpec(label, raw, params))
+            for seed in seeds or [None]:
+                run_label = label if seed is None else f"{label}_seed={seed}"
+                sets = [*common, *vset, *grid_set, f"name={json.dumps(run_label)}"]
+                if seed is not None:
+                    sets.append(f"seed={seed}")
+                raw = cfgmod.apply_overrides(base, sets)
+                cfgmod.validate(raw, f"grid run {run_label}")
+                run_params = params if seed is None else params | {"seed": seed}
+                runs.append(RunSpec(run_label, raw, run_params))
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError("grid: two runs share a name; give each variant a distinct name")
     return name, runs
 
 
-def _run_one(raw: dict[str, Any], out: str, threads: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunTask:
+    """One run for a backend: its name, validated raw config and output directory."""
+
+    name: str
+    raw: dict[str, Any]
+    out: str
+
+
+class SweepBackend(Protocol):
+    """Runs sweep tasks somewhere and yields ``(name, summary)`` as each one finishes.
+    A task resumes from ``out/checkpoint.pt`` when there is one (``run_one`` does)."""
+
+    def map(self, tasks: Sequence[RunTask]) -> Iterator[tuple[str, dict[str, Any]]]: ...
+
+
+def finished_summary(raw: dict[str, Any], out: str) -> dict[str, Any] | None:
+    """The summary of a run in ``out`` that already reached the config's rounds, else None."""
+    summary_path = Path(out) / "summary.json"
+    if not summary_path.exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    if summary.get("rounds") != cfgmod.validate(raw).rounds:
+        return None
+    summary["out"] = out
+    return summary
+
+
+def run_one(raw: dict[str, Any], out: str, threads: int) -> dict[str, Any]:
+    """Run (or finish, from its checkpoint) one experiment in this process."""
     import torch
 
     from fedshield.cli import run_config
 
     torch.set_num_threads(threads)
-    cfg = cfgmod.validate(raw)
-    summary_path = Path(out) / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
-        if summary.get("rounds") == cfg.rounds:  # finished earlier: keep it
-            summary["out"] = out
-            return summary
-    return run_config(cfg, Path(out), resume=True, quiet=True)
+    done = finished_summary(raw, out)
+    if done is not None:
+        return done
+    return run_config(cfgmod.validate(raw), Path(out), resume=True, quiet=True)
+
+
+class LocalBackend:
+    """This machine: in process (``jobs == 1``) or in ``jobs`` spawned processes, the
+    cores split evenly between them."""
+
+    def __init__(self, jobs: int = 1) -> None:
+        self.jobs = max(1, jobs)
+
+    def map(self, tasks: Sequence[RunTask]) -> Iterator[tuple[str, dict[str, Any]]]:
+        threads = max(1, (os.cpu_count() or 1) // self.jobs)
+        if self.jobs == 1:
+            for t in tasks:
+                yield t.name, run_one(t.raw, t.out, threads)
+            return
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn")) as pool:
+            futs = {pool.submit(run_one, t.raw, t.out, threads): t.name for t in tasks}
+            for fut in as_completed(futs):
+                yield futs[fut], fut.result()
 
 
 def run_sweep(
-    runs: list[RunSpec], out: Path, jobs: int = 1, on_done: Any = None
+    runs: list[RunSpec],
+    out: Path,
+    jobs: int = 1,
+    on_done: Callable[[dict[str, Any]], None] | None = None,
+    backend: SweepBackend | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every spec (in ``jobs`` processes) and write the comparison files to ``out``."""
+    """Run every spec on ``backend`` (default: ``jobs`` local processes) and write the
+    comparison files to ``out``. Runs finished earlier are kept and not run again."""
     from fedshield.report import compare_runs
 
     out.mkdir(parents=True, exist_ok=True)
-    threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
+    backend = backend if backend is not None else LocalBackend(jobs)
     results: dict[str, dict[str, Any]] = {}
-    if jobs <= 1:
-        for r in runs:
-            results[r.name] = _run_one(r.raw, str(out / r.name), threads)
+    todo: list[RunTask] = []
+    for r in runs:
+        done = finished_summary(r.raw, str(out / r.name))
+        if done is None:
+            todo.append(RunTask(r.name, r.raw, str(out / r.name)))
+        else:
+            results[r.name] = done
             if on_done:
-                on_done(results[r.name])
-    else:
-        import multiprocessing as mp
-
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(_run_one, r.raw, str(out / r.name), threads): r for r in runs}
-            for fut in as_completed(futs):
-                results[futs[fut].name] = fut.result()
-                if on_done:
-                    on_done(results[futs[fut].name])
+                on_done(done)
+    for name, summary in backend.map(todo):
+        results[name] = summary
+        if on_done:
+            on_done(summary)
     ordered = []
     for r in runs:
         s = dict(results[r.name])

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from types import ModuleType
+from typing import Any, Literal
 
 import torch
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor, nn
 
-from fedshield.adversarial.linf import check_budget
-from fedshield.adversarial.registry import EVAL_ATTACKS
+from fedshield.adversarial.registry import EPS_8_255, EVAL_ATTACKS
+from fedshield.core.params import Params
 from fedshield.errors import ConfigError, FedshieldError
+
+#: APGD-T's targeted DLR loss (Croce & Hein 2020, eq. 7) divides by z_π1 − (z_π3 + z_π4)/2.
+MIN_CLASSES = 4
 
 
 class MissingDependencyError(FedshieldError, ImportError):
@@ -53,32 +58,44 @@ def _frozen_parameters(model: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-@EVAL_ATTACKS.register("autoattack")
-@dataclass(frozen=True, kw_only=True)
-class AutoAttackAdapter:
-    """AutoAttack standard, L∞, via ``torchattacks.AutoAttack`` (inputs must lie in [0, 1])."""
+class AutoAttackAdapter(Params):
+    """AutoAttack through torchattacks: APGD-CE, APGD-T, FAB-T and Square (SPEC §7).
 
-    eps: float = 8 / 255
-    version: str = "standard"
-    norm: str = "Linf"
-    n_classes: int | None = None
-    seed: int = 0
+    Croce & Hein 2020, standard version, L∞ by default; inputs must lie in [0, 1]. The
+    package is checked when the attack is built, not hours later at evaluation."""
 
-    def __post_init__(self) -> None:
-        check_budget(self.eps)
-        if self.version not in ("standard", "plus", "rand"):
-            raise ConfigError(
-                f"autoattack version must be 'standard', 'plus' or 'rand', got {self.version!r}"
-            )
-        if self.norm not in ("Linf", "L2"):
-            raise ConfigError(f"autoattack norm must be 'Linf' or 'L2', got {self.norm!r}")
-        _torchattacks()  # fail when the config is built, not hours later at evaluation
+    norm: Literal["Linf", "L2"] = Field("Linf", description="threat model")
+    eps: float = Field(EPS_8_255, ge=0.0, description="radius ε (≤ 1 for L∞)")
+    version: Literal["standard", "plus", "rand"] = Field(
+        "standard", description="AutoAttack suite version"
+    )
+    n_classes: int | None = Field(
+        None,
+        ge=MIN_CLASSES,
+        description="classes (APGD-T/FAB-T targets, >= 4); unset: read off the logits",
+    )
+    seed: int = Field(0, ge=0, description="seed of every call (each batch reproducible)")
+
+    @field_validator("eps")
+    @classmethod
+    def _linf_budget(cls, eps: float, info: ValidationInfo) -> float:
+        if info.data.get("norm") == "Linf" and eps > 1:
+            raise PydanticCustomError("eps_range", "must be <= 1 for norm = 'Linf'")
+        return eps
+
+    def model_post_init(self, context: Any) -> None:
+        _torchattacks()
 
     def __call__(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
         n_classes = self.n_classes
         if n_classes is None:  # APGD-T/FAB-T need it; read it off the logits
             with torch.no_grad():
                 n_classes = int(model(x[:1]).shape[1])
+        if n_classes < MIN_CLASSES:  # torchattacks would raise an IndexError mid-evaluation
+            raise ConfigError(
+                f"evaluation attack 'autoattack' needs >= {MIN_CLASSES} classes (its targeted "
+                f"DLR loss reads the 3rd and 4th largest logits); the model has {n_classes}"
+            )
         # torchattacks switches the model to eval for the attack and restores train mode
         # afterwards, so the caller's mode survives. A fixed seed per call keeps each batch
         # reproducible.
@@ -89,5 +106,7 @@ class AutoAttackAdapter:
         with _frozen_parameters(model):
             return attack(x.detach(), y.detach()).detach()
 
+
+EVAL_ATTACKS.register("autoattack", schema=AutoAttackAdapter)(AutoAttackAdapter)
 
 __all__ = ["AutoAttackAdapter", "MissingDependencyError"]

@@ -1,62 +1,83 @@
 """``EVAL_ATTACKS``: the evaluation attacks of SPEC §7 by name.
 
-Each entry is a frozen dataclass whose fields are the attack's hyper-parameters, so
-``EVAL_ATTACKS.build("pgd", eps=8/255, steps=20)`` reads like the config and the instance
-is an :data:`~fedshield.adversarial.evaluation.EvalAttack` (``attack(model, x, y)``).
+Each entry is a frozen :class:`~fedshield.core.params.Params` model that is both the
+attack's parameter schema and the attack: its fields are the hyper-parameters, so
+``EVAL_ATTACKS.build("pgd", eps=8/255, steps=20)`` reads like the config, the values are
+validated (ranges, unknown keys with a did-you-mean) however the attack is constructed, and
+the instance is an :data:`~fedshield.adversarial.evaluation.EvalAttack`
+(``attack(model, x, y)``). ``EVAL_ATTACKS.parse(name, params, where)`` validates alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
+from typing import Annotated, Any
 
 import torch
+from pydantic import AfterValidator, Field, PrivateAttr
+from pydantic_core import PydanticCustomError
 from torch import Tensor, nn
 
 from fedshield.adversarial.evaluation import EvalAttack
 from fedshield.adversarial.fgsm import fgsm
-from fedshield.adversarial.linf import Clamp, check_budget
 from fedshield.adversarial.losses import Objective, cw_margin_loss
 from fedshield.adversarial.pgd import pgd
+from fedshield.core.params import Params
 from fedshield.registry import Registry
 
 EVAL_ATTACKS: Registry[Callable[..., EvalAttack]] = Registry("evaluation attack")
 
+#: L∞ budget of SPEC §7 on [0, 1] images.
+EPS_8_255 = 8 / 255
 
-@EVAL_ATTACKS.register("fgsm")
-@dataclass(frozen=True, kw_only=True)
-class FGSMAttack:
-    """FGSM(ε): one signed-gradient step."""
 
-    eps: float = 8 / 255
-    clamp: Clamp = (0.0, 1.0)
+def _eps_field() -> Any:
+    return Field(EPS_8_255, ge=0.0, le=1.0, description="L∞ radius ε of the ball around x")
 
-    def __post_init__(self) -> None:
-        check_budget(self.eps)
+
+def _ordered(clamp: tuple[float, float] | None) -> tuple[float, float] | None:
+    if clamp is not None and not clamp[0] < clamp[1]:
+        raise PydanticCustomError("clamp_order", "low must be < high")
+    return clamp
+
+
+#: The valid input range ``(low, high)``, or unset for unbounded (e.g. normalised) inputs.
+ClampRange = Annotated[tuple[float, float] | None, AfterValidator(_ordered)]
+
+
+def _clamp_field() -> Any:
+    return Field((0.0, 1.0), strict=False, description="valid input range [low, high]")
+
+
+class FGSMAttack(Params):
+    """FGSM: one signed-gradient step of size ε (Goodfellow et al. 2015; SPEC §7)."""
+
+    eps: float = _eps_field()
+    clamp: ClampRange = _clamp_field()
 
     def __call__(self, model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
         return fgsm(model, x, y, self.eps, clamp=self.clamp)
 
 
-@EVAL_ATTACKS.register("pgd")
-@dataclass(frozen=True, kw_only=True)
-class PGDAttack:
-    """PGD-k with CE, random start; defaults are SPEC §7's PGD-20 (step ε/4)."""
+class PGDAttack(Params):
+    """PGD-k on cross-entropy from a random start; the defaults are SPEC §7's PGD-20.
 
-    eps: float = 8 / 255
-    alpha: float | None = None  # None: ε/4
-    steps: int = 20
-    random_start: bool = True
-    clamp: Clamp = (0.0, 1.0)
-    seed: int = 0
-    _generator: torch.Generator = field(init=False, repr=False, compare=False)
+    Madry et al. 2018. The step ``alpha`` defaults to ε/4. One generator per attack
+    object, seeded by ``seed`` and advanced batch after batch, makes a whole evaluation
+    pass reproducible."""
 
-    def __post_init__(self) -> None:
-        check_budget(self.eps, self.alpha, self.steps)
-        # One generator per attack object, advanced batch after batch: a whole evaluation
-        # pass is reproducible. It is state, not a hyper-parameter, hence outside __init__.
-        object.__setattr__(self, "_generator", torch.Generator().manual_seed(self.seed))
+    eps: float = _eps_field()
+    alpha: float | None = Field(None, ge=0.0, le=1.0, description="step size; unset: ε/4")
+    steps: int = Field(20, ge=0, le=10_000, description="number of projected steps k")
+    random_start: bool = Field(True, description="start from x + U(−ε, ε)")
+    seed: int = Field(0, ge=0, description="seed of the random start")
+    clamp: ClampRange = _clamp_field()
+    # State, not a hyper-parameter: outside the schema.
+    _generator: torch.Generator = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._generator = torch.Generator().manual_seed(self.seed)
 
     def _loss(self) -> str | Objective:
         return "ce"
@@ -69,16 +90,20 @@ class PGDAttack:
         )  # fmt: skip
 
 
-@EVAL_ATTACKS.register("cw")
-@dataclass(frozen=True, kw_only=True)
 class CWAttack(PGDAttack):
-    """CW∞: PGD on the CW margin loss, κ = 50, 30 steps (SPEC §7; step ε/4 our choice)."""
+    """CW∞: PGD on the CW margin loss with κ = 50 for 30 steps (SPEC §7).
 
-    steps: int = 30
-    kappa: float = 50.0
+    The step ε/4 is our choice (the sources do not fix it)."""
+
+    steps: int = Field(30, ge=0, le=10_000, description="number of projected steps")
+    kappa: float = Field(50.0, ge=0.0, description="confidence κ of the CW margin loss")
 
     def _loss(self) -> str | Objective:
         return partial(cw_margin_loss, kappa=self.kappa)
 
 
-__all__ = ["EVAL_ATTACKS", "CWAttack", "FGSMAttack", "PGDAttack"]
+for _name, _cls in (("fgsm", FGSMAttack), ("pgd", PGDAttack), ("cw", CWAttack)):
+    EVAL_ATTACKS.register(_name, schema=_cls)(_cls)
+
+
+__all__ = ["EPS_8_255", "EVAL_ATTACKS", "CWAttack", "FGSMAttack", "PGDAttack"]

@@ -1,33 +1,51 @@
-"""Aggregation rules (SPEC §1–§5): pure functions of an ``[S, d]`` update matrix.
+"""Aggregation rules (SPEC §1–§5, §12): pure functions of an ``[S, d]`` update matrix.
 
 >>> import torch, fedshield.aggregators as agg
 >>> agg.build("krum", f=2)(torch.randn(10, 5)).shape
 torch.Size([5])
 
-==================  ===========================================  ======================
-name                rule                                          uses ``weights``
-==================  ===========================================  ======================
-mean                FedAvg weighted mean (§1)                     yes
-drag                DRAG eq. 10–11 (§2), needs ``reference``      yes (None = paper)
-brdrag              BR-DRAG eq. 15 (§3), needs ``reference``      no (1/S, eq. 15)
-fltrust             FLTrust (§5), needs ``reference``             no (trust scores)
-geomed / rfa        smoothed-Weiszfeld geometric median (§5)      yes
-raga                geometric median, uniform (§5)                no
-krum                Krum (Blanchard 2017)                         no (selection)
-multikrum           Multi-Krum (Blanchard 2017)                   among the selected
-median              coordinate-wise median (Yin 2018)             no
-trimmed_mean        coordinate-wise trimmed mean (Yin 2018)       no
-centered_clipping   Centered Clipping (Karimireddy 2021)          yes
-==================  ===========================================  ======================
+Every rule is a registry entry with a typed parameter schema and tags (``fedshield list
+aggregators``); the constructors (``Krum(f=2)``) and :func:`build` validate through the same
+schema. Every rule returns a finite result in the input dtype for finite rows of any size
+(geometry in float64, see :mod:`fedshield.aggregators._ops`) and drops rows holding NaN/Inf
+(``agg/nonfinite``), except where the table says otherwise. :meth:`Aggregator.adapted` gives
+the rule to run on fewer rows than configured (a smaller f, or None).
+
+==================  ==============================================  ==========================
+name                rule                                            tags
+==================  ==============================================  ==========================
+mean                FedAvg weighted mean (§1)                       uses_weights,
+                                                                    reference_free
+drag                DRAG eq. 10–11 (§2); weights=None is the paper  needs_reference,
+                                                                    uses_weights
+brdrag              BR-DRAG eq. 15 (§3), 1/S; NaN/Inf row → r       robust, needs_reference
+fltrust             FLTrust (§5); NaN/Inf row → trust 0             robust, needs_reference
+geomed              smoothed-Weiszfeld geometric median (§5)        robust, reference_free,
+                                                                    uses_weights
+rfa                 geometric median weighted by n_m (§5)           + sample_weighted
+raga                geometric median, uniform (§5)                  robust, reference_free
+krum                Krum (Blanchard 2017), S > 2f + 2               robust, reference_free,
+                                                                    min_clients
+multikrum           Multi-Krum: weighted mean of the m best         robust, reference_free,
+                                                                    uses_weights, min_clients
+median              coordinate-wise median (Yin 2018)               robust, reference_free
+trimmed_mean        coordinate-wise trimmed mean (Yin 2018), 2f<S   robust, reference_free,
+                                                                    min_clients
+centered_clipping   Centered Clipping (Karimireddy 2021); centre =  robust, needs_center,
+                    ``reference`` = previous aggregate (0 first)    uses_weights
+norm_clip           clip each update to norm τ, weighted mean       robust, uses_weights
+bulyan              Bulyan with Krum (El Mhamdi 2018), S ≥ 4f + 3   robust, reference_free,
+                                                                    min_clients
+==================  ==============================================  ==========================
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from fedshield.aggregators import (  # noqa: F401  (importing registers the rules)
     brdrag,
+    bulyan,
     clipping,
     drag,
     fltrust,
@@ -40,24 +58,16 @@ from fedshield.aggregators import (  # noqa: F401  (importing registers the rule
 from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics
 from fedshield.aggregators.brdrag import brdrag_calibrate
 from fedshield.aggregators.drag import drag_calibrate
-from fedshield.errors import ConfigError
 
 
 def build(name: str, /, **kwargs: Any) -> Aggregator:
     """Construct the aggregator registered as ``name`` from its hyper-parameters.
 
-    Unknown names raise the registry's error (which lists the known names); unknown
-    hyper-parameters raise :class:`ConfigError` listing the accepted ones.
+    Goes through the registry: unknown names raise its error (listing the known names),
+    unknown or invalid hyper-parameters a :class:`~fedshield.errors.ConfigError` naming the
+    key (with a did-you-mean). ``None`` values take the defaults.
     """
-    cls = AGGREGATORS.get(name)
-    accepted = [p for p in inspect.signature(cls).parameters if p != "self"]
-    unknown = sorted(set(kwargs) - set(accepted))
-    if unknown:
-        raise ConfigError(
-            f"aggregator {name!r}: unknown parameter(s) {', '.join(unknown)}; "
-            f"accepted: {', '.join(accepted) or '(none)'}"
-        )
-    return cls(**kwargs)
+    return AGGREGATORS.build(name, **kwargs)
 
 
 def names() -> list[str]:

@@ -8,34 +8,50 @@ server algorithm). Every selected update, benign or not, is calibrated and avera
 * Δ = (1/S) Σ_m v_m   (uniform on purpose: under attack, self-reported sample counts are
   untrusted, so ``weights`` is ignored)
 
-Our choices (SPEC §3): a row with a NaN/Inf entry (or whose norm overflows) is replaced by r
-before calibration and counted in ``agg/nonfinite``; an all-zero row carries no direction
-and is replaced by r as well (counted in ``agg/zero_rows``). A replaced row has cos = 1,
-λ = 0 and v = r. With ‖r‖ = 0 eq. 15 gives v = 0 for every row, hence Δ = 0.
+Our choices (SPEC §3): a row with a NaN/Inf entry is replaced by r before calibration and
+counted in ``agg/nonfinite``; an all-zero row carries no direction and is replaced by r as
+well (counted in ``agg/zero_rows``). A replaced row has cos = 1, λ = 0 and v = r. With
+‖r‖ = 0 eq. 15 gives v = 0 for every row, hence Δ = 0. Norms and cosines are float64, so a
+finite row of any size (up to float32's max) is calibrated like any other: ‖v_m‖ ≤ ‖r‖.
 """
 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import (
     RefGeometry,
-    check_float,
-    check_reference,
+    W,
+    column_blocks,
     combine_rows,
     masked_stat,
     ref_geometry,
     rho_ratios,
     safe_div,
+    to_dtype,
 )
-from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, check_updates
+from fedshield.aggregators.base import (
+    AGGREGATORS,
+    Aggregator,
+    Diagnostics,
+    check_reference,
+    normalised_weights,
+)
+from fedshield.core.params import Params, parse_params
+
+
+class BrDragParams(Params):
+    c: float = Field(
+        0.5, ge=0.0, description="DoD scale c: λ_m = c (1 − cos(g_m, r)); c ≤ 1/2 keeps ‖v‖ ≤ ‖r‖"
+    )
 
 
 def _brdrag_coefficients(
     x: Tensor, r: Tensor, c: float
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, RefGeometry]:
-    """Per row: (λ, cos, coefficient of g, coefficient of r, replaced mask, geometry)."""
+    """Per row, in float64: (λ, cos, coefficient of g, coefficient of r, replaced, geometry)."""
     geo = ref_geometry(x, r)
     replaced = geo.nonfinite | (geo.norms == 0)
     cos = torch.where(replaced, 1.0, geo.cos)
@@ -51,38 +67,46 @@ def brdrag_calibrate(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Calibrate each update onto the trusted reference's scale (SPEC §3 eq. 15).
 
-    ``updates`` is ``[S, d]`` (or one ``[d]`` update); returns ``(v, λ, cos)``. Non-finite
-    and all-zero rows come back as v = r (cos = 1, λ = 0). Inputs are not modified.
+    ``updates`` is ``[S, d]`` (or one ``[d]`` update); returns ``(v, λ, cos)`` in the input
+    dtype. Non-finite and all-zero rows come back as v = r (cos = 1, λ = 0). Inputs are not
+    modified.
     """
     single = updates.dim() == 1
     x = updates.unsqueeze(0) if single else updates
-    c = check_float("brdrag_calibrate", "c", c)
+    c = parse_params(BrDragParams, {"c": c}, "brdrag_calibrate").c  # type: ignore[attr-defined]
     r = check_reference("brdrag_calibrate", reference, x)
     lam, cos, coef_g, coef_r, replaced, _ = _brdrag_coefficients(x, r, c)
-    # torch.where (not a 0 coefficient) so that NaN/Inf in a replaced row cannot leak into v.
-    v = torch.where(replaced[:, None], r, coef_g[:, None] * x + coef_r[:, None] * r)
+    v = torch.empty_like(x)
+    for blk in column_blocks(x):
+        rb = r[blk].to(W)
+        # torch.where (not a 0 coefficient): NaN/Inf in a replaced row cannot leak into v.
+        vb = coef_g[:, None] * x[:, blk].to(W) + coef_r[:, None] * rb
+        v[:, blk] = to_dtype(torch.where(replaced[:, None], rb, vb), x.dtype)
+    lam, cos = lam.to(x.dtype), cos.to(x.dtype)
     return (v[0], lam[0], cos[0]) if single else (v, lam, cos)
 
 
-@AGGREGATORS.register("brdrag")
+@AGGREGATORS.register("brdrag", tags=["robust", "needs_reference"])
 class BrDrag(Aggregator):
     """BR-DRAG (SPEC §3 eq. 15): rescale every update to ‖r‖ and pull it towards r."""
 
+    params_schema = BrDragParams
     needs_reference = True
     #: The engine may pass NaN/Inf rows through: this rule replaces them by r itself.
     handles_nonfinite = True
+    c: float
 
     def __init__(self, c: float = 0.5) -> None:
-        self.c = check_float("brdrag", "c", c)
+        self._configure(c=c)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)  # shape checks only: the mean is uniform (eq. 15)
+        normalised_weights(updates, weights)  # shape checks only: the mean is uniform (eq. 15)
         r = check_reference("brdrag", reference, updates)
         s = updates.shape[0]
         lam, cos, coef_g, coef_r, replaced, geo = _brdrag_coefficients(updates, r, self.c)
-        out = combine_rows(coef_g / s, updates, skip=geo.nonfinite) + (coef_r.sum() / s) * r
+        out = combine_rows(coef_g / s, updates, skip=geo.nonfinite, extra=(coef_r.sum() / s, r))
         rho, has_norm = rho_ratios(geo)
         kept = ~replaced
         diag = {

@@ -1,52 +1,121 @@
-"""Centered Clipping (Karimireddy, He & Jaggi, ICML 2021), SPEC §5.
+"""Centered Clipping (Karimireddy, He & Jaggi, ICML 2021) and norm clipping (SPEC §5).
 
-Starting from a centre v_0, repeat L times:
+``centered_clipping``: from the centre v_0, repeat L times
 
     v_{l+1} = v_l + Σ_i w_i · clip(g_i − v_l, τ),   clip(z, τ) = z · min(1, τ/‖z‖)
 
 with w uniform (the paper's 1/S) unless the caller passes weights. Defaults τ = 10,
 L = ``iters`` = 1: the paper reports that one clipping iteration suffices in practice
-(ByzFL's default τ is 100). The centre is the ``reference`` when one is given — the
-paper's choice is the previous round's aggregate/momentum, which the server algorithm
-holds — and zero otherwise (ByzFL's and the paper's code's first-round default).
+(ByzFL's default τ is 100).
 
-Distances are computed directly as ‖g_i − v‖ (block by block, see ``_ops.row_dists``), not
-through the Gram trick: τ is compared with distances that may be small next to ‖g_i‖.
+**The centre is the ``reference`` argument**, and the server keeps it in its state: the
+paper clips around the previous round's aggregate (its momentum form), so the server passes
+v_0 = Δ^{t−1}, and v_0 = 0 on the first round (``reference=None``, ByzFL's and the paper
+code's start). ByzFL's ``CenteredClipping`` instance does the same by carrying its last
+output into its next call. Because of that state the rule is tagged ``needs_center`` (not
+``reference_free``): it cannot aggregate an arbitrary field without one.
+
+``norm_clip``: clip every update around 0 to norm τ, then take the (weighted) mean,
+Δ = Σ_i w_i min(1, τ/‖g_i‖) g_i — centred clipping with the centre fixed at 0 and L = 1,
+the form runs used before the centre was kept in server state.
+
+Distances ‖g_i − v‖ are computed directly in float64, block by block (``_ops.row_dists``),
+never by the Gram trick: τ is compared with distances that may be small next to ‖g_i‖, and
+a finite row of any size (up to float32's max) is clipped like any other. Rows holding
+NaN/Inf are dropped (``agg/nonfinite``); a non-finite centre raises ``ValueError``.
 """
 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import check_float, check_int, row_dists
-from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, check_updates
+from fedshield.aggregators._ops import combine_rows, row_dists, row_norms
+from fedshield.aggregators.base import (
+    AGGREGATORS,
+    Aggregator,
+    Diagnostics,
+    check_reference,
+    kept_weights,
+    normalised_weights,
+)
+from fedshield.core.params import Params
 
 
-@AGGREGATORS.register("centered_clipping")
+class CenteredClippingParams(Params):
+    tau: float = Field(10.0, gt=0.0, description="clipping radius τ around the centre")
+    iters: int = Field(1, ge=1, description="clipping iterations L (1 suffices, the paper)")
+
+
+class NormClipParams(Params):
+    tau: float = Field(10.0, gt=0.0, description="norm bound τ: each update is clipped to it")
+
+
+def _clip_scale(dist: Tensor, tau: float, bad: Tensor) -> Tensor:
+    """min(1, τ/dist) in float64; τ/0 = inf → 1 (a row on the centre is kept as is)."""
+    return torch.where(bad, 0.0, (tau / dist).clamp_max(1.0))
+
+
+@AGGREGATORS.register("centered_clipping", tags=["robust", "needs_center", "uses_weights"])
 class CenteredClipping(Aggregator):
-    """Centered Clipping (Karimireddy 2021): clip every update around a moving centre."""
+    """Centered Clipping (Karimireddy 2021): clip every update around the previous aggregate.
+
+    ``reference`` is the centre v_0: the server passes the previous round's aggregate (kept
+    in its state), ``None`` on the first round means v_0 = 0.
+    """
+
+    params_schema = CenteredClippingParams
+    tau: float
+    iters: int
 
     def __init__(self, tau: float = 10.0, iters: int = 1) -> None:
-        self.tau = check_float("centered_clipping", "tau", tau, strict=True)
-        self.iters = check_int("centered_clipping", "iters", iters, minimum=1)
+        self._configure(tau=tau, iters=iters)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        w = check_updates(updates, weights)
-        d = updates.shape[1]
-        if reference is None:
-            v = updates.new_zeros(d)
-        elif reference.shape != (d,):
-            raise ValueError(f"reference must be [{d}], got shape {tuple(reference.shape)}")
-        else:
-            v = reference.to(device=updates.device, dtype=updates.dtype)
+        w = normalised_weights(updates, weights)
+        v: Tensor | None = None  # the centre 0 when no reference is given
+        if reference is not None:
+            v = check_reference("centered_clipping", reference, updates)
+        dist = row_norms(updates) if v is None else row_dists(updates, v)
+        bad = ~torch.isfinite(dist)
+        if bool(bad.any()):
+            w = kept_weights("centered_clipping", w, ~bad)
         scale = w
-        for _ in range(self.iters):
-            # τ/0 = inf → min(1, inf) = 1: a row sitting on the centre is left as is.
-            scale = (self.tau / row_dists(updates, v)).clamp_max(1.0)
+        for it in range(self.iters):
+            if it > 0:
+                dist = row_dists(updates, v)
+            scale = _clip_scale(dist, self.tau, bad)
             coef = w * scale
-            # v + Σ w_i s_i (g_i − v) = (1 − Σ w_i s_i) v + Σ w_i s_i g_i: one GEMV.
-            v = (1.0 - coef.sum()) * v + coef @ updates
-        return v, {"agg/clipped": float((scale < 1).to(torch.float32).mean())}
+            # v + Σ c_i (g_i − v) = (1 − Σ c_i) v + Σ c_i g_i: one GEMV (float64 if needed).
+            extra = None if v is None else (1.0 - coef.sum(), v)
+            out = combine_rows(coef, updates, skip=bad, extra=extra)
+            v = out
+        clipped = ((scale < 1) & ~bad).sum() / (~bad).sum()
+        return out, {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}
+
+
+@AGGREGATORS.register("norm_clip", tags=["robust", "uses_weights"])
+class NormClip(Aggregator):
+    """Norm clipping: clip every update to norm τ around 0, then the (weighted) mean."""
+
+    params_schema = NormClipParams
+    tau: float
+
+    def __init__(self, tau: float = 10.0) -> None:
+        self._configure(tau=tau)
+
+    def aggregate(
+        self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
+    ) -> tuple[Tensor, Diagnostics]:
+        w = normalised_weights(updates, weights)
+        norms = row_norms(updates)
+        bad = ~torch.isfinite(norms)
+        if bool(bad.any()):
+            w = kept_weights("norm_clip", w, ~bad)
+        scale = _clip_scale(norms, self.tau, bad)
+        out = combine_rows(w * scale, updates, skip=bad)
+        clipped = ((scale < 1) & ~bad).sum() / (~bad).sum()
+        return out, {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}

@@ -11,24 +11,38 @@ divergence (DoD):
 
 Zero-norm guard (SPEC §2): if ‖r‖ = 0 or ‖g_m‖ = 0 then v_m = g_m (λ_m is taken as 0).
 The aggregate never materialises v: Δ = Σ_m w_m (1 − λ_m) g_m + (Σ_m w_m λ_m ‖g_m‖/‖r‖) r,
-one norm pass, one GEMV for ⟨g_m, r⟩ and one GEMV for the sum.
+one blocked float64 pass for the norms and ⟨g_m, r⟩ and one GEMV for the sum.
+
+Not a robust rule: rows holding NaN/Inf are dropped (``agg/nonfinite``, the weights of the
+others renormalised), but a huge finite row keeps its size (v_m has norm ‖g_m‖).
 """
 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import (
     RefGeometry,
-    check_float,
-    check_reference,
+    W,
+    column_blocks,
+    combine_rows,
     masked_stat,
     ref_geometry,
     rho_ratios,
     safe_div,
+    to_dtype,
 )
-from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, check_updates
+from fedshield.aggregators.base import (
+    AGGREGATORS,
+    Aggregator,
+    Diagnostics,
+    check_reference,
+    kept_weights,
+    normalised_weights,
+)
+from fedshield.core.params import Params, parse_params
 
 #: Our default for DRAG's c (SPEC §2 leaves it to tuning on bundled data): c = 0.2 was the
 #: best or tied-best final accuracy in the c sweep of docs/results/drag.md, and c ≥ 0.3
@@ -36,8 +50,14 @@ from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, che
 DEFAULT_C = 0.2
 
 
+class DragParams(Params):
+    c: float = Field(
+        DEFAULT_C, ge=0.0, description="DoD scale c of eq. 10: λ_m = c (1 − cos) ∈ [0, 2c]"
+    )
+
+
 def _drag_coefficients(x: Tensor, r: Tensor, c: float) -> tuple[Tensor, Tensor, RefGeometry]:
-    """(λ [S], coefficient of r [S], geometry) of eq. 10–11 for every row."""
+    """(λ [S], coefficient of r [S], geometry) of eq. 10–11 for every row, in float64."""
     geo = ref_geometry(x, r)
     lam = torch.where(geo.defined, c * (1.0 - geo.cos), 0.0)
     coef_r = safe_div(lam * geo.norms, geo.ref_norm.expand_as(lam), geo.defined)
@@ -50,38 +70,50 @@ def drag_calibrate(
     """Calibrate each update towards ``reference`` (SPEC §2 eq. 10–11).
 
     ``updates`` is ``[S, d]`` (or one ``[d]`` update, as a Flower client holds); returns
-    ``(v, λ, cos)`` with the leading dimension of the input. Pure: inputs are not modified.
+    ``(v, λ, cos)`` with the leading dimension of the input, v in the input dtype (clamped
+    to its range). A row holding NaN/Inf keeps it (λ = 0). Inputs are not modified.
     """
     single = updates.dim() == 1
     x = updates.unsqueeze(0) if single else updates
-    c = check_float("drag_calibrate", "c", c)
+    c = parse_params(DragParams, {"c": c}, "drag_calibrate").c  # type: ignore[attr-defined]
     r = check_reference("drag_calibrate", reference, x)
     lam, coef_r, geo = _drag_coefficients(x, r, c)
-    v = (1.0 - lam)[:, None] * x + coef_r[:, None] * r
-    return (v[0], lam[0], geo.cos[0]) if single else (v, lam, geo.cos)
+    v = torch.empty_like(x)
+    for blk in column_blocks(x):
+        vb = (1.0 - lam)[:, None] * x[:, blk].to(W) + coef_r[:, None] * r[blk]
+        v[:, blk] = to_dtype(vb, x.dtype)
+    lam, cos = lam.to(x.dtype), geo.cos.to(x.dtype)
+    return (v[0], lam[0], cos[0]) if single else (v, lam, cos)
 
 
-@AGGREGATORS.register("drag")
+@AGGREGATORS.register("drag", tags=["needs_reference", "uses_weights"])
 class Drag(Aggregator):
     """DRAG (SPEC §2 eq. 10–11): pull every update towards the reference by its DoD."""
 
+    params_schema = DragParams
     needs_reference = True
+    c: float
 
     def __init__(self, c: float = DEFAULT_C) -> None:
-        self.c = check_float("drag", "c", c)
+        self._configure(c=c)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        w = check_updates(updates, weights)
+        w = normalised_weights(updates, weights)
         r = check_reference("drag", reference, updates)
         lam, coef_r, geo = _drag_coefficients(updates, r, self.c)
-        out = (w * (1.0 - lam)) @ updates + (w * coef_r).sum() * r
+        bad = geo.nonfinite
+        if bool(bad.any()):
+            w = kept_weights("drag", w, ~bad)
+        coef_g = w * (1.0 - lam)
+        out = combine_rows(coef_g, updates, skip=bad, extra=((w * coef_r).sum(), r))
         rho, has_norm = rho_ratios(geo)
         diag = {
-            "agg/mean_lambda": float(lam.mean()),
+            "agg/mean_lambda": masked_stat(lam, ~bad, "mean"),
             "agg/mean_cos": masked_stat(geo.cos, geo.defined, "mean"),
             "agg/rho_min": masked_stat(rho, has_norm, "min"),
             "agg/rho_max": masked_stat(rho, has_norm, "max"),
+            "agg/nonfinite": float(bad.sum()),
         }
         return out, diag

@@ -6,8 +6,10 @@ With the server's root-data reference r (the same r^t as BR-DRAG):
 * ĝ_m = (‖r‖ / ‖g_m‖) g_m           (every update rescaled to the reference's norm)
 * Δ = Σ_m TS_m ĝ_m / Σ_m TS_m        (Δ = 0 when every TS_m is 0)
 
-``weights`` is ignored: the trust scores are the weights. A zero, NaN/Inf or overflowing row
-gets TS = 0 and is left out of the sum, so one worker cannot poison θ with NaN.
+``weights`` is ignored: the trust scores are the weights. A zero or NaN/Inf row gets TS = 0
+and is left out of the sum (``agg/nonfinite`` counts the latter), so one worker cannot
+poison θ with NaN. Norms and cosines are float64: a finite row of any size is rescaled to
+‖r‖ like any other.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import check_reference, combine_rows, ref_geometry, safe_div
-from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics, check_updates
+from fedshield.aggregators._ops import combine_rows, ref_geometry, safe_div
+from fedshield.aggregators.base import (
+    AGGREGATORS,
+    Aggregator,
+    Diagnostics,
+    check_reference,
+    normalised_weights,
+)
 
 
-@AGGREGATORS.register("fltrust")
+@AGGREGATORS.register("fltrust", tags=["robust", "needs_reference"])
 class FLTrust(Aggregator):
     """FLTrust (SPEC §5): ReLU-cosine trust scores, updates rescaled to ‖r‖."""
 
@@ -29,7 +37,7 @@ class FLTrust(Aggregator):
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)  # shape checks only
+        normalised_weights(updates, weights)  # shape checks only
         r = check_reference("fltrust", reference, updates)
         geo = ref_geometry(updates, r)
         trust = geo.cos.clamp_min(0.0)  # cos is 0 wherever it is undefined, so TS = 0 there

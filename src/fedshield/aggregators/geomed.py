@@ -5,39 +5,76 @@ Harchaoui, IEEE TSP 2022): start at the α-weighted mean, then repeat
 
     β_i = α_i / max(ν, ‖z − x_i‖),   z ← Σ_i β_i x_i / Σ_i β_i
 
-for at most ``max_iter`` iterations, stopping once the objective Σ_i α_i ‖z − x_i‖ improves
-by less than ``tol`` relatively. SPEC defaults: ν = 1e-6, 100 iterations, tol = 1e-6.
+for at most ``max_iter`` iterations. SPEC defaults: ν = 1e-6, 100 iterations, tol = 1e-6.
+
+**Stopping rule** (our addition to SPEC's): stop once the objective Σ_i α_i ‖z − x_i‖
+improves by less than ``tol`` relatively *and* the iterate moves by less than ``tol`` times
+the typical distance to the rows, ‖z_{k+1} − z_k‖ ≤ tol · wmedian_i ‖z_{k+1} − x_i‖ (the
+α-weighted median). The objective alone stops early when Byzantine rows are far away: it
+is then dominated by their distances, so real progress near the honest rows no longer shows
+in it (16 honest rows + 12 rows at μ + 10^6 σ, d = 100: it stopped 1.1 ‖σ‖ from the
+converged median; with the iterate rule, 2e-6 ‖σ‖).
 
 Every iterate is a convex combination z = Σ_j β_j x_j, so ‖z − x_i‖² = βᵀGβ − 2(Gβ)_i + G_ii
-with G the Gram matrix of the (mean-centred) rows: one O(S²·d) matmul pass up front, then
-each iteration is O(S²) on an ``[S, S]`` float64 matrix, and one GEMV builds z at the end.
-The cost hardly depends on the iteration count; a textbook loop pays O(S·d) per iteration.
+with G the float64 Gram matrix of the rows about a centre c: one O(S²·d) pass up front, then
+each iteration is O(S²), and one GEMV builds z at the end. When the distances become small
+next to ‖x_i − c‖ (the iterate sits near rows far from c, e.g. next to the honest cluster
+while the centre was pulled by outliers), digits cancel: G is then rebuilt about the
+current z (``agg/recentred``, at most 4 times), which makes those distances exact again.
 
-* ``geomed`` / ``rfa`` use the caller's weights (RFA: sample counts n_m), ``raga`` is uniform.
+* ``geomed`` / ``rfa`` use the caller's weights (RFA: sample counts n_m, tag
+  ``sample_weighted``: the server passes the counts it trusts), ``raga`` is uniform.
 * RFA is stated on models, θ^{t+1} = GeoMed({θ_m^{t,U}}). The minimiser is translation
   equivariant, and so is this solver (mean start, weights from distances, relative stopping
-  rule), hence GeoMed({θ^t + g_m}) = θ^t + GeoMed({g_m}) iterate by iterate: the server
+  rules), hence GeoMed({θ^t + g_m}) = θ^t + GeoMed({g_m}) iterate by iterate: the server
   aggregates pseudo-gradients and adds θ^t, like every other rule.
 * ``init="zeros"`` starts from z = 0 instead (ByzFL's ``GeometricMedian``); with ``tol=0`` and
   ``max_iter=T`` this reproduces ByzFL's fixed T iterations exactly. Not translation
   equivariant, so not the RFA default.
+* Rows holding NaN/Inf are dropped (``agg/nonfinite``), the others' weights renormalised.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Literal
+
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import centered_gram, check_float, check_int, row_norms
+from fedshield.aggregators._ops import (
+    _CANCEL,
+    centered_gram,
+    combine_rows,
+    row_norms,
+    weighted_median,
+)
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
-    ConfigError,
     Diagnostics,
-    check_updates,
+    kept_weights,
+    normalised_weights,
 )
+from fedshield.core.params import Params
 
-_INITS = ("mean", "zeros")
+#: Rebuilding G about the iterate costs two passes over the rows; a few suffice.
+_MAX_RECENTRE = 4
+
+
+class GeoMedParams(Params):
+    nu: float = Field(1e-6, gt=0.0, description="smoothing ν: distances are floored at ν")
+    max_iter: int = Field(100, ge=0, description="at most this many Weiszfeld iterations")
+    tol: float = Field(
+        1e-6,
+        ge=0.0,
+        description="relative tolerance of both stopping rules (objective and iterate); "
+        "0 runs exactly max_iter iterations",
+    )
+    init: Literal["mean", "zeros"] = Field(
+        "mean", description="start at the weighted mean (RFA) or at 0 (ByzFL)"
+    )
 
 
 def geometric_median(
@@ -48,81 +85,118 @@ def geometric_median(
     max_iter: int = 100,
     tol: float = 1e-6,
     init: str = "mean",
-) -> tuple[Tensor, int, float]:
-    """Smoothed Weiszfeld with normalised weights ``alpha``: (z [d], iterations, objective)."""
-    # The S-space iteration runs in float64: it is tiny, and it keeps the distance
-    # formula's cancellation at float64 level on top of the input-precision Gram matrix.
-    g = centered_gram(updates).to(torch.float64)
-    a = alpha.to(torch.float64)
-    g_diag = g.diagonal()
+    owner: str = "geomed",
+) -> tuple[Tensor, dict[str, float]]:
+    """Smoothed Weiszfeld with weights ``alpha`` (float64, summing to 1) over the finite
+    rows: ``(z [d] in the input dtype, diagnostics)`` (iterations, objective, recentred,
+    nonfinite)."""
+    g, ok = centered_gram(updates)
+    dropped = int((~ok).sum())
+    a_full = kept_weights(owner, alpha, ok) if dropped else alpha
+    keep = ok.nonzero().squeeze(1)
+    if dropped:
+        g = g[keep][:, keep]
+    a = a_full[keep]
+    recentred = 0
 
-    def dists(beta: Tensor) -> Tensor:
+    def dists(beta: Tensor) -> tuple[Tensor, Tensor]:
+        """(‖z − x_i‖ for z = Σ β_j x_j, its cancellation floor: ‖x_i − c‖² + ‖z − c‖²)."""
         gb = g @ beta
-        return (beta @ gb - 2.0 * gb + g_diag).clamp_min(0.0).sqrt()
+        q = beta @ gb
+        return (q - 2.0 * gb + g.diagonal()).clamp_min(0.0).sqrt(), q + g.diagonal()
 
+    def full(beta: Tensor) -> Tensor:
+        return torch.zeros_like(alpha).index_copy_(0, keep, beta)
+
+    def checked(beta: Tensor) -> Tensor:
+        """Distances for β, rebuilding G about z first when cancellation spoils them."""
+        nonlocal g, recentred
+        dist, scale = dists(beta)
+        while recentred < _MAX_RECENTRE and bool(
+            (dist.clamp_min(nu).square() < _CANCEL * scale).any()
+        ):
+            recentred += 1
+            centre = combine_rows(full(beta), updates, skip=~ok)
+            g, _ = centered_gram(updates, keep, centre)
+            dist, scale = dists(beta)
+        return dist
+
+    beta: Tensor | None
     if init == "mean":
-        beta: Tensor | None = a
-        dist = dists(a)
+        beta = a
+        dist = checked(a)
     else:  # z = 0 lies outside the rows' affine hull: measure ‖x_i‖ directly, once
         beta = None
-        dist = row_norms(updates).to(torch.float64)
+        dist = row_norms(updates)[keep]
     obj = float(a @ dist)
     it = 0
     while it < max_iter:
         it += 1
         inv = a / dist.clamp_min(nu)
-        beta = inv / inv.sum()
-        dist = dists(beta)
+        new_beta = inv / inv.sum()
+        dist = checked(new_beta)
         new_obj = float(a @ dist)
+        if beta is None:  # from z = 0 the first move is not measured in G
+            step = math.inf
+        else:
+            delta = new_beta - beta
+            step = float((delta @ g @ delta).clamp_min(0.0).sqrt())
         improved = abs(obj - new_obj)
-        obj = new_obj
-        if tol > 0 and improved <= tol * new_obj:  # tol = 0: always max_iter iterations
+        beta, obj = new_beta, new_obj
+        if tol > 0 and improved <= tol * new_obj and step <= tol * float(weighted_median(dist, a)):
             break
+    diag = {
+        "agg/iterations": float(it),
+        "agg/objective": obj,
+        "agg/recentred": float(recentred),
+        "agg/nonfinite": float(dropped),
+    }
     if beta is None:  # init="zeros" with max_iter=0
-        return updates.new_zeros(updates.shape[1]), 0, obj
-    return beta.to(updates.dtype) @ updates, it, obj
+        return updates.new_zeros(updates.shape[1]), diag
+    return combine_rows(full(beta), updates, skip=~ok), diag
 
 
-@AGGREGATORS.register("geomed")
+@AGGREGATORS.register("geomed", tags=["robust", "reference_free", "uses_weights"])
 class GeoMed(Aggregator):
     """Weighted geometric median by smoothed Weiszfeld (SPEC §5 RFA solver)."""
 
+    params_schema = GeoMedParams
     #: False for RAGA: the median of the updates, every client counted once.
     use_weights: bool = True
-    _name = "geomed"
+    nu: float
+    max_iter: int
+    tol: float
+    init: str
 
     def __init__(
         self, nu: float = 1e-6, max_iter: int = 100, tol: float = 1e-6, init: str = "mean"
     ) -> None:
-        self.nu = check_float(self._name, "nu", nu, strict=True)
-        self.max_iter = check_int(self._name, "max_iter", max_iter)
-        self.tol = check_float(self._name, "tol", tol)
-        if init not in _INITS:
-            raise ConfigError(f"{self._name}: init must be one of {_INITS}, got {init!r}")
-        self.init = init
+        self._configure(nu=nu, max_iter=max_iter, tol=tol, init=init)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        alpha = check_updates(updates, weights)  # validates the weights' shape either way
+        alpha = normalised_weights(updates, weights)  # validates the weights' shape either way
         if not self.use_weights:
             alpha = torch.full_like(alpha, 1.0 / alpha.numel())
-        z, iters, obj = geometric_median(
-            updates, alpha, nu=self.nu, max_iter=self.max_iter, tol=self.tol, init=self.init
+        return geometric_median(
+            updates,
+            alpha,
+            nu=self.nu,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            init=self.init,
+            owner=self._name,
         )
-        return z, {"agg/iterations": float(iters), "agg/objective": obj}
 
 
-@AGGREGATORS.register("rfa")
+@AGGREGATORS.register("rfa", tags=["robust", "reference_free", "uses_weights", "sample_weighted"])
 class RFA(GeoMed):
     """RFA (Pillutla 2022): sample-weighted geometric median; θ + GeoMed(g) = GeoMed(θ_m)."""
 
-    _name = "rfa"
 
-
-@AGGREGATORS.register("raga")
+@AGGREGATORS.register("raga", tags=["robust", "reference_free"])
 class RAGA(GeoMed):
     """RAGA: θ^{t+1} = θ^t + GeoMed({g_m}) with uniform weights (SPEC §5)."""
 
     use_weights = False
-    _name = "raga"

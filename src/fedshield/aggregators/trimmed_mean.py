@@ -3,51 +3,78 @@
 Per coordinate, drop the f largest and the f smallest values and average the S − 2f left
 (needs 2f < S). ``f`` is a count, as in ByzFL's ``TrMean(f)``; Flower's
 ``aggregate_trimmed_avg(proportiontocut=β)`` trims ⌊βS⌋ per side, i.e. f = ⌊βS⌋.
-Sample weights play no part (an order statistic of the updates).
+Sample weights play no part (an order statistic of the updates). Rows holding NaN/Inf are
+dropped first (``agg/nonfinite``); S is then the number of finite rows. The mean of the
+kept values is taken in float64, so huge finite values cannot overflow it.
 """
 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import check_int
+from fedshield.aggregators._ops import W, column_blocks, to_dtype
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
     ConfigError,
     Diagnostics,
-    check_updates,
+    dropped_note,
+    normalised_weights,
 )
+from fedshield.aggregators.mean import weighted_mean
+from fedshield.aggregators.median import finite_rows
+from fedshield.core.params import Params
+
+
+class TrimmedMeanParams(Params):
+    f: int = Field(0, ge=0, description="values trimmed per side and coordinate (needs 2f < S)")
 
 
 def trimmed_mean(updates: Tensor, f: int) -> Tensor:
     """``[d]`` mean of each coordinate after dropping its f largest and f smallest values."""
-    if f == 0:
-        return updates.mean(dim=0)
     s = updates.shape[0]
+    if f == 0:
+        w = torch.full((s,), 1.0 / s, dtype=W, device=updates.device)
+        return weighted_mean(updates, w, uniform=True, owner="trimmed_mean")[0]
     # A full sort, not (sum − top f − bottom f): that subtraction cancels catastrophically
     # when one Byzantine value is huge, which is exactly the case the rule exists for.
-    return torch.sort(updates, dim=0).values[f : s - f].mean(dim=0)
+    out = torch.empty(updates.shape[1], dtype=W, device=updates.device)
+    for blk in column_blocks(updates):
+        out[blk] = torch.sort(updates[:, blk], dim=0).values[f : s - f].to(W).mean(dim=0)
+    return to_dtype(out, updates.dtype)
 
 
-@AGGREGATORS.register("trimmed_mean")
+def _check_f(f: int, num_rows: int, dropped: int = 0) -> None:
+    if 2 * f >= num_rows:
+        after = dropped_note(dropped)
+        raise ConfigError(
+            f"trimmed_mean: f={f} trims 2f = {2 * f} values per coordinate, "
+            f"which needs more than 2f rows per round, got S={num_rows}{after}"
+        )
+
+
+@AGGREGATORS.register("trimmed_mean", tags=["robust", "reference_free", "min_clients"])
 class TrimmedMean(Aggregator):
     """Coordinate-wise trimmed mean (Yin 2018): drop the f largest and f smallest values."""
 
-    def __init__(self, f: int = 0) -> None:
-        self.f = check_int("trimmed_mean", "f", f)
+    params_schema = TrimmedMeanParams
+    f: int
 
-    def validate(self, num_clients: int) -> None:
-        if 2 * self.f >= num_clients:
-            raise ConfigError(
-                f"trimmed_mean: f={self.f} trims 2f = {2 * self.f} values per coordinate, "
-                f"which needs more than 2f clients per round, got S={num_clients}"
-            )
+    def __init__(self, f: int = 0) -> None:
+        self._configure(f=f)
+
+    def validate(self, num_rows: int) -> None:
+        _check_f(self.f, num_rows)
+
+    def _reduced(self, num_rows: int) -> Aggregator | None:
+        return None if num_rows < 1 else self.replace(f=(num_rows - 1) // 2)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
-        check_updates(updates, weights)
-        self.validate(updates.shape[0])
-        return trimmed_mean(updates, self.f), {}
+        normalised_weights(updates, weights)
+        x, dropped = finite_rows("trimmed_mean", updates)
+        _check_f(self.f, x.shape[0], dropped)
+        return trimmed_mean(x, self.f), {"agg/nonfinite": float(dropped)}

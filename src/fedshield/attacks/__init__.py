@@ -7,6 +7,8 @@ Update attacks rewrite the Byzantine rows of the cohort's ``[S, d]`` update matr
     from fedshield import attacks
     attack = attacks.build("min_max", vector="sign")
     poisoned = attack(updates, byzantine_mask, generator=gen)
+
+``attacks.parse(name, params)`` validates the parameters alone (no attack is built).
 """
 
 from __future__ import annotations
@@ -17,22 +19,24 @@ from fedshield.attacks import data, minmax, omniscient, simple  # noqa: F401  (r
 from fedshield.attacks.base import ATTACKS, DataAttack, UpdateAttack
 from fedshield.attacks.minmax import find_gamma, halving_search
 from fedshield.attacks.omniscient import alie_z
+from fedshield.core.params import Params
 
 
-def build(name: str, /, **kwargs: Any) -> UpdateAttack | DataAttack:
-    """The attack registered as ``name``, constructed from ``kwargs`` (``None`` values are
-    dropped, so unset config keys fall back to the defaults). Unknown names raise a
-    :class:`fedshield.registry.RegistryError` listing the known ones; bad values raise
-    :class:`fedshield.errors.ConfigError`."""
-    try:
-        return ATTACKS.build(name, **kwargs)
-    except TypeError as exc:  # unknown keyword: name the attack and its real parameters
-        from inspect import signature
+def parse(name: str, params: dict[str, Any] | None = None, where: str = "attack.params") -> Params:
+    """The validated parameters of attack ``name`` (no attack is built): what the builder
+    checks before any data is loaded. Unknown names are a
+    :class:`~fedshield.registry.RegistryError` naming ``attack.name`` with a did-you-mean;
+    unknown keys and bad values a :class:`~fedshield.errors.ConfigError` naming
+    ``where.key``. ``None`` values are dropped, so unset keys take the defaults."""
+    given = {k: v for k, v in (params or {}).items() if v is not None}
+    return ATTACKS.entry(name, "attack.name").parse(given, where)
 
-        from fedshield.errors import ConfigError
 
-        params = ", ".join(signature(ATTACKS.get(name)).parameters) or "none"
-        raise ConfigError(f"attack {name!r}: {exc}; parameters: {params}") from None
+def build(name: str, /, **params: Any) -> UpdateAttack | DataAttack:
+    """The attack registered as ``name``, constructed from ``params`` validated by its
+    schema (see :func:`parse`)."""
+    kwargs = parse(name, params).kwargs()
+    return ATTACKS.get(name)(**kwargs)
 
 
 def names() -> list[str]:
@@ -49,4 +53,5 @@ __all__ = [
     "find_gamma",
     "halving_search",
     "names",
+    "parse",
 ]

@@ -1,48 +1,12 @@
-"""Helpers shared by the attacks: parameter validation and the benign-row statistics.
+"""Helpers shared by the update attacks: input checks and the benign-row statistics.
 
-Validation raises :class:`fedshield.errors.ConfigError` naming the attack, the parameter,
-the allowed range and the value given, so a bad config line is fixed from one message.
+Parameters are validated by each attack's schema (:mod:`fedshield.attacks.base`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-
 import torch
 from torch import Tensor
-
-from fedshield.errors import ConfigError
-
-
-def _is_number(value: object) -> bool:
-    # bool is an int subclass; ``sigma = true`` in a config is a mistake, not 1.0.
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def finite(attack: str, name: str, value: object) -> float:
-    """Return ``value`` as a float, or raise if it is not a finite real number."""
-    if not _is_number(value) or not math.isfinite(value):  # type: ignore[arg-type]
-        raise ConfigError(f"attack {attack!r}: {name} must be a finite number, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def positive(attack: str, name: str, value: object) -> float:
-    """Return ``value`` as a float, or raise if it is not a finite number > 0."""
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:  # type: ignore[operator,arg-type]
-        raise ConfigError(f"attack {attack!r}: {name} must be a finite number > 0, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def choice(attack: str, name: str, value: object, allowed: Iterable[str]) -> str:
-    """Return ``value`` if it is one of ``allowed``, else raise listing the options."""
-    options = tuple(allowed)
-    if not isinstance(value, str) or value not in options:
-        raise ConfigError(
-            f"attack {attack!r}: {name} must be one of {', '.join(map(repr, options))}, "
-            f"got {value!r}"
-        )
-    return value
 
 
 def check_inputs(updates: Tensor, byzantine: Tensor) -> Tensor:

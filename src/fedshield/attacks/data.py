@@ -7,11 +7,13 @@ from torch import Tensor
 from fedshield.attacks.base import ATTACKS, DataAttack
 
 
-@ATTACKS.register("label_flip")
+@ATTACKS.register("label_flip", tags=["kind=data"])
 class LabelFlip(DataAttack):
-    """Label flipping (seed 000 §I-A, [25]): every label l ↦ L − l − 1, L = ``num_classes``;
-    inputs are left untouched. A fixed permutation (0 ↔ L−1, 1 ↔ L−2, ...), so the poisoned
-    client's updates stay plausible in norm and hard to spot, as the seed notes."""
+    """Train honestly on flipped labels l ↦ L − l − 1 for L classes (seed 000 [25]).
+
+    Inputs are left untouched. A fixed permutation (0 ↔ L−1, 1 ↔ L−2, ...), so the poisoned
+    client's updates stay plausible in norm and hard to spot, as the seed notes (§I-A). It
+    has no parameters."""
 
     def poison(self, x: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:

@@ -16,20 +16,16 @@ reproduces the code.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from torch import Tensor
 
-from fedshield.attacks._common import (
-    check_inputs,
-    choice,
-    coord_std,
-    honest_pool,
-    positive,
-    with_rows,
-)
+from fedshield.attacks._common import check_inputs, coord_std, honest_pool, with_rows
 from fedshield.attacks.base import ATTACKS, UpdateAttack
-from fedshield.errors import ConfigError
+from fedshield.core.params import Params
 
 VECTORS = ("unit_vec", "std", "sign")
 RULES = ("min_max", "min_sum")
@@ -118,20 +114,38 @@ def find_gamma(
     return halving_search(passes, gamma_init, tau)
 
 
+class MinMaxParams(Params):
+    vector: Literal["unit_vec", "std", "sign"] = Field(
+        "std", description="perturbation ∇^p: −ḡ/‖ḡ‖ (unit_vec), −std(g) (std) or −sign(ḡ)"
+    )
+    gamma_init: float = Field(10.0, gt=0.0, description="first γ of the halving search")
+    tau: float = Field(1e-5, gt=0.0, description="halving search tolerance τ (< gamma_init)")
+
+    @field_validator("tau")
+    @classmethod
+    def _tau_below_gamma_init(cls, tau: float, info: ValidationInfo) -> float:
+        gamma_init = info.data.get("gamma_init")  # absent when gamma_init itself failed
+        if gamma_init is not None and tau >= gamma_init:
+            raise PydanticCustomError("tau_range", "must be < gamma_init ({g})", {"g": gamma_init})
+        return tau
+
+
+class MinSumParams(MinMaxParams):
+    bound: Literal["max", "min"] = Field(
+        "max", description="threshold max_i (paper) or min_i (authors' released code)"
+    )
+
+
 class _GammaAttack(UpdateAttack):
     rule = "min_max"
     needs_own_update = False  # omniscient: built from the benign rows only
+    vector: str
+    gamma_init: float
+    tau: float
+    bound: str = "max"
 
-    def __init__(self, vector: str = "std", gamma_init: float = 10.0, tau: float = 1e-5) -> None:
-        self.vector = choice(self.rule, "vector", vector, VECTORS)
-        self.gamma_init = positive(self.rule, "gamma_init", gamma_init)
-        self.tau = positive(self.rule, "tau", tau)
-        if self.tau >= self.gamma_init:
-            raise ConfigError(
-                f"attack {self.rule!r}: tau must be < gamma_init ({self.gamma_init}), "
-                f"got {self.tau!r}"
-            )
-        self.bound = "max"
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
         #: γ found in the last call (None before the first call or with no attacker).
         self.last_gamma: float | None = None
 
@@ -151,28 +165,24 @@ class _GammaAttack(UpdateAttack):
         return with_rows(updates, mask, pool.mean(dim=0) + gamma * direction)
 
 
-@ATTACKS.register("min_max")
+@ATTACKS.register("min_max", tags=["kind=update", "omniscient"])
 class MinMax(_GammaAttack):
-    """Min-Max (NDSS'21): ḡ + γ∇^p with max_i ‖∇^m − g_i‖ ≤ max_{i,j} ‖g_i − g_j‖ (SPEC §6;
-    seed 000 [26]). ``vector`` ∈ unit_vec/std/sign (default std), ``gamma_init`` = 10,
-    ``tau`` = 1e-5. The γ found is kept in ``last_gamma``."""
+    """Min-Max: upload ḡ + γ∇^p, γ max with max_i ‖∇^m − g_i‖ ≤ max_ij ‖g_i − g_j‖.
 
+    Shejwalkar & Houmansadr, NDSS'21 (SPEC §6, seed 000 [26]). ``vector`` ∈
+    unit_vec/std/sign (default std), ``gamma_init`` = 10, ``tau`` = 1e-5. The γ found is
+    kept in ``last_gamma``."""
+
+    params_schema = MinMaxParams
     rule = "min_max"
 
 
-@ATTACKS.register("min_sum")
+@ATTACKS.register("min_sum", tags=["kind=update", "omniscient"])
 class MinSum(_GammaAttack):
-    """Min-Sum (NDSS'21): ḡ + γ∇^p with Σ_i ‖∇^m − g_i‖² ≤ max_i Σ_j ‖g_i − g_j‖² (SPEC §6;
-    seed 000 [26]). ``bound="min"`` uses min_i, as the authors' released code does."""
+    """Min-Sum: upload ḡ + γ∇^p, γ max with Σ_i ‖∇^m − g_i‖² ≤ max_i Σ_j ‖g_i − g_j‖².
 
+    Shejwalkar & Houmansadr, NDSS'21 (SPEC §6, seed 000 [26]). ``bound="min"`` uses min_i,
+    as the authors' released code does."""
+
+    params_schema = MinSumParams
     rule = "min_sum"
-
-    def __init__(
-        self,
-        vector: str = "std",
-        gamma_init: float = 10.0,
-        tau: float = 1e-5,
-        bound: str = "max",
-    ) -> None:
-        super().__init__(vector, gamma_init, tau)
-        self.bound = choice("min_sum", "bound", bound, BOUNDS)

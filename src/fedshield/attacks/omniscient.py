@@ -11,17 +11,12 @@ import math
 from statistics import NormalDist
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from fedshield.attacks._common import (
-    check_inputs,
-    coord_std,
-    finite,
-    honest_pool,
-    positive,
-    with_rows,
-)
+from fedshield.attacks._common import check_inputs, coord_std, honest_pool, with_rows
 from fedshield.attacks.base import ATTACKS, UpdateAttack
+from fedshield.core.params import Params
 
 
 def alie_z(n: int, f: int) -> float:
@@ -40,20 +35,34 @@ def alie_z(n: int, f: int) -> float:
     return NormalDist().inv_cdf(cdf)
 
 
-@ATTACKS.register("alie")
-class ALIE(UpdateAttack):
-    """A Little Is Enough (Baruch et al. 2019): upload μ − z·σ, μ and σ the coordinate-wise
-    mean and unbiased std of the benign updates (SPEC §6).
+class ALIEParams(Params):
+    z: float | None = Field(
+        None,
+        description="multiplier z of σ; unset: the paper's z_max for this round's n and f",
+    )
 
-    ``z=None`` (default) uses the paper's z_max for n = S rows and f = number of Byzantine
-    rows in this round (:func:`alie_z`); a number overrides it. ByzFL's
-    ``ALittleIsEnough(tau)`` computes μ + τσ with the same std, i.e. τ = −z.
+
+class IPMParams(Params):
+    epsilon: float = Field(0.1, gt=0.0, description="scale ε of the reversed benign mean −ε·ḡ")
+
+
+@ATTACKS.register("alie", tags=["kind=update", "omniscient"])
+class ALIE(UpdateAttack):
+    """Upload μ − z·σ of the benign coordinate-wise mean and std (ALIE, SPEC §6).
+
+    Baruch et al. 2019; σ is the unbiased std. ``z`` unset (default) uses the paper's z_max
+    for n = S rows and f = number of Byzantine rows in this round (:func:`alie_z`); a
+    number overrides it. ByzFL's ``ALittleIsEnough(tau)`` computes μ + τσ with the same
+    std, i.e. τ = −z.
     """
 
+    params_schema = ALIEParams
     needs_own_update = False
+    z: float | None
 
-    def __init__(self, z: float | None = None) -> None:
-        self.z = None if z is None else finite("alie", "z", z)
+    def __init__(self, **params: float | None) -> None:
+        super().__init__(**params)
+        #: z used in the last call (None before the first call or with no attacker).
         self.last_z: float | None = None
 
     def __call__(
@@ -70,19 +79,19 @@ class ALIE(UpdateAttack):
         return with_rows(updates, mask, pool.mean(dim=0) - z * coord_std(pool))
 
 
-@ATTACKS.register("ipm")
+@ATTACKS.register("ipm", tags=["kind=update", "omniscient"])
 class IPM(UpdateAttack):
-    """Inner-product manipulation (Xie, Koyejo & Gupta, UAI 2019): upload −ε·ḡ, ḡ the mean
-    benign update (SPEC §6). Default ε = 0.1, the paper's small-ε setting that makes the
-    inner product with the true gradient negative while staying close to the benign cloud.
+    """Upload −ε·ḡ, ḡ the mean benign update: inner-product manipulation (SPEC §6).
 
-    ByzFL's ``InnerProductManipulation(tau)`` is the same rule with τ = ε (its default 2.0).
+    Xie, Koyejo & Gupta, UAI 2019. Default ε = 0.1, the paper's small-ε setting that makes
+    the inner product with the true gradient negative while staying close to the benign
+    cloud. ByzFL's ``InnerProductManipulation(tau)`` is the same rule with τ = ε (its
+    default 2.0).
     """
 
+    params_schema = IPMParams
     needs_own_update = False
-
-    def __init__(self, epsilon: float = 0.1) -> None:
-        self.epsilon = positive("ipm", "epsilon", epsilon)
+    epsilon: float
 
     def __call__(
         self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None

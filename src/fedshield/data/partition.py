@@ -3,16 +3,23 @@
 Each takes the label vector and returns M disjoint index tensors that together cover every
 sample exactly once. All randomness comes from a ``numpy.random.Generator`` seeded by the
 caller, so a partition is a pure function of (labels, M, parameters, seed).
+
+A partitioner's parameters live directly in the ``[data]`` table (``data.beta``,
+``data.min_size``, ``data.shards_per_client``); each entry's schema names the ones it
+reads, and :func:`partitioner_params` picks and validates them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import Tensor
 
+from fedshield.core.params import NoParams, Params
 from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 
@@ -24,27 +31,41 @@ PARTITIONERS: Registry[Partitioner] = Registry(
 MAX_REDRAWS = 1000
 
 
-@PARTITIONERS.register("iid")
+class DirichletParams(Params):
+    beta: float = Field(
+        0.5, gt=0.0, description="Dirichlet concentration β (smaller: more label skew)"
+    )
+    min_size: int = Field(
+        1, ge=0, description="re-draw until every client holds at least this many samples"
+    )
+
+
+class ShardsParams(Params):
+    shards_per_client: int = Field(
+        2, ge=1, description="label-sorted shards dealt to each client (≈ classes per client)"
+    )
+
+
+@PARTITIONERS.register("iid", schema=NoParams)
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffle, then split into M near-equal parts."""
+    """Shuffle the samples, then split them into M near-equal parts."""
     return list(np.array_split(rng.permutation(len(labels)), num_clients))
 
 
-@PARTITIONERS.register("dirichlet")
+@PARTITIONERS.register("dirichlet", schema=DirichletParams)
 def dirichlet(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    beta: float = 0.5,
-    min_size: int = 1,
+    *,
+    beta: float,
+    min_size: int,
 ) -> list[np.ndarray]:
-    """Per-class Dir(beta) proportions over clients (Hsu et al. 2019), re-drawn until every
-    client holds at least ``min_size`` samples. Smaller beta ⇒ more label skew.
+    """Give each client a Dir(β) share of every class: label skew set by β (Hsu 2019).
 
-    As in NIID-Bench (Li et al. 2022), a client already holding N/M samples gets no share of
-    the next classes in a draw, which keeps the re-draw loop short for small beta."""
-    if beta <= 0:
-        raise ConfigError(f"data.beta must be > 0, got {beta}")
+    The draw is repeated until every client holds at least ``min_size`` samples. As in
+    NIID-Bench (Li et al. 2022), a client already holding N/M samples gets no share of the
+    next classes in a draw, which keeps the re-draw loop short for small β."""
     if min_size * num_clients > len(labels):
         raise ConfigError(
             f"data.min_size={min_size} × num_clients={num_clients} exceeds {len(labels)} samples"
@@ -58,28 +79,34 @@ def dirichlet(
             idx = rng.permutation(idx)
             p = rng.dirichlet(np.full(num_clients, beta))
             p = p * (sizes < len(labels) / num_clients)
+            if not p.sum() > 0:  # every share underflowed or went to full clients: re-draw
+                break
             p = p / p.sum()
             cuts = (np.cumsum(p) * len(idx)).astype(int)[:-1]
             for k, chunk in enumerate(np.split(idx, cuts)):
                 parts[k].append(chunk)
                 sizes[k] += len(chunk)
-        out = [np.sort(np.concatenate(p)) for p in parts]
-        if min(len(p) for p in out) >= min_size:
-            return out
+        else:
+            out = [np.sort(np.concatenate(p)) for p in parts]
+            if min(len(p) for p in out) >= min_size:
+                return out
     raise ConfigError(
         f"dirichlet partition: no draw in {MAX_REDRAWS} gave every one of {num_clients} clients "
         f">= data.min_size={min_size} samples with beta={beta}; lower min_size or raise beta"
     )
 
 
-@PARTITIONERS.register("shards")
+@PARTITIONERS.register("shards", schema=ShardsParams)
 def shards(
     labels: np.ndarray,
     num_clients: int,
     rng: np.random.Generator,
-    shards_per_client: int = 2,
+    *,
+    shards_per_client: int,
 ) -> list[np.ndarray]:
-    """Sort by label, cut into M·k shards, deal k random shards to each client (McMahan 2017)."""
+    """Sort by label, cut into M·k shards and deal k random shards to each client.
+
+    McMahan et al. 2017's pathological non-IID split: about k classes per client."""
     n_shards = num_clients * shards_per_client
     if n_shards > len(labels):
         raise ConfigError(
@@ -93,24 +120,42 @@ def shards(
     return [np.sort(np.concatenate([pieces[s] for s in row])) for row in deal]
 
 
+def partitioner_params(name: str, source: Mapping[str, Any] | Any, where: str = "data") -> Params:
+    """The validated parameters of partitioner ``name``, read from ``source`` (the ``[data]``
+    table as a mapping, or the DataConfig object): only the keys the entry's schema
+    declares are taken (``beta`` and ``min_size`` for dirichlet), so the builder passes
+    the whole section through the registry. An unknown name is a RegistryError naming
+    ``data.partition``; a bad value a ConfigError naming ``where.key`` (``data.beta``)."""
+    entry = PARTITIONERS.entry(name, "data.partition")
+    raw: dict[str, Any] = {}
+    for key in entry.schema.model_fields:
+        if isinstance(source, Mapping):
+            if key in source:
+                raw[key] = source[key]
+        elif hasattr(source, key):
+            raw[key] = getattr(source, key)
+    return entry.parse(raw, where)
+
+
 def partition(
     labels: Tensor | np.ndarray,
     num_clients: int,
     name: str,
     seed: int,
+    *,
+    where: str = "data",
     **params: object,
 ) -> list[Tensor]:
-    """Run a registered partitioner; check the result is a partition with no empty client."""
+    """Run a registered partitioner with ``params`` validated by its schema (keys named
+    ``where.key``); check the result is a partition with no empty client."""
+    entry = PARTITIONERS.entry(name, "data.partition")
+    kwargs = entry.parse(params, where).kwargs()
     y = labels.numpy() if isinstance(labels, Tensor) else np.asarray(labels)
     if num_clients > len(y):
         raise ConfigError(
             f"data.num_clients={num_clients} exceeds the {len(y)} training samples available"
         )
-    fn = PARTITIONERS.get(name)
-    try:
-        parts = fn(y, num_clients, np.random.default_rng([seed, 0xDA7A]), **params)
-    except TypeError as err:
-        raise ConfigError(f"partitioner {name!r}: {err}") from None
+    parts = entry.obj(y, num_clients, np.random.default_rng([seed, 0xDA7A]), **kwargs)
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise ConfigError(

@@ -40,14 +40,26 @@ _AA_SUBSET = 0xAA  # purpose mixed into the seed of AutoAttack's subset
 
 
 class GroupParams(Params):
-    eps: float | None = Field(None, ge=0.0, description="unset: 8/255 colour, 0.1 grayscale")
-    pgd_steps: int = Field(20, ge=1)
-    pgd_alpha: float | None = Field(None, gt=0.0, description="unset: eps/4")
-    max_samples: int | None = Field(None, ge=1, description="seeded test subset (CPU runs)")
-    batch_size: int = Field(256, ge=1)
-    seed: int | None = Field(None, ge=0, description="attack/subset seed; unset: run seed")
-    majority_min: int = Field(150, ge=0, description="Majority: n_c > majority_min")
-    minority_max: int = Field(45, ge=0, description="Minority: n_c < minority_max")
+    """Parameters of the ``groups`` evaluator (and the shared part of ``robust``)."""
+
+    eps: float | None = Field(
+        None, ge=0.0, description="L∞ budget (unset: 8/255 on colour, 0.1 on grayscale data)."
+    )
+    pgd_steps: int = Field(20, ge=1, description="Number of PGD steps of the robust accuracy.")
+    pgd_alpha: float | None = Field(None, gt=0.0, description="PGD step size (unset: eps/4).")
+    max_samples: int | None = Field(
+        None, ge=1, description="Evaluate a seeded random subset of this many test samples."
+    )
+    batch_size: int = Field(256, ge=1, description="Batch size of the attacks and predictions.")
+    seed: int | None = Field(
+        None, ge=0, description="Seed of the attacks and the subset (unset: the run's seed)."
+    )
+    majority_min: int = Field(
+        150, ge=0, description="A class is Majority when its training count exceeds this."
+    )
+    minority_max: int = Field(
+        45, ge=0, description="A class is Minority when its training count is below this."
+    )
 
     @model_validator(mode="after")
     def _thresholds(self) -> GroupParams:
@@ -60,16 +72,22 @@ class GroupParams(Params):
 
 
 class RobustParams(GroupParams):
-    fgsm: bool = True
-    cw: bool = True
-    cw_steps: int = Field(30, ge=1)
-    kappa: float = Field(50.0, ge=0.0)
-    autoattack: bool = Field(True, description="false: skip AutoAttack (slow on CPU)")
-    autoattack_version: str = "standard"
-    autoattack_max_samples: int | None = Field(
-        None, ge=1, description="AutoAttack on a seeded random k of the evaluated samples"
+    """Parameters of the ``robust`` evaluator."""
+
+    fgsm: bool = Field(True, description="Report FGSM(ε) accuracy.")
+    cw: bool = Field(True, description="Report CW∞ accuracy (PGD on the CW margin loss).")
+    cw_steps: int = Field(30, ge=1, description="Number of steps of the CW∞ attack.")
+    kappa: float = Field(50.0, ge=0.0, description="Confidence margin κ of the CW loss.")
+    autoattack: bool = Field(
+        True, description="Run AutoAttack; false skips it (it is slow on a CPU)."
     )
-    groups: bool = Field(False, description="also report the per-group metrics")
+    autoattack_version: str = Field(
+        "standard", description="AutoAttack version passed to torchattacks ('standard')."
+    )
+    autoattack_max_samples: int | None = Field(
+        None, ge=1, description="Run AutoAttack on a seeded random k of the evaluated samples."
+    )
+    groups: bool = Field(False, description="Also report the per-group metrics.")
 
 
 def default_eps(input_shape: tuple[int, ...]) -> float:
@@ -123,9 +141,14 @@ def _pgd(p: GroupParams, eps: float, seed: int) -> Any:
     return EVAL_ATTACKS.build("pgd", eps=eps, alpha=p.pgd_alpha, steps=p.pgd_steps, seed=seed)
 
 
-@EVALUATORS.register("robust")
+@EVALUATORS.register("robust", schema=RobustParams)
 def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
-    """Natural, FGSM, PGD-20, CW∞, AutoAttack and Robust AVG accuracy (SPEC §7)."""
+    """The robust evaluator reports natural, FGSM, PGD-20, CW∞, AutoAttack and Robust AVG
+    accuracy of the inference model (SPEC §7).
+
+    ``params`` are validated against :class:`RobustParams`, the schema the registry
+    declares, so ``EVALUATORS.parse("robust", ...)`` at build time and this call accept and
+    refuse the same tables."""
     p = parse_params(RobustParams, params, "eval.params.robust")
     assert isinstance(p, RobustParams)
     seed = inputs.seed if p.seed is None else p.seed
@@ -170,9 +193,10 @@ def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, flo
     return out
 
 
-@EVALUATORS.register("groups")
+@EVALUATORS.register("groups", schema=GroupParams)
 def groups(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
-    """Natural and PGD-20 accuracy per Majority / Medium / Minority group (SPEC §7)."""
+    """The groups evaluator reports natural and PGD-20 accuracy per Majority / Medium /
+    Minority class-frequency group (SPEC §7), with :class:`GroupParams` as its schema."""
     p = parse_params(GroupParams, params, "eval.params.groups")
     seed = inputs.seed if p.seed is None else p.seed
     eps = p.eps if p.eps is not None else default_eps(inputs.bundle.input_shape)

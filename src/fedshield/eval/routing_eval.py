@@ -9,7 +9,10 @@
 * client-local test data: mean / worst client accuracy and depth for all five policies
   (client-aware ones use the client's S_k, so they are evaluated only here, as the seed
   prescribes) and for full depth;
-* the client profile S_k (SPEC §8 "Client profiling").
+* the client profile S_k and its two terms (SPEC §8 "Client profiling"), computed by
+  default on the model before round 1, θ^0 (``profile_on = "initial"``, seed 002:
+  "profiled once before the first communication round"), or on the evaluated model
+  (``profile_on = "final"``).
 
 ``routing_adv`` — the same global policies on FGSM and PGD-10 examples generated against
 the deepest exit (``model(x)``) with ε ∈ {1e-4, 1e-3, 1e-2}; no adversarial training.
@@ -17,26 +20,34 @@ the deepest exit (``model(x)``) with ε ∈ {1e-4, 1e-3, 1e-2}; no adversarial t
 Our choices (all parameters): client-local test sets are drawn from the global test set
 with each client's training label distribution (``client_test_size`` samples, per-class
 counts by largest remainder, without replacement while a class has enough test samples);
-clients are profiled with the evaluated global model on up to ``profile_samples`` of their
-training samples — before round 1 the exit heads are untrained (random init, even with a
-pretrained trunk), so a round-0 confidence term would be noise; PGD's step is
+clients are profiled on up to ``profile_samples`` of their training samples (a seeded
+subset, the same at every evaluation, so S_k on θ^0 is one fixed vector per run). On θ^0
+the exit heads are untrained (random init, even with a pretrained trunk), so the
+confidence term U_k varies little between clients and the label entropy dominates S_k
+after min–max normalisation; ``profile_on = "final"`` profiles on the trained model
+instead. PGD's step is
 ``pgd_step_ratio`` · ε (2.5ε/10 = ε/4, Madry et al.) with a uniform random start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from fedshield.adversarial import fgsm, pgd
 from fedshield.core.context import make_generator
+from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.params import Params, parse_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval.base import EVALUATORS, EvalInputs
-from fedshield.routing import POLICIES, profile_clients, route, routing_metrics
+from fedshield.routing import POLICIES, ClientProfile, profile_clients, route, routing_metrics
 
 ALL_POLICIES = ("fixed", "global_resource", "robust", "client_resource", "client_robust")
 GLOBAL_POLICIES = ("fixed", "global_resource", "robust")
@@ -132,21 +143,107 @@ def _check_policies(names: Sequence[str]) -> list[str]:
     return list(names)
 
 
-@EVALUATORS.register("routing")
-def routing_eval(
-    model: nn.Module,
-    inputs: EvalInputs,
-    *,
-    policies: Sequence[str] = ALL_POLICIES,
-    client_test_size: int = 200,
-    profile_samples: int = 512,
-    num_shallow: int = 2,
-    entropy_weight: float = 0.6,
-    confidence_weight: float = 0.4,
-) -> dict[str, float]:
-    """Clean routing metrics on the global test set and on client-local test data."""
+class RoutingParams(Params):
+    policies: list[str] = Field(
+        list(ALL_POLICIES), description="registered routing policies to evaluate"
+    )
+    client_test_size: int = Field(
+        200, ge=1, description="samples in each client-local test set (drawn from the test set)"
+    )
+    profile_on: Literal["initial", "final"] = Field(
+        "initial",
+        description="profile clients on θ^0, the model before round 1 (seed 002), or on "
+        "the evaluated model",
+    )
+    profile_samples: int = Field(
+        512, ge=1, description="training samples per client used for the confidence term"
+    )
+    num_shallow: int = Field(2, ge=1, description="P, the shallow exits of the profile")
+    entropy_weight: float = Field(0.6, ge=0.0, description="weight of the label entropy H̃_k")
+    confidence_weight: float = Field(
+        0.4, ge=0.0, description="weight of the confidence deficit Ũ_k"
+    )
+
+
+class RoutingAdvParams(Params):
+    policies: list[str] = Field(
+        list(GLOBAL_POLICIES), description="global routing policies (a = 0) to attack"
+    )
+    attacks: list[Literal["fgsm", "pgd"]] = Field(
+        ["fgsm", "pgd"], description="attacks generated against the deepest exit"
+    )
+    eps: list[float] = Field([1e-4, 1e-3, 1e-2], description="ℓ∞ budgets ε (inputs in [0, 1])")
+    pgd_steps: int = Field(10, ge=1, description="PGD iterations (seed 002: 10)")
+    pgd_step_ratio: float = Field(0.25, gt=0.0, description="PGD step size as a multiple of ε")
+    adv_samples: int | None = Field(
+        None, ge=1, description="seeded random test subset to attack; None = all"
+    )
+    clamp: tuple[float, float] | None = Field(
+        (0.0, 1.0), strict=False, description="valid pixel range of the attacked inputs"
+    )
+
+
+_NEEDS_EXITS = ["needs_model=multi_exit"]
+
+
+@contextmanager
+def _weights(model: nn.Module, state: tuple[Tensor, Tensor] | None) -> Iterator[None]:
+    """Temporarily load (params, buffers) into ``model``; restore the evaluated weights."""
+    if state is None:
+        yield
+        return
+    saved = (get_params(model).clone(), get_buffers(model).clone())
+    try:
+        set_params(model, state[0].to(saved[0].device))
+        set_buffers(model, state[1].to(saved[1].device))
+        yield
+    finally:
+        set_params(model, saved[0])
+        set_buffers(model, saved[1])
+
+
+def client_profile(model: nn.Module, inputs: EvalInputs, p: RoutingParams) -> ClientProfile:
+    """S_k of every client (SPEC §8) from its class counts and the shallow-exit confidence
+    of θ^0 (``profile_on = "initial"``) or of the evaluated model (``"final"``) on a
+    seeded subset of ≤ ``profile_samples`` of its training samples."""
+    if p.profile_on == "initial" and inputs.initial is None:
+        raise ConfigError(
+            "eval.params.routing.profile_on = 'initial' needs the model before round 1 "
+            "(EvalInputs.initial), which this caller does not provide; set profile_on = 'final'"
+        )
+    state = inputs.initial if p.profile_on == "initial" else None
+    num_exits = model.num_exits  # type: ignore[attr-defined]
+    g = make_generator(inputs.seed, _PROFILE)
+    shallow = []
+    with _weights(model, state):
+        for data in inputs.clients:
+            n = len(data)
+            sel = (
+                torch.randperm(n, generator=g)[: p.profile_samples]
+                if n > p.profile_samples
+                else None
+            )
+            x = data.x if sel is None else data.x[sel]
+            depth = min(p.num_shallow, num_exits)
+            shallow.append(exit_probs(model, x, inputs.batch_size, inputs.device, depth=depth))
+    counts = torch.stack([c.class_counts(inputs.bundle.num_classes).cpu() for c in inputs.clients])
+    return profile_clients(
+        counts,
+        shallow,
+        num_shallow=p.num_shallow,
+        entropy_weight=p.entropy_weight,
+        confidence_weight=p.confidence_weight,
+    )
+
+
+@EVALUATORS.register("routing", schema=RoutingParams, tags=_NEEDS_EXITS)
+def routing_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
+    """Evaluates clean routing of the global multi-exit model on the global test set and on
+    client-local test data, with the client profile S_k (SPEC §8)."""
+    p = parse_params(RoutingParams, params, "eval.params.routing")
+    assert isinstance(p, RoutingParams)
     _need_exits(model)
-    names = _check_policies(policies)
+    names = _check_policies(p.policies)
     dev, bs = inputs.device, inputs.batch_size
     test = inputs.bundle.test
     probs = exit_probs(model, test.x, bs, dev)
@@ -160,24 +257,11 @@ def routing_eval(
     for e in range(num_exits):
         out[f"route/exit/{e + 1}/acc"] = _acc(probs[e], labels)
 
-    # Profile clients once (S_k), from their class counts and shallow-exit confidence.
-    g = make_generator(inputs.seed, _PROFILE)
-    shallow = []
-    for data in inputs.clients:
-        n = len(data)
-        sel = torch.randperm(n, generator=g)[:profile_samples] if n > profile_samples else None
-        x = data.x if sel is None else data.x[sel]
-        shallow.append(exit_probs(model, x, bs, dev, depth=min(num_shallow, num_exits)))
-    counts = torch.stack([c.class_counts(inputs.bundle.num_classes).cpu() for c in inputs.clients])
-    profile = profile_clients(
-        counts,
-        shallow,
-        num_shallow=num_shallow,
-        entropy_weight=entropy_weight,
-        confidence_weight=confidence_weight,
-    )
-    for k, s in enumerate(profile.score.tolist()):
-        out[f"profile/{k}/score"] = s
+    profile = client_profile(model, inputs, p)
+    for k in range(len(inputs.clients)):
+        out[f"profile/{k}/score"] = float(profile.score[k])
+        out[f"profile/{k}/label_entropy"] = float(profile.label_entropy[k])
+        out[f"profile/{k}/confidence_deficit"] = float(profile.confidence_deficit[k])
 
     for name in names:
         if not POLICIES.build(name).client_aware:
@@ -185,16 +269,16 @@ def routing_eval(
 
     # Client-local test data: every policy, client-aware ones with the client's S_k.
     local = client_test_sets(
-        test, inputs.clients, inputs.bundle.num_classes, client_test_size, inputs.seed
+        test, inputs.clients, inputs.bundle.num_classes, p.client_test_size, inputs.seed
     )
     local_probs = [exit_probs(model, d.x, bs, dev) for d in local]
-    full = [_acc(p[-1], d.y) for p, d in zip(local_probs, local)]
+    full = [_acc(pr[-1], d.y) for pr, d in zip(local_probs, local)]
     out["route_local/full/mean_acc"] = float(np.mean(full))
     out["route_local/full/worst_acc"] = float(np.min(full))
     for name in names:
         accs, depths = [], []
-        for k, (p, d) in enumerate(zip(local_probs, local)):
-            m = routing_metrics(p, d.y, route(p, name, float(profile.score[k]))[0])
+        for k, (pr, d) in enumerate(zip(local_probs, local)):
+            m = routing_metrics(pr, d.y, route(pr, name, float(profile.score[k]))[0])
             accs.append(m.accuracy)
             depths.append(m.avg_depth)
         key = f"route_local/{name}"
@@ -205,27 +289,18 @@ def routing_eval(
     return out
 
 
-@EVALUATORS.register("routing_adv")
-def routing_adv_eval(
-    model: nn.Module,
-    inputs: EvalInputs,
-    *,
-    policies: Sequence[str] = GLOBAL_POLICIES,
-    attacks: Sequence[str] = ("fgsm", "pgd"),
-    eps: Sequence[float] = (1e-4, 1e-3, 1e-2),
-    pgd_steps: int = 10,
-    pgd_step_ratio: float = 0.25,
-    adv_samples: int | None = None,
-    clamp: tuple[float, float] | None = (0.0, 1.0),
-) -> dict[str, float]:
-    """Routing accuracy and depth saving under FGSM / PGD against the deepest exit."""
+@EVALUATORS.register("routing_adv", schema=RoutingAdvParams, tags=_NEEDS_EXITS)
+def routing_adv_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
+    """Evaluates the global routing policies' accuracy and depth saving under FGSM and PGD
+    examples generated against the deepest exit (SPEC §8)."""
+    p = parse_params(RoutingAdvParams, params, "eval.params.routing_adv")
+    assert isinstance(p, RoutingAdvParams)
     _need_exits(model)
-    names = _check_policies(policies)
+    names = _check_policies(p.policies)
     if any(POLICIES.build(n).client_aware for n in names):
         raise ConfigError("eval.params.routing_adv.policies: use global policies (a = 0)")
-    unknown = sorted(set(attacks) - {"fgsm", "pgd"})
-    if unknown:
-        raise ConfigError(f"eval.params.routing_adv.attacks: unknown {unknown} (fgsm, pgd)")
+    attacks, eps, adv_samples, clamp = p.attacks, p.eps, p.adv_samples, p.clamp
+    pgd_steps, pgd_step_ratio = p.pgd_steps, p.pgd_step_ratio
     dev, bs = inputs.device, inputs.batch_size
     test = inputs.bundle.test
     n = len(test) if adv_samples is None else min(adv_samples, len(test))
@@ -265,6 +340,9 @@ def routing_adv_eval(
 __all__ = [
     "ALL_POLICIES",
     "GLOBAL_POLICIES",
+    "RoutingAdvParams",
+    "RoutingParams",
+    "client_profile",
     "client_test_sets",
     "exit_probs",
     "routing_adv_eval",

@@ -6,7 +6,12 @@
 * :mod:`~fedshield.flower.server_app` — ``app``, the ServerApp run by ``flwr run``;
 * :mod:`~fedshield.flower.simulation` — :func:`run_simulation`, a config through Flower's
   simulation engine with the simulator's outputs (``fedshield run --backend flower``);
-* :mod:`~fedshield.flower.codec` — tensors and payloads ↔ Flower records;
+* :mod:`~fedshield.flower.codec` — tensors and payloads ↔ Flower records (record keys in
+  :mod:`~fedshield.flower.keys`);
+* :mod:`~fedshield.flower.node_state` — client state files on a SuperNode (``state-dir``),
+  which survive a SuperNode restart;
+* :mod:`~fedshield.flower.local` — :class:`~fedshield.flower.local.LocalGrid`, the app in
+  process without Ray (debugging, fast tests);
 * :mod:`~fedshield.flower.byzantine` — which attacks run on SuperNodes, which in the strategy.
 
 See docs/deployment.md for SuperLink + SuperNodes on several hosts.

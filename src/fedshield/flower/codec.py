@@ -24,17 +24,25 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from fedshield.core.context import ClientUpdate, Payload
+from fedshield.flower.keys import (
+    CLIENT_STATE,
+    HELLO,
+    INFO,
+    METRICS,
+    NODE,
+    NUM_EXAMPLES,
+    PAYLOAD,
+    TASK,
+    UPDATE,
+)
 
-PAYLOAD, TASK = "fs.payload", "fs.task"
-UPDATE, METRICS, INFO = "fs.update", "fs.metrics", "fs.info"
-CLIENT_STATE = "fs.client-state"
-HELLO, NODE = "fs.hello", "fs.node"  # discovery query / reply (partition id of a node)
-NUM_EXAMPLES = "num-examples"  # Flower's conventional weight key, kept for its tooling
 _EXTRA = "extra/"
 
 
 def to_array(t: Tensor) -> Array:
-    return Array.from_numpy_ndarray(np.ascontiguousarray(t.detach().cpu().numpy()))
+    # np.require, not np.ascontiguousarray: the latter turns a 0-d tensor (FedCART's
+    # prototype request) into shape (1,).
+    return Array.from_numpy_ndarray(np.require(t.detach().cpu().numpy(), requirements="C"))
 
 
 def from_array(a: Array, device: torch.device | str = "cpu") -> Tensor:
@@ -158,3 +166,25 @@ def decode_update(content: RecordDict, device: torch.device | str = "cpu") -> Cl
 def global_model(params: Tensor, buffers: Tensor) -> ArrayRecord:
     """θ as Flower's ``Result.arrays`` holds it (two flat vectors, fedshield's layout)."""
     return tensors_to_record({"params": params, "buffers": buffers})
+
+
+__all__ = [
+    "CLIENT_STATE",
+    "HELLO",
+    "INFO",
+    "METRICS",
+    "NODE",
+    "NUM_EXAMPLES",
+    "PAYLOAD",
+    "TASK",
+    "UPDATE",
+    "Task",
+    "decode_payload",
+    "decode_update",
+    "encode_payload",
+    "encode_update",
+    "global_model",
+    "record_to_tensors",
+    "tensors_to_record",
+    "train_content",
+]

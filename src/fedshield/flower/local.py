@@ -43,6 +43,14 @@ class LocalGrid(Grid):
             self.contexts[node_id] = Context(0, node_id, cfg, RecordDict(), {})
         self.sent: list[Message] = []  # every instruction, for inspection
 
+    def restart(self, node_id: int | None = None) -> None:
+        """A SuperNode restart (all nodes when ``node_id`` is None): the node's Context,
+        so its ``Context.state``, is lost; its node id and node config are kept (as a real
+        SuperNode's are under node authentication)."""
+        for nid in [node_id] if node_id is not None else list(self.contexts):
+            old = self.contexts[nid]
+            self.contexts[nid] = Context(old.run_id, nid, dict(old.node_config), RecordDict(), {})
+
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 

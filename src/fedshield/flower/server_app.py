@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshield import config as config_mod
 from fedshield.config import ExperimentConfig
-from fedshield.flower.strategy import FedshieldStrategy
+from fedshield.flower.strategy import FedshieldStrategy, RoundCallback
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
 
@@ -70,18 +69,35 @@ def prepare(cfg: ExperimentConfig, out: Path | None, resume: bool = False) -> Si
 def serve(
     grid: Grid,
     sim: Simulator,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
+    on_round: RoundCallback | None = None,
     round_timeout: float = 3600.0,
 ) -> dict[str, Any]:
     """Run the experiment of ``sim`` over ``grid``; write outputs; return the summary."""
     strategy = FedshieldStrategy(sim, on_round)
+    sim.start()  # the run's callbacks (loggers, privacy accounting), as Simulator.run does
     t0 = time.perf_counter()
     strategy.run(grid, timeout=round_timeout)
     return sim.finish(time.perf_counter() - t0)
+
+
+def log_rounds(total: int) -> RoundCallback:
+    """A round callback that logs ``fedshield round t/T acc … (x.x s)`` through Flower's
+    logger, so ``flwr run --stream`` and ``flwr log`` show the run's live metrics."""
+    from logging import INFO
+
+    from flwr.common.logger import log
+
+    from fedshield.progress import format_round
+
+    def on_round(m: dict[str, Any], wall_s: float) -> None:
+        log(INFO, "fedshield round %d/%d %s (%.1f s)", m["round"], total, format_round(m), wall_s)
+
+    return on_round
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point of ``flwr run``: one fedshield experiment on the connected SuperNodes."""
     s = settings_from_run_config(context.run_config)
-    serve(grid, prepare(s.cfg, s.out, s.resume), round_timeout=s.round_timeout)
+    sim = prepare(s.cfg, s.out, s.resume)
+    serve(grid, sim, log_rounds(s.cfg.rounds), round_timeout=s.round_timeout)

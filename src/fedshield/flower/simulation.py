@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +24,8 @@ from fedshield.config import ExperimentConfig
 from fedshield.errors import ConfigError
 from fedshield.flower import client_app
 from fedshield.flower.server_app import prepare, serve
-from fedshield.flower.strategy import FlowerRunError
+from fedshield.flower.strategy import FlowerRunError, RoundCallback
 from fedshield.sim.builder import build_components
-
-RoundCallback = Callable[[dict[str, Any]], None]
 
 
 def backend_config(

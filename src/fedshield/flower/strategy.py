@@ -22,11 +22,11 @@ a pure function of the node configs, never of the (random) node ids.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -40,7 +40,16 @@ from fedshield.sim.engine import RoundPlan, Simulator
 
 log = logging.getLogger("fedshield")
 
-RoundCallback = Callable[[dict[str, Any]], None]
+# Called after each round with its metrics; a callback with a ``wall_s`` parameter also
+# gets the round's wall time (fedshield.progress.RoundProgress.on_round does).
+RoundCallback = Callable[..., None]
+
+
+def _takes_wall_time(fn: RoundCallback | None) -> bool:
+    try:
+        return fn is not None and "wall_s" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
 
 
 class FlowerRunError(FedshieldError):
@@ -53,6 +62,7 @@ class FedshieldStrategy(Strategy):
     def __init__(self, sim: Simulator, on_round: RoundCallback | None = None) -> None:
         self.sim = sim
         self.on_round = on_round
+        self._wall_time = _takes_wall_time(on_round)
         self.first_round = sim.state.round  # > 1 when resuming from a checkpoint
         self.node_of: dict[int, int] = {}
         self.client_of: dict[int, int] = {}
@@ -159,8 +169,11 @@ class FedshieldStrategy(Strategy):
         m = self.sim.end_round(plan, updates, apply_update_attack=not self.local_attack)
         if len(updates) < len(plan.ctx.cohort):
             m["sys/dropped"] = len(plan.ctx.cohort) - len(updates)
-        self.sim.record(m, time.perf_counter() - self._t0)
-        if self.on_round is not None:
+        wall_s = time.perf_counter() - self._t0
+        self.sim.record(m, wall_s)
+        if self._wall_time:
+            self.on_round(m, wall_s=wall_s)  # type: ignore[misc]
+        elif self.on_round is not None:
             self.on_round(m)
         st = self.sim.state
         numeric = {

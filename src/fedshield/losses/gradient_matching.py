@@ -14,6 +14,8 @@ per-sample ``autograd.grad`` loop, costs one matrix product per class.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -90,6 +92,41 @@ def match_distance(g_syn: Tensor, g_real: Tensor, num_classes: int, kind: Distan
     raise ValueError(f"distance must be 'mse' or 'cos', got {kind!r}")
 
 
+Optimizer = Literal["sgd", "adam"]
+
+
+def plateaued(history: Sequence[float], window: int, tol: float) -> bool:
+    """The stopping rule of both CART phases (SPEC §7): True when the loss improved by less
+    than the fraction ``tol`` over the last ``window`` entries,
+
+        L[t − window] − L[t] ≤ tol · |L[t − window]|
+
+    (a loss that rose counts as a plateau too). ``window = 0`` disables the rule."""
+    if window <= 0 or len(history) <= window:
+        return False
+    ref = history[-1 - window]
+    return ref - history[-1] <= tol * abs(ref)
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """Virtual features after gradient matching, the distance before and after, and the
+    number of optimiser steps taken (below the cap when the plateau rule stopped it)."""
+
+    features: Tensor
+    start: float
+    end: float
+    steps: int
+
+
+def _optimizer(z: Tensor, kind: Optimizer, lr: float, momentum: float) -> torch.optim.Optimizer:
+    if kind == "sgd":
+        return torch.optim.SGD([z], lr=lr, momentum=momentum)
+    if kind == "adam":
+        return torch.optim.Adam([z], lr=lr)
+    raise ValueError(f"optimizer must be 'sgd' or 'adam', got {kind!r}")
+
+
 def synthesize_features(
     z_init: Tensor,
     weight: Tensor,
@@ -101,40 +138,52 @@ def synthesize_features(
     lr: float = 0.1,
     momentum: float = 0.0,
     distance: Distance = "mse",
-) -> tuple[Tensor, float, float]:
-    """Gradient matching (SPEC §7; FedCART eq. 9): T_V SGD steps on the virtual features
-    Z_v ([K, V, D], class ``classes[k]`` in row k) minimising
-    Σ_k dist(∇_{h'} CE(h'(Z_{v,k}), c_k), ḡ_{c_k}) with h' = (weight, bias) held fixed.
+    optimizer: Optimizer = "sgd",
+    window: int = 0,
+    tol: float = 0.0,
+) -> MatchResult:
+    """Gradient matching (SPEC §7; FedCART eq. 9): at most ``iters`` optimiser steps on the
+    virtual features Z_v ([K, V, D], class ``classes[k]`` in row k) minimising
 
-    Returns (Z_v, distance before, distance after).
-    """
+        Σ_k dist(∇_{h'} CE(h'(Z_{v,k}), c_k), ḡ_{c_k})
+
+    with h' = (weight, bias) held fixed, stopping early when the distance plateaus
+    (:func:`plateaued` with ``window`` steps and relative tolerance ``tol``)."""
     w, b = weight.detach(), bias.detach()
     targets = targets.detach()
     c = w.shape[0]
     z = z_init.detach().clone().requires_grad_(True)
-    opt = torch.optim.SGD([z], lr=lr, momentum=momentum)
+    opt = _optimizer(z, optimizer, lr, momentum)
 
     def objective() -> Tensor:
         return match_distance(class_mean_grads(z, w, b, classes), targets, c, distance)
 
-    start = None
-    for _ in range(iters):
+    history: list[float] = []
+    steps = 0
+    while steps < iters:
         loss = objective()
-        start = loss.item() if start is None else start
+        history.append(loss.item())
+        if plateaued(history, window, tol):
+            break
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        steps += 1
     with torch.no_grad():
         end = float(objective())
-    return z.detach(), end if start is None else start, end
+    start = history[0] if history else end
+    return MatchResult(z.detach(), start, end, steps)
 
 
 __all__ = [
     "Distance",
+    "MatchResult",
+    "Optimizer",
     "class_gradient_sums",
     "class_mean_grads",
     "linear_ce_grad",
     "linear_ce_grad_per_sample",
     "match_distance",
+    "plateaued",
     "synthesize_features",
 ]

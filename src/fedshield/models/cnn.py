@@ -1,14 +1,35 @@
-"""The seeds' CNNs (SPEC §9) and a small grayscale CNN for CPU runs."""
+"""The seeds' CNNs (SPEC §9), a small grayscale CNN for CPU runs and an MLP.
+
+The seeds' CNNs have a fixed architecture (no ``model.params``); ``cnn_small`` and ``mlp``
+take their widths from their schema. Factories are called through
+:func:`fedshield.models.build_model`, which validates the parameters first.
+"""
 
 from __future__ import annotations
 
+from pydantic import Field
 from torch import Tensor, nn
 
+from fedshield.core.params import NoParams, Params
 from fedshield.models.base import MODELS, Classifier, flat_dim
+
+CLASSIFIER = ["family=classifier"]
+
+
+class CNNSmallParams(Params):
+    width: int = Field(
+        16, ge=1, le=1024, description="channels of the first conv layer (the second has 2×)"
+    )
+    hidden: int = Field(64, ge=1, le=65536, description="units of the hidden linear layer")
+
+
+class MLPParams(Params):
+    hidden: int = Field(128, ge=1, le=65536, description="units of the hidden linear layer")
+    batchnorm: bool = Field(False, description="BatchNorm1d after the hidden layer")
 
 
 class ConvNet(Classifier):
-    """conv trunk → flatten → MLP → linear head."""
+    """A conv trunk, flattened, then an MLP and a linear head (the trunk may be empty)."""
 
     def __init__(
         self,
@@ -16,13 +37,15 @@ class ConvNet(Classifier):
         hidden: list[int],
         input_shape: tuple[int, int, int],
         num_classes: int,
+        batchnorm: bool = False,
     ) -> None:
         super().__init__()
         self.trunk = trunk
         layers: list[nn.Module] = []
         width = flat_dim(trunk, input_shape)
         for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU(inplace=True)]
+            norm = [nn.BatchNorm1d(h)] if batchnorm else []
+            layers += [nn.Linear(width, h), *norm, nn.ReLU(inplace=True)]
             width = h
         self.mlp = nn.Sequential(*layers)
         self.num_features = width
@@ -36,11 +59,14 @@ def _conv(cin: int, cout: int, k: int, pad: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, k, padding=pad), nn.ReLU(inplace=True)]
 
 
-@MODELS.register("cnn_small")
+@MODELS.register("cnn_small", schema=CNNSmallParams, tags=CLASSIFIER)
 def cnn_small(
-    input_shape: tuple[int, int, int], num_classes: int, width: int = 16, hidden: int = 64
+    input_shape: tuple[int, int, int], num_classes: int, *, width: int, hidden: int
 ) -> ConvNet:
-    """Small CNN for grayscale CPU runs: 2×(conv3×3 + pool) → FC hidden → FC C."""
+    """Small CNN for CPU runs: two conv3×3 + pool stages, a hidden linear layer, a head.
+
+    Channels ``width`` then 2·``width``; inputs smaller than 16×16 (8×8 digits) skip the
+    first pooling, which they could not afford twice."""
     c = input_shape[0]
     pool = 2 if min(input_shape[1:]) >= 16 else 1  # 8×8 digits cannot be pooled twice
     trunk = nn.Sequential(
@@ -49,9 +75,9 @@ def cnn_small(
     return ConvNet(trunk, [hidden], input_shape, num_classes)
 
 
-@MODELS.register("cnn_emnist")
+@MODELS.register("cnn_emnist", schema=NoParams, tags=CLASSIFIER)
 def cnn_emnist(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000 EMNIST CNN: two 5×5 conv layers (32, 64) with pooling, FC 512, FC C."""
+    """Seed 000's EMNIST CNN: two conv5×5 layers (32, 64) with pooling, FC 512, FC C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 32, 5, 2), nn.MaxPool2d(2), *_conv(32, 64, 5, 2), nn.MaxPool2d(2)
@@ -59,9 +85,9 @@ def cnn_emnist(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
     return ConvNet(trunk, [512], input_shape, num_classes)
 
 
-@MODELS.register("cnn_cifar10")
+@MODELS.register("cnn_cifar10", schema=NoParams, tags=CLASSIFIER)
 def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000 CIFAR-10 CNN: conv5×5(64)–pool–conv5×5(64)–pool–FC384–FC192–FC C (padded)."""
+    """Seed 000's CIFAR-10 CNN: two padded conv5×5(64) + pool stages, FC 384, 192, C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 64, 5, 2), nn.MaxPool2d(2), *_conv(64, 64, 5, 2), nn.MaxPool2d(2)
@@ -69,9 +95,9 @@ def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
     return ConvNet(trunk, [384, 192], input_shape, num_classes)
 
 
-@MODELS.register("cnn_cifar100")
+@MODELS.register("cnn_cifar100", schema=NoParams, tags=CLASSIFIER)
 def cnn_cifar100(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000 CIFAR-100 CNN: 3×(conv3×3 padded + pool) (32, 64, 128), FC 256, FC C."""
+    """Seed 000's CIFAR-100 CNN: three padded conv3×3 + pool stages, FC 256, FC C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 32, 3, 1),
@@ -84,7 +110,20 @@ def cnn_cifar100(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet
     return ConvNet(trunk, [256], input_shape, num_classes)
 
 
-@MODELS.register("mlp")
-def mlp(input_shape: tuple[int, int, int], num_classes: int, hidden: int = 128) -> ConvNet:
-    """Two-layer perceptron (for tiny inputs and smoke tests)."""
-    return ConvNet(nn.Identity(), [hidden], input_shape, num_classes)
+@MODELS.register("mlp", schema=MLPParams, tags=CLASSIFIER)
+def mlp(
+    input_shape: tuple[int, int, int], num_classes: int, *, hidden: int, batchnorm: bool
+) -> ConvNet:
+    """Two-layer perceptron on the flattened input, for tiny inputs and smoke tests
+    (``batchnorm = true``: the smallest model with BatchNorm statistics)."""
+    return ConvNet(nn.Identity(), [hidden], input_shape, num_classes, batchnorm)
+
+
+def _mlp_tags(params: Params, tags: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    out = dict(tags)
+    if getattr(params, "batchnorm", False):
+        out["batchnorm"] = frozenset()
+    return out
+
+
+mlp.tags_for = _mlp_tags  # type: ignore[attr-defined]

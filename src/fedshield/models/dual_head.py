@@ -13,10 +13,15 @@ parameter tensors, each head C·D + C entries.
 
 from __future__ import annotations
 
+import difflib
+import functools
 from typing import Any
 
+from pydantic import Field, ValidationError, create_model
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from torch import Tensor, nn
 
+from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 from fedshield.models.base import MODELS, Classifier
 
@@ -71,17 +76,116 @@ class _MainPath(nn.Module):
         return self.model.forward_main(x)
 
 
-@MODELS.register("dual_head")
+class DualHeadParams(Params):
+    """``backbone`` plus the backbone's own parameters, side by side in one table
+    (``model.params = {backbone = "cnn_small", width = 8}``).
+
+    Validation builds, once per backbone, a schema with ``backbone`` and every field of the
+    backbone's schema, so an unknown key gets a did-you-mean over both and a bad value names
+    its key (``model.params.hidden``)."""
+
+    backbone: str = Field(
+        "cnn_small", description="registered classifier wrapped as r + h (other keys go to it)"
+    )
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        if cls is not DualHeadParams or not isinstance(obj, dict):
+            return super().model_validate(obj, **kwargs)
+        backbone = obj.get("backbone", cls.model_fields["backbone"].default)
+        try:
+            schema = _with_backbone(backbone)
+        except _BadBackbone as err:  # an unknown or unsuitable backbone name
+            raise _error("backbone", backbone, str(err)) from None
+        try:
+            return schema.model_validate(obj, **kwargs)
+        except ValidationError as err:  # re-phrase unknown keys against the merged fields
+            raise _with_hints(err, list(schema.model_fields)) from None
+
+
+class _BadBackbone(ValueError):
+    """``model.params.backbone`` names no model that dual_head can wrap."""
+
+
+def _error(key: str, value: Any, message: str) -> ValidationError:
+    detail = InitErrorDetails(
+        type=PydanticCustomError("invalid_backbone", "{m}", {"m": message}), loc=(key,), input=value
+    )
+    return ValidationError.from_exception_data("DualHeadParams", [detail])
+
+
+def _with_hints(err: ValidationError, fields: list[str]) -> ValidationError:
+    details: list[InitErrorDetails] = []
+    for e in err.errors():
+        if e["type"] != "extra_forbidden":
+            kept = InitErrorDetails(type=e["type"], loc=e["loc"], input=e["input"])
+            if "ctx" in e:
+                kept["ctx"] = e["ctx"]
+            details.append(kept)
+            continue
+        close = difflib.get_close_matches(str(e["loc"][0]), fields, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        msg = f"unknown key ({hint}allowed: {', '.join(fields)})"
+        details.append(
+            InitErrorDetails(
+                type=PydanticCustomError("unknown_key", "{m}", {"m": msg}),
+                loc=e["loc"],
+                input=e["input"],
+            )
+        )
+    return ValidationError.from_exception_data(err.title, details)
+
+
+@functools.cache
+def _with_backbone(backbone: Any) -> type[Params]:
+    if not isinstance(backbone, str):
+        raise _BadBackbone("must be the name of a registered model")
+    if backbone not in MODELS:
+        close = difflib.get_close_matches(backbone, MODELS.names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise _BadBackbone(f"unknown model{hint}; known: {', '.join(MODELS.names())}")
+    entry = MODELS.entry(backbone)
+    family = entry.tag_values("family")
+    if backbone == "dual_head" or (family and "classifier" not in family):
+        raise _BadBackbone(
+            f"must be a classifier (family=classifier), not family={'|'.join(sorted(family))}"
+        )
+    if "backbone" in entry.schema.model_fields:
+        raise _BadBackbone(f"model {backbone!r} has its own 'backbone' parameter")
+    return create_model(  # type: ignore[call-overload,no-any-return]
+        f"DualHead_{backbone}_Params", __base__=(DualHeadParams, entry.schema)
+    )
+
+
+def _tags_for(params: Params, tags: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    """dual_head's own tags plus the backbone's BatchNorm (its family stays dual_head)."""
+    from fedshield.models.base import model_tags
+
+    kw = params.kwargs()
+    name = kw.pop("backbone")
+    fields = MODELS.entry(name).schema.model_fields
+    own = model_tags(name, {k: v for k, v in kw.items() if k in fields})
+    out = dict(tags)
+    if "batchnorm" in own:
+        out["batchnorm"] = frozenset()
+    return out
+
+
+@MODELS.register("dual_head", schema=DualHeadParams, tags=["family=dual_head"])
 def dual_head(
     input_shape: tuple[int, int, int],
     num_classes: int,
-    backbone: str = "cnn_small",
+    *,
+    backbone: str,
     **backbone_params: Any,
 ) -> DualHead:
-    """FedCART dual head (r, h, h') around any registered backbone; other params go to it."""
-    from fedshield.models.base import build_model
+    """FedCART's dual-head model: shared features r, main head h and inference head h'.
 
-    if backbone == "dual_head":
-        raise ConfigError("model.params.backbone cannot be 'dual_head' itself")
-    net = build_model(backbone, input_shape, num_classes, **backbone_params)
+    ``backbone`` is any registered classifier (default ``cnn_small``); the other keys of
+    ``model.params`` are the backbone's parameters. BatchNorm comes with the backbone
+    (:func:`fedshield.models.model_tags`)."""
+    net = MODELS.get(backbone)(input_shape=input_shape, num_classes=num_classes, **backbone_params)
     return DualHead(net, num_classes)
+
+
+dual_head.tags_for = _tags_for  # type: ignore[attr-defined]

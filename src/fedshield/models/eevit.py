@@ -1,24 +1,33 @@
 """Multi-exit ViT for depth-heterogeneous FL (SPEC §8 "Model"; seed 002 §III-A, §IV).
 
-L stages (timm ``VisionTransformer`` blocks) with one exit after each. Exit e reads the
-tokens z_e after block e and returns logits = W_e u_e + b_e with
-u_e = LN((z_e^cls + mean_j z_{e,j}) / 2).
+L stages (timm ``VisionTransformer`` blocks) and exits after ``exit_blocks`` (default: one
+after every block). Exit e reads the tokens z_e after its block and returns
+logits = W_e u_e + b_e with u_e = LN((z_e^cls + mean_j z_{e,j}) / 2).
 
 * ``eevit``: the generic builder (any patch / width / depth), e.g. the CIFAR-100 setting
   of the seed (dim 256, 4 heads, 6 exits) or a CPU-sized model (patch 4–7, dim 96).
 * ``eevit_small``: the paper model, the first six blocks of
   ``vit_small_patch16_224.augreg_in21k_ft_in1k`` at 224×224 (bicubic resize), weights from
   a local state dict or an offline Hugging Face cache.
-* ``exit_mode = "recurrent"`` swaps the per-stage heads for ReeFL's single shared recurrent
-  exit (a transformer block over the stage summaries s_1..s_e), for that baseline.
+
+The baselines' exit structures are options of the same model, so every method runs on the
+same timm trunk:
+
+* ``exit_mode = "recurrent"``: ReeFL's single shared recurrent exit (:class:`ReeExit`);
+* ``exit_bottleneck = "depthfl"``: DepthFL's bottleneck layers before each shallow
+  classifier (:class:`TokenBottleneck`);
+* ``exit_blocks``: the exit placement, e.g. ScaleFL's (:func:`scalefl_exit_blocks`);
+* ``attn_head_dim`` / ``mlp_hidden``: the narrowed widths of a HeteroFL / ScaleFL submodel.
 
 Inputs are images in [0, 1] (as the data bundles deliver them); resizing, grey → RGB
 expansion and mean/std normalisation happen inside ``forward`` so attacks and routing see
-pixel space. Depth-limited training evaluates only the first m blocks (``forward_exits``).
+pixel space. Depth-limited training evaluates only the blocks up to the m-th exit
+(``forward_exits``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,10 +35,13 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from timm.layers import trunc_normal_
-from timm.models.vision_transformer import Block, VisionTransformer
+from pydantic import Field
+from timm.layers import Mlp, trunc_normal_
+from timm.layers.attention import Attention
+from timm.models.vision_transformer import VisionTransformer
 from torch import Tensor, nn
 
+from fedshield.core.params import Params, parse_params
 from fedshield.errors import ConfigError, DataError
 from fedshield.models.base import MODELS, Classifier
 from fedshield.routing import Policy, exit_threshold
@@ -40,6 +52,19 @@ PAPER_HF_REPO = f"timm/{PAPER_CHECKPOINT}"
 _AUGREG_MEAN_STD = (0.5, 0.5)
 
 ExitMode = Literal["stage", "recurrent"]
+ExitBottleneck = Literal["none", "depthfl"]
+
+
+def scalefl_exit_blocks(depth: int) -> list[int]:
+    """ScaleFL's exit placement scaled to ``depth`` blocks (1-based block indices).
+
+    ScaleFL (Ilhan et al., CVPR 2023; official code, ``config.py``) places the exits of its
+    12-layer transformer after layers 4, 6, 9 and 12; we keep the same relative depths,
+    ⌈depth·b/12⌉ for b ∈ {4, 6, 9, 12} (duplicates dropped): [2, 3, 5, 6] for 6 blocks.
+    """
+    if depth < 1:
+        raise ConfigError(f"model.params.depth must be >= 1, got {depth}")
+    return sorted({max(1, math.ceil(depth * b / 12)) for b in (4, 6, 9, 12)})
 
 
 class ExitHead(nn.Module):
@@ -56,32 +81,115 @@ class ExitHead(nn.Module):
         return self.fc(self.norm(s))
 
 
-class RecurrentExit(nn.Module):
-    """ReeFL's shared exit (Lee et al., 2024; SPEC §8 baselines): one transformer block
-    over the stage summaries s_1..s_e plus a learned depth embedding; the output at
-    position e goes through one shared LN + linear classifier. Shared by every exit, so
-    every client covers it whatever its depth."""
+class TokenBottleneck(nn.Module):
+    """One bottleneck layer of a shallow DepthFL classifier: z + W₂ GELU(W₁ LN(z)) on
+    every token, hidden width ⌈ratio·D⌉.
 
-    def __init__(self, dim: int, num_heads: int, num_exits: int, num_classes: int) -> None:
+    DepthFL (Kim et al., ICLR 2023) gives the classifier after stage e of a ResNet
+    (L − e) "bottleneck layers" (depthwise-separable conv blocks, official code
+    ``SepConv``) so that shallow classifiers have enough capacity of their own. A ViT has
+    no feature map to downsample; our choice is this pre-norm residual MLP on the tokens
+    (before the exit summary), with the same count rule: exit e of L gets L − e layers.
+    """
+
+    def __init__(self, dim: int, ratio: float) -> None:
         super().__init__()
-        self.depth_embed = nn.Parameter(torch.zeros(1, num_exits, dim))
-        trunc_normal_(self.depth_embed, std=0.02)
-        self.block = Block(dim, num_heads, qkv_bias=True)
+        hidden = max(1, math.ceil(ratio * dim))
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        for fc in (self.fc1, self.fc2):
+            trunc_normal_(fc.weight, std=0.02)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, z: Tensor) -> Tensor:
+        return z + self.fc2(F.gelu(self.fc1(self.norm(z))))
+
+
+class _ReeAttention(nn.Module):
+    """Multi-head self-attention with its own (small) inner width ``attn_dim``; the
+    logits are scaled by attn_dim^(-1/2) as in ReeFL's official code."""
+
+    def __init__(self, dim: int, heads: int, attn_dim: int) -> None:
+        super().__init__()
+        if attn_dim % heads:
+            raise ConfigError(
+                f"model.params.ree_attn_dim ({attn_dim}) must be a multiple of ree_heads ({heads})"
+            )
+        self.heads, self.attn_dim = heads, attn_dim
+        self.qkv = nn.Linear(dim, 3 * attn_dim)
+        self.proj = nn.Linear(attn_dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        qkv = self.qkv(x).view(b, n, 3, self.heads, self.attn_dim // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, scale=self.attn_dim**-0.5)
+        return self.proj(out.transpose(1, 2).reshape(b, n, self.attn_dim))
+
+
+class ReeExit(nn.Module):
+    """ReeFL's shared recurrent early-exit module (Lee et al., ICML 2024, "Recurrent Early
+    Exits for Federated Learning with Heterogeneous Clients").
+
+    At block l it reads the class tokens of all blocks so far, [z_1^cls … z_l^cls],
+    prepends a learned client (meta) token, adds a learned position embedding and runs a
+    pre-norm transformer layer (attention of inner width ``attn_dim``, MLP ratio
+    ``mlp_ratio``) ``steps`` times with shared weights; the output m is used twice:
+
+    * exit logits = LN-linear head(m_0 + z_l^cls) (one classifier shared by every exit);
+    * modulation: m_l replaces the backbone's class token before block l + 1.
+
+    As in the official code (``accumulator_nets.Ree``); ``heads`` and ``steps`` are not
+    given in the paper text we had — our choice: 1 head, 1 step (config parameters).
+    Shared by every exit, so every client covers it whatever its depth.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_blocks: int,
+        num_classes: int,
+        *,
+        heads: int = 1,
+        attn_dim: int = 16,
+        mlp_ratio: float = 2.0,
+        steps: int = 1,
+        modulation: bool = True,
+    ) -> None:
+        super().__init__()
+        self.steps, self.modulation = steps, modulation
+        self.client_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_blocks + 1, dim))
+        trunc_normal_(self.client_token, std=0.02)
+        trunc_normal_(self.pos_embed, std=0.02)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = _ReeAttention(dim, heads, attn_dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, max(1, int(dim * mlp_ratio)))
         self.head = ExitHead(dim, num_classes)
 
-    def forward(self, summaries: Tensor) -> Tensor:
-        """``summaries`` [B, e, D] → logits of exit e [B, C]."""
-        e = summaries.shape[1]
-        z = self.block(summaries + self.depth_embed[:, :e])
-        return self.head(z[:, -1])
+    def forward(self, cls_tokens: Tensor) -> Tensor:
+        """``cls_tokens`` [B, l, D] → m [B, l + 1, D] (position 0: the client token)."""
+        b, n, _ = cls_tokens.shape
+        x = torch.cat([self.client_token.expand(b, -1, -1), cls_tokens], dim=1)
+        x = x + self.pos_embed[:, : n + 1]
+        for _ in range(self.steps):
+            x = x + self.attn(self.norm1(x))
+            x = x + self.mlp(self.norm2(x))
+        return x
+
+    def logits(self, m: Tensor, last_cls: Tensor) -> Tensor:
+        return self.head(m[:, 0] + last_cls)
 
 
 class EarlyExitViT(Classifier):
-    """timm ViT trunk (``self.vit``, timm parameter names) + one exit per block.
+    """timm ViT trunk (``self.vit``, timm parameter names) + exits after ``exit_blocks``.
 
     ``forward(x)`` returns the deepest exit's logits, so the engine's accuracy, the
     adversarial attacks ("generated against the deepest exit") and FedCART-style wrappers
     see an ordinary classifier; ``forward_exits`` returns all (or the first m) exits.
+    Depth m of a client counts exits: it trains the blocks up to the m-th exit.
     """
 
     def __init__(
@@ -100,6 +208,16 @@ class EarlyExitViT(Classifier):
         mean: float | Sequence[float] = 0.5,
         std: float | Sequence[float] = 0.5,
         exit_mode: ExitMode = "stage",
+        exit_blocks: Sequence[int] | None = None,
+        exit_bottleneck: ExitBottleneck = "none",
+        bottleneck_ratio: float = 0.25,
+        ree_heads: int = 1,
+        ree_attn_dim: int = 16,
+        ree_mlp_ratio: float = 2.0,
+        ree_steps: int = 1,
+        ree_modulation: bool = True,
+        attn_head_dim: int | None = None,
+        mlp_hidden: int | None = None,
     ) -> None:
         super().__init__()
         if exit_mode not in ("stage", "recurrent"):
@@ -108,6 +226,11 @@ class EarlyExitViT(Classifier):
             )
         if depth < 1:
             raise ConfigError(f"model.params.depth must be >= 1, got {depth}")
+        if attn_head_dim is None and embed_dim % num_heads:
+            raise ConfigError(
+                f"model.params.embed_dim ({embed_dim}) must be a multiple of num_heads "
+                f"({num_heads})"
+            )
         c_in, h_in, w_in = (int(v) for v in input_shape)
         self.input_shape = (c_in, h_in, w_in)
         self.in_chans = c_in if in_chans is None else int(in_chans)
@@ -121,6 +244,8 @@ class EarlyExitViT(Classifier):
                 f"model.params: img_size {self.img_size} is not a multiple of "
                 f"patch_size {patch_size}"
             )
+        blocks = _check_exit_blocks(exit_blocks, depth)
+        hidden = int(mlp_hidden) if mlp_hidden is not None else int(embed_dim * mlp_ratio)
         # Stochastic depth comes from timm's DropPath inside each Block (linear decay rule).
         self.vit = VisionTransformer(
             img_size=self.img_size,
@@ -131,21 +256,54 @@ class EarlyExitViT(Classifier):
             embed_dim=embed_dim,
             depth=depth,
             num_heads=num_heads,
-            mlp_ratio=mlp_ratio,
+            # timm's Block takes int(dim · ratio) hidden units; +0.5 makes that exact.
+            mlp_ratio=(hidden + 0.5) / embed_dim,
             final_norm=False,  # each exit has its own LN (u_e); timm's final norm is unused
             drop_path_rate=drop_path_rate,
+            attn_layer=_attention_layer(attn_head_dim),
         )
-        self.num_exits = depth
+        self.exit_blocks = blocks
+        self.num_exits = len(blocks)
         self.num_classes = num_classes
         self.num_features = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = attn_head_dim if attn_head_dim is not None else embed_dim // num_heads
+        self.mlp_hidden = hidden
         self.exit_mode: ExitMode = exit_mode
+        # block index (0-based) → exit index (0-based); block → the depth m that needs it
+        self._exit_at = {b - 1: e for e, b in enumerate(blocks)}
+        self._block_stage = [
+            next(e + 1 for e, b in enumerate(blocks) if b > i) for i in range(depth)
+        ]
+        self.bottlenecks: nn.ModuleList | None = None
         if exit_mode == "stage":
-            self.exits = nn.ModuleList(ExitHead(embed_dim, num_classes) for _ in range(depth))
+            self.exits = nn.ModuleList(ExitHead(embed_dim, num_classes) for _ in blocks)
+            if exit_bottleneck == "depthfl":
+                self.bottlenecks = nn.ModuleList(
+                    nn.Sequential(
+                        *(
+                            TokenBottleneck(embed_dim, bottleneck_ratio)
+                            for _ in range(self.num_exits - e - 1)
+                        )
+                    )
+                    for e in range(self.num_exits)
+                )
         else:
-            self.rexit = RecurrentExit(embed_dim, num_heads, depth, num_classes)
+            if exit_bottleneck != "none":
+                raise ConfigError("model.params.exit_bottleneck needs exit_mode = 'stage'")
+            self.rexit = ReeExit(
+                embed_dim,
+                depth,
+                num_classes,
+                heads=ree_heads,
+                attn_dim=ree_attn_dim,
+                mlp_ratio=ree_mlp_ratio,
+                steps=ree_steps,
+                modulation=ree_modulation,
+            )
         self._mean = _per_channel(mean, self.in_chans, "mean")
         self._std = _per_channel(std, self.in_chans, "std")
-        self.arch = {
+        self.arch: dict[str, Any] = {
             "patch_size": patch_size,
             "embed_dim": embed_dim,
             "depth": depth,
@@ -157,6 +315,16 @@ class EarlyExitViT(Classifier):
             "mean": self._mean,
             "std": self._std,
             "exit_mode": exit_mode,
+            "exit_blocks": list(blocks),
+            "exit_bottleneck": exit_bottleneck,
+            "bottleneck_ratio": bottleneck_ratio,
+            "ree_heads": ree_heads,
+            "ree_attn_dim": ree_attn_dim,
+            "ree_mlp_ratio": ree_mlp_ratio,
+            "ree_steps": ree_steps,
+            "ree_modulation": ree_modulation,
+            "attn_head_dim": attn_head_dim,
+            "mlp_hidden": hidden,
         }
 
     # -- input pipeline --------------------------------------------------------------
@@ -184,38 +352,44 @@ class EarlyExitViT(Classifier):
         return (tokens[:, 0] + patches.mean(dim=1)) / 2
 
     # -- forward passes ---------------------------------------------------------------
-    def exit_logits(self, e: int, summaries: list[Tensor]) -> Tensor:
-        """Logits of exit ``e`` (1-based) from the summaries s_1..s_e computed so far."""
+    def block_step(self, b: int, z: Tensor, history: list[Tensor]) -> tuple[Tensor, Tensor | None]:
+        """Run block ``b`` (0-based) on tokens ``z``: (tokens for block b + 1, logits of the
+        exit after block b or None). ``history`` collects the class tokens ReeFL's shared
+        exit reads (recurrent mode; callers pass an empty list and keep it)."""
+        z = self.vit.blocks[b](z)
+        e = self._exit_at.get(b)
         if self.exit_mode == "stage":
-            return self.exits[e - 1](summaries[e - 1])
-        return self.rexit(torch.stack(summaries[:e], dim=1))
+            if e is None:
+                return z, None
+            t = self.bottlenecks[e](z) if self.bottlenecks is not None else z
+            return z, self.exits[e](self.summary(t))
+        history.append(z[:, 0])
+        m = self.rexit(torch.stack(history, dim=1))
+        logits = self.rexit.logits(m, history[-1]) if e is not None else None
+        if self.rexit.modulation:  # m_l becomes the class token of block l + 1
+            z = torch.cat([m[:, -1:], z[:, 1:]], dim=1)
+        return z, logits
 
     def forward_exits(self, x: Tensor, depth: int | None = None) -> list[Tensor]:
-        """Logits of exits 1..m (m = ``depth``, default L); blocks past m are not run."""
+        """Logits of exits 1..m (m = ``depth``, default all); blocks past exit m are not run."""
         m = self.num_exits if depth is None else depth
         if not 1 <= m <= self.num_exits:
             raise ValueError(f"depth must be in 1..{self.num_exits}, got {m}")
-        z = self.stem(x)
-        summaries, out = [], []
-        for e in range(1, m + 1):
-            z = self.vit.blocks[e - 1](z)
-            summaries.append(self.summary(z))
-            out.append(self.exit_logits(e, summaries))
-        return out
-
-    def _summaries(self, x: Tensor) -> list[Tensor]:
-        z = self.stem(x)
-        out = []
-        for blk in self.vit.blocks:
-            z = blk(z)
-            out.append(self.summary(z))
+        z, history, out = self.stem(x), [], []
+        for b in range(self.exit_blocks[m - 1]):
+            z, logits = self.block_step(b, z, history)
+            if logits is not None:
+                out.append(logits)
         return out
 
     def forward_features(self, x: Tensor) -> Tensor:
         """u_L (stage mode) — the representation the deepest exit's linear layer reads."""
         if self.exit_mode != "stage":
             raise NotImplementedError("forward_features needs exit_mode='stage'")
-        return self.exits[-1].norm(self._summaries(x)[-1])
+        z = self.stem(x)
+        for blk in self.vit.blocks:
+            z = blk(z)
+        return self.exits[-1].norm(self.summary(z))  # the last exit has no bottleneck
 
     def forward_head(self, z: Tensor) -> Tensor:
         return self.exits[-1].fc(z)
@@ -226,19 +400,29 @@ class EarlyExitViT(Classifier):
 
     def forward(self, x: Tensor) -> Tensor:
         """Deepest exit's logits (full-depth inference)."""
-        return self.exit_logits(self.num_exits, self._summaries(x))
+        return self.forward_exits(x)[-1]
 
     # -- subnets ------------------------------------------------------------------------
     def stage_of(self, name: str) -> int:
         """Shallowest depth m whose subnet contains parameter ``name`` (SPEC §8 prefix:
-        patch embedding and tokens = 0, block e and head e = e, shared exit = 0)."""
-        if match := re.match(r"(?:vit\.blocks|exits)\.(\d+)\.", name):
-            return int(match.group(1)) + 1
+        patch embedding and tokens = 0, a block = the first exit at or after it, exit e and
+        its bottleneck = e, ReeFL's shared exit = 0)."""
+        if match := re.match(r"vit\.blocks\.(\d+)\.", name):
+            return self._block_stage[int(match.group(1))]
+        if (e := self.exit_of(name)) is not None:
+            return e
         return 0
 
+    def exit_of(self, name: str) -> int | None:
+        """The exit (1-based) whose head or bottleneck holds ``name``; None for the trunk
+        and the shared recurrent exit."""
+        if match := re.match(r"(?:exits|bottlenecks)\.(\d+)\.", name):
+            return int(match.group(1)) + 1
+        return None
+
     def prefix_mask(self, depth: int) -> Tensor:
-        """Bool mask over the flat parameter vector (``sim.flat`` order) of the depth-m
-        subnet: stem + blocks 1..m + exits 1..m."""
+        """Bool mask over the flat parameter vector (``core.flat`` order) of the depth-m
+        subnet: stem + blocks up to exit m + exits 1..m."""
         if not 1 <= depth <= self.num_exits:
             raise ValueError(f"depth must be in 1..{self.num_exits}, got {depth}")
         parts = [
@@ -252,7 +436,10 @@ class EarlyExitViT(Classifier):
 
     def no_weight_decay(self) -> set[str]:
         """Positional/class tokens skip weight decay, as in timm."""
-        return {f"vit.{n}" for n in self.vit.no_weight_decay()} | {"rexit.depth_embed"}
+        return {f"vit.{n}" for n in self.vit.no_weight_decay()} | {
+            "rexit.pos_embed",
+            "rexit.client_token",
+        }
 
     # -- routed inference ---------------------------------------------------------------
     @torch.no_grad()
@@ -261,31 +448,65 @@ class EarlyExitViT(Classifier):
     ) -> tuple[Tensor, Tensor]:
         """(0-based exit index, prediction) with real early exit: samples accepted at e
         leave the batch, so deeper blocks run only on the deferred ones (SPEC §8 eq. 12)."""
-        n = x.shape[0]
-        exit_idx = torch.full((n,), self.num_exits - 1, dtype=torch.long, device=x.device)
+        n, num_exits = x.shape[0], self.num_exits
+        exit_idx = torch.full((n,), num_exits - 1, dtype=torch.long, device=x.device)
         preds = torch.empty(n, dtype=torch.long, device=x.device)
         alive = torch.arange(n, device=x.device)
         score = torch.as_tensor(client_score, dtype=x.dtype, device=x.device)
-        z = self.stem(x)
-        summaries: list[Tensor] = []
-        for e in range(1, self.num_exits + 1):
-            z = self.vit.blocks[e - 1](z)
-            summaries.append(self.summary(z))
-            p = self.exit_logits(e, summaries).float().softmax(-1)
-            if e == self.num_exits:  # exit L always accepts
+        z, history = self.stem(x), []
+        for b in range(self.exit_blocks[-1]):
+            z, logits = self.block_step(b, z, history)
+            if logits is None:
+                continue
+            e = self._exit_at[b] + 1
+            p = logits.float().softmax(-1)
+            if e == num_exits:  # exit L always accepts
                 preds[alive] = p.argmax(-1)
                 break
             s = score if score.dim() == 0 else score[alive]
-            accept = p.amax(-1) > exit_threshold(p, e, self.num_exits, policy, s)
+            accept = p.amax(-1) > exit_threshold(p, e, num_exits, policy, s)
             done = alive[accept]
             exit_idx[done] = e - 1
             preds[done] = p[accept].argmax(-1)
             keep = ~accept
             alive, z = alive[keep], z[keep]
-            summaries = [s_[keep] for s_ in summaries]
+            history[:] = [h[keep] for h in history]
             if alive.numel() == 0:
                 break
         return exit_idx, preds
+
+
+_NARROW_ATTENTION: dict[int, type[Attention]] = {}
+
+
+def _attention_layer(head_dim: int | None) -> type[Attention]:
+    """timm's Attention, or one with a fixed per-head width (a width-narrowed submodel whose
+    heads are narrower than D / H); timm's Block needs a class, not a partial."""
+    if head_dim is None:
+        return Attention
+    if head_dim not in _NARROW_ATTENTION:
+
+        def init(self: Attention, dim: int, num_heads: int = 8, **kw: Any) -> None:
+            Attention.__init__(self, dim, num_heads, attn_head_dim=head_dim, **kw)
+
+        _NARROW_ATTENTION[head_dim] = type(f"Attention{head_dim}", (Attention,), {"__init__": init})
+    return _NARROW_ATTENTION[head_dim]
+
+
+def _check_exit_blocks(blocks: Sequence[int] | None, depth: int) -> list[int]:
+    if blocks is None:
+        return list(range(1, depth + 1))
+    out = [int(b) for b in blocks]
+    if not out or any(b2 <= b1 for b1, b2 in zip(out, out[1:])) or out[0] < 1:
+        raise ConfigError(
+            f"model.params.exit_blocks must be increasing block indices in 1..{depth}, got {out}"
+        )
+    if out[-1] != depth:
+        raise ConfigError(
+            f"model.params.exit_blocks must end with the last block ({depth}): the final "
+            f"classifier sits after it; got {out}"
+        )
+    return out
 
 
 def _per_channel(v: float | Sequence[float], chans: int, key: str) -> tuple[float, ...]:
@@ -394,60 +615,101 @@ def _hf_cache_dir() -> str:
 # -- registry -------------------------------------------------------------------------
 
 
-@MODELS.register("eevit")
-def eevit(
-    input_shape: tuple[int, int, int],
-    num_classes: int,
-    *,
-    pretrained: bool = False,
-    pretrained_path: str | None = None,
-    hf_repo: str = PAPER_HF_REPO,
-    **arch: Any,
-) -> EarlyExitViT:
-    """Multi-exit ViT, any size (SPEC §8). Defaults: the CPU model (patch 4, dim 96,
-    3 heads, 6 blocks) at the input resolution; ``patch_size`` must divide ``img_size``."""
-    model = EarlyExitViT(input_shape=input_shape, num_classes=num_classes, **arch)
-    if pretrained or pretrained_path is not None:
-        load_pretrained(model, pretrained_path, hf_repo)
+class ExitOptions(Params):
+    """The exit structure shared by both factories (ours and the baselines')."""
+
+    exit_mode: ExitMode = Field(
+        "stage",
+        description="stage: one LN-linear head per exit (ours); recurrent: ReeFL's shared exit",
+    )
+    exit_blocks: list[int] | None = Field(
+        None,
+        description="1-based blocks followed by an exit, ending with the last block; "
+        "None = every block (ScaleFL: [2, 3, 5, 6] for 6 blocks)",
+    )
+    exit_bottleneck: ExitBottleneck = Field(
+        "none", description="depthfl: L − e token bottleneck layers before shallow exit e"
+    )
+    bottleneck_ratio: float = Field(
+        0.25, gt=0.0, le=4.0, description="hidden width / D of a DepthFL bottleneck layer"
+    )
+    ree_heads: int = Field(1, ge=1, description="attention heads of ReeFL's shared exit")
+    ree_attn_dim: int = Field(16, ge=1, description="inner attention width of ReeFL's exit")
+    ree_mlp_ratio: float = Field(2.0, gt=0.0, description="MLP ratio of ReeFL's exit")
+    ree_steps: int = Field(1, ge=1, description="recurrent steps of ReeFL's exit layer")
+    ree_modulation: bool = Field(
+        True, description="ReeFL's exit output replaces the class token of the next block"
+    )
+    drop_path_rate: float = Field(0.0, ge=0.0, lt=1.0, description="stochastic depth (timm)")
+    pretrained: bool = Field(False, description="load the trunk from the offline HF cache")
+    pretrained_path: str | None = Field(
+        None, description="a timm state dict (.pth/.pt/.bin/.safetensors) for the trunk"
+    )
+
+
+class EeViTParams(ExitOptions):
+    hf_repo: str = Field(PAPER_HF_REPO, description="HF repo whose cached weights to load")
+    img_size: int | None = Field(None, ge=1, description="model resolution; None = input's")
+    patch_size: int = Field(4, ge=1, description="must divide img_size")
+    embed_dim: int = Field(96, ge=1, description="token width D")
+    depth: int = Field(6, ge=1, description="number of blocks L")
+    num_heads: int = Field(3, ge=1, description="attention heads (divides embed_dim)")
+    mlp_ratio: float = Field(4.0, gt=0.0, description="block MLP hidden width / D")
+    in_chans: int | None = Field(None, ge=1, description="stem channels; None = input's")
+    mean: float | list[float] = Field(0.5, description="input normalisation mean (per channel)")
+    std: float | list[float] = Field(0.5, description="input normalisation std (per channel)")
+
+
+class EeViTSmallParams(ExitOptions):
+    depth: int = Field(6, ge=1, le=12, description="first blocks of ViT-S/16 kept (paper: 6)")
+    img_size: int = Field(224, ge=16, description="model resolution (bicubic resize)")
+
+
+_MODEL_TAGS = ["family=multi_exit|width"]
+
+
+@MODELS.register("eevit", schema=EeViTParams, tags=_MODEL_TAGS)
+def eevit(input_shape: tuple[int, int, int], num_classes: int, **params: Any) -> EarlyExitViT:
+    """Builds a multi-exit ViT of any size from timm blocks, with one exit per block by
+    default (SPEC §8).
+
+    Defaults: the CPU model (patch 4, dim 96, 3 heads, 6 blocks) at the input resolution;
+    ``patch_size`` must divide ``img_size``. The exit options select the baselines' exit
+    structures (ReeFL's recurrent exit, DepthFL's bottlenecks, ScaleFL's placement)."""
+    p = parse_params(EeViTParams, params, "model.params").kwargs()
+    pretrained, path, repo = p.pop("pretrained"), p.pop("pretrained_path"), p.pop("hf_repo")
+    if isinstance(p["mean"], list):
+        p["mean"] = tuple(p["mean"])
+    if isinstance(p["std"], list):
+        p["std"] = tuple(p["std"])
+    model = EarlyExitViT(input_shape=input_shape, num_classes=num_classes, **p)
+    if pretrained or path is not None:
+        load_pretrained(model, path, repo)
     return model
 
 
-@MODELS.register("eevit_small")
-def eevit_small(
-    input_shape: tuple[int, int, int],
-    num_classes: int,
-    *,
-    pretrained: bool = False,
-    pretrained_path: str | None = None,
-    depth: int = 6,
-    drop_path_rate: float = 0.0,
-    img_size: int = 224,
-    exit_mode: ExitMode = "stage",
-) -> EarlyExitViT:
-    """The paper model: first ``depth`` = 6 blocks of ViT-S/16 (dim 384, 6 heads),
-    224×224 bicubic inputs, AugReg normalisation (seed 002 §IV).
+@MODELS.register("eevit_small", schema=EeViTSmallParams, tags=_MODEL_TAGS)
+def eevit_small(input_shape: tuple[int, int, int], num_classes: int, **params: Any) -> EarlyExitViT:
+    """Builds the paper's multi-exit model, the first six blocks of ViT-S/16 (dim 384,
+    6 heads) at 224×224 with AugReg normalisation (seed 002 §IV).
 
     Random init unless ``pretrained`` (offline HF cache) or ``pretrained_path`` is set
     (SPEC §8); the paper presets set ``pretrained = true``, which fails with a clear
     error naming the cache when the weights are absent."""
+    p = parse_params(EeViTSmallParams, params, "model.params").kwargs()
     mean, std = _AUGREG_MEAN_STD
     return eevit(
         input_shape,
         num_classes,
-        pretrained=pretrained,
-        pretrained_path=pretrained_path,
         hf_repo=PAPER_HF_REPO,
-        img_size=img_size,
         patch_size=16,
         embed_dim=384,
-        depth=depth,
         num_heads=6,
         mlp_ratio=4.0,
         in_chans=3,
-        drop_path_rate=drop_path_rate,
         mean=mean,
         std=std,
-        exit_mode=exit_mode,
+        **p,
     )
 
 
@@ -461,11 +723,15 @@ def prefix_bytes(model: nn.Module, mask: Tensor | None, num_buffers: int = 0) ->
 __all__ = [
     "PAPER_CHECKPOINT",
     "EarlyExitViT",
+    "EeViTParams",
+    "EeViTSmallParams",
     "ExitHead",
-    "RecurrentExit",
+    "ReeExit",
+    "TokenBottleneck",
     "eevit",
     "eevit_small",
     "load_pretrained",
     "prefix_bytes",
+    "scalefl_exit_blocks",
     "truncate_vit_state_dict",
 ]

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import torch.nn.functional as F
+from pydantic import Field
 from torch import Tensor, nn
 from torchvision.models import resnet18 as tv_resnet18
 
+from fedshield.core.params import NoParams, Params
 from fedshield.models.base import MODELS, Classifier
+
+TAGS = ["family=classifier", "batchnorm"]
+
+
+class WRNParams(Params):
+    drop: float = Field(
+        0.0, ge=0.0, lt=1.0, description="dropout rate between a block's two convolutions"
+    )
 
 
 class ResNet18(Classifier):
@@ -26,9 +36,9 @@ class ResNet18(Classifier):
         return self.body(x)
 
 
-@MODELS.register("resnet18")
+@MODELS.register("resnet18", schema=NoParams, tags=TAGS)
 def resnet18(input_shape: tuple[int, int, int], num_classes: int) -> ResNet18:
-    """ResNet-18, CIFAR stem (FedCART's backbone)."""
+    """ResNet-18 with the CIFAR stem (3×3 stride 1, no max-pool), FedCART's backbone."""
     return ResNet18(input_shape, num_classes)
 
 
@@ -88,7 +98,7 @@ class WideResNet(Classifier):
         return F.adaptive_avg_pool2d(o, 1).flatten(1)
 
 
-@MODELS.register("wrn28_4")
-def wrn28_4(input_shape: tuple[int, int, int], num_classes: int, drop: float = 0.0) -> WideResNet:
-    """WRN-28-4 (seed 000, Fig. 6)."""
+@MODELS.register("wrn28_4", schema=WRNParams, tags=TAGS)
+def wrn28_4(input_shape: tuple[int, int, int], num_classes: int, *, drop: float) -> WideResNet:
+    """Wide ResNet 28-4, pre-activation, for 32×32 inputs (seed 000, Fig. 6)."""
     return WideResNet(input_shape, num_classes, 28, 4, drop)

@@ -62,18 +62,37 @@ POLICIES: Registry[Callable[..., Policy]] = Registry("routing policy")
 
 # Table I of seed 002 (SPEC §8): (a, b, c, d) and the meaning of each row.
 _TABLE: dict[str, tuple[tuple[float, float, float, float], str]] = {
-    "fixed": ((0.0, 0.0, 0.0, 0.0), "fixed threshold τ_0"),
-    "global_resource": ((0.0, 0.20, 0.0, 0.10), "global resource-aware: Q_e + depth relaxation"),
-    "robust": ((0.0, 0.20, 0.20, 0.10), "robustness-aware: Q_e + R_e + depth relaxation"),
-    "client_resource": ((0.25, 0.20, 0.0, 0.10), "client-aware resource: S_k + Q_e + depth"),
-    "client_robust": ((0.25, 0.20, 0.20, 0.10), "client-aware robust (fully combined)"),
+    "fixed": (
+        (0.0, 0.0, 0.0, 0.0),
+        "Fixed routing: a sample leaves at the first exit whose confidence exceeds τ_0.",
+    ),
+    "global_resource": (
+        (0.0, 0.20, 0.0, 0.10),
+        "Global resource-aware routing: the threshold rises with the sample difficulty Q_e "
+        "and relaxes with depth.",
+    ),
+    "robust": (
+        (0.0, 0.20, 0.20, 0.10),
+        "Robustness-aware routing: the threshold rises with Q_e and the uncertainty risk "
+        "R_e and relaxes with depth.",
+    ),
+    "client_resource": (
+        (0.25, 0.20, 0.0, 0.10),
+        "Client-aware resource routing: the global resource-aware threshold raised by the "
+        "client difficulty S_k.",
+    ),
+    "client_robust": (
+        (0.25, 0.20, 0.20, 0.10),
+        "Client-aware robust routing: the robustness-aware threshold raised by the client "
+        "difficulty S_k (the fully combined policy).",
+    ),
 }
 
 
 class RiskWeightParams(Params):
-    entropy: float = Field(0.4, ge=0.0)
-    confidence: float = Field(0.4, ge=0.0)
-    margin: float = Field(0.2, ge=0.0)
+    entropy: float = Field(0.4, ge=0.0, description="weight of Ĥ_e in R_e")
+    confidence: float = Field(0.4, ge=0.0, description="weight of 1 − C_e in R_e")
+    margin: float = Field(0.2, ge=0.0, description="weight of 1 − M_e in R_e")
 
 
 def _policy_schema(coeffs: tuple[float, float, float, float]) -> type[Params]:
@@ -83,14 +102,17 @@ def _policy_schema(coeffs: tuple[float, float, float, float]) -> type[Params]:
     return create_model(
         "PolicyParams",
         __base__=Params,
-        a=(float, Field(a, ge=0.0)),
-        b=(float, Field(b, ge=0.0)),
-        c=(float, Field(c, ge=0.0)),
-        d=(float, Field(d, ge=0.0)),
-        tau0=(float, 0.6),
-        tau_min=(float, 0.45),
-        tau_max=(float, 0.95),
-        risk_weights=(RiskWeightParams, RiskWeightParams()),
+        a=(float, Field(a, ge=0.0, description="weight of the client difficulty S_k")),
+        b=(float, Field(b, ge=0.0, description="weight of the sample difficulty Q_e")),
+        c=(float, Field(c, ge=0.0, description="weight of the uncertainty risk R_e")),
+        d=(float, Field(d, ge=0.0, description="depth relaxation: −d·e/L")),
+        tau0=(float, Field(0.6, description="base threshold τ_0")),
+        tau_min=(float, Field(0.45, description="lower clip τ_min")),
+        tau_max=(float, Field(0.95, description="upper clip τ_max")),
+        risk_weights=(
+            RiskWeightParams,
+            Field(RiskWeightParams(), description="weights of Ĥ_e, 1 − C_e, 1 − M_e in R_e"),
+        ),
     )
 
 

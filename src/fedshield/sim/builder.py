@@ -18,27 +18,32 @@ from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientAlgorithm, Loca
 from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerAlgorithm
 from fedshield.attacks.base import ATTACKS, DataAttack, UpdateAttack
 from fedshield.config import ExperimentConfig
-from fedshield.core.params import parse_params
 from fedshield.data import DataBundle, TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
-from fedshield.registry import RegistryError
+from fedshield.registry import Entry
 
 
-def load_plugins() -> None:
-    """Import every module that registers components (registries fill on import)."""
-    import fedshield.aggregators  # noqa: F401
-    import fedshield.attacks  # noqa: F401
-    import fedshield.data  # noqa: F401
-    import fedshield.models  # noqa: F401
+def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
+    """Import every module that registers components (built-in, entry points, ``modules``)."""
+    from fedshield.plugins import load_plugins as load
+
+    load(modules)
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"run.device={name!r}: not a device (auto, cpu, cuda[:N], mps)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"run.device={name!r} but no CUDA device is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ConfigError(f"run.device={name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"run.device={name!r} but MPS is not available")
     return dev
 
 
@@ -52,23 +57,69 @@ class Components:
     attack: UpdateAttack | DataAttack | None
 
 
-def _construct(key: str, factory: Any, args: dict[str, Any]) -> Any:
-    try:
-        return factory(**args)
-    except TypeError as err:
-        raise ConfigError(f"{key}: {err}") from None
+def partition_params(d: Any) -> dict[str, Any]:
+    """The partitioner's parameters, from the data section's fields of the same name."""
+    from fedshield.data import PARTITIONERS
+
+    names = PARTITIONERS.entry(d.partition, "data.partition").schema.model_fields
+    return {k: getattr(d, k) for k in names if hasattr(d, k)}
 
 
-def _get(registry: Any, name: str, key: str) -> Any:
-    try:
-        return registry.get(name)
-    except RegistryError as err:
-        raise ConfigError(f"{key}: {err}") from None
+def _check_tags(
+    cfg: ExperimentConfig, entries: dict[str, Entry[Any]], model_tags: dict[str, frozenset[str]]
+) -> None:
+    """Compatibility of the chosen components, decided from their registry tags."""
+    client, server, agg = (entries[k] for k in ("client", "server", "aggregator"))
+    family = model_tags.get("family", frozenset())
+    model_name = cfg.model.name
+    for key, e in (
+        ("client.algorithm", client),
+        *[(f"eval.metrics ({n})", entries[n]) for n in cfg.eval.metrics],
+    ):
+        need = e.tag_values("needs_model")
+        if need and family and not need & family:
+            raise ConfigError(
+                f"{key}={e.name!r} needs a model of family {' or '.join(sorted(need))}, but "
+                f"model.name={model_name!r} is {' / '.join(sorted(family))}"
+            )
+    need_client = server.tag_values("needs_client")
+    if need_client and client.name not in need_client:
+        raise ConfigError(
+            f"server.algorithm={server.name!r} needs client.algorithm="
+            f"{' or '.join(repr(n) for n in sorted(need_client))}, got {client.name!r}"
+        )
+    for tag in server.tag_values("needs_aggregator"):
+        if not (agg.has(tag) or getattr(agg.obj, tag, False) is True):
+            raise ConfigError(
+                f"server.algorithm={server.name!r} needs a server.aggregator tagged {tag!r} "
+                f"(e.g. drag, brdrag, fltrust), got {agg.name!r}"
+            )
 
 
 def build_components(cfg: ExperimentConfig) -> Components:
-    load_plugins()
-    c, s = cfg.client, cfg.server
+    """Every component, validated against its registry schema and tags, before any data is
+    loaded: names (did-you-mean), nested parameters, compatibility, device."""
+    from fedshield.data import PARTITIONERS, dataset_info
+    from fedshield.eval import EVALUATORS
+    from fedshield.models import check_model, model_tags
+
+    load_plugins(cfg.plugins)
+    c, s, d = cfg.client, cfg.server, cfg.data
+    info = dataset_info(d.dataset, d.params)
+    PARTITIONERS.entry(d.partition, "data.partition").parse(partition_params(d), "data")
+    tags = model_tags(cfg.model.name, cfg.model.params)
+    if info.input_shape is not None and info.num_classes is not None:
+        # The whole model section against the data's shape, on the meta device (no memory);
+        # pretrained weights are files, checked when the model is really built.
+        arch = {k: v for k, v in cfg.model.params.items() if not k.startswith("pretrained")}
+        tags = check_model(cfg.model.name, info.input_shape, info.num_classes, arch)
+    entries: dict[str, Entry[Any]] = {}
+    for name in cfg.eval.metrics:
+        entries[name] = EVALUATORS.entry(name, "eval.metrics")
+        entries[name].parse(cfg.eval.params.get(name, {}), f"eval.params.{name}")
+    unknown = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
+    if unknown:
+        raise ConfigError(f"eval.params.{unknown[0]}: no such evaluator in eval.metrics")
     spec = LocalSpec(
         lr=c.lr,
         batch_size=c.batch_size,
@@ -77,46 +128,42 @@ def build_components(cfg: ExperimentConfig) -> Components:
         momentum=c.momentum,
         weight_decay=c.weight_decay,
     )
-    client_cls = _get(CLIENT_ALGORITHMS, c.algorithm, "client.algorithm")
-    client = client_cls(spec, parse_params(client_cls.params_schema, c.params, "client.params"))
+    entries["client"] = CLIENT_ALGORITHMS.entry(c.algorithm, "client.algorithm")
+    client = entries["client"].obj(spec, entries["client"].parse(c.params, "client.params"))
 
-    server_cls = _get(SERVER_ALGORITHMS, s.algorithm, "server.algorithm")
+    entries["server"] = SERVER_ALGORITHMS.entry(s.algorithm, "server.algorithm")
+    server_cls = entries["server"].obj
     if "aggregator" not in s.model_fields_set:  # e.g. server.algorithm = "drag" → "drag" rule
         s.aggregator = server_cls.default_aggregator
-    agg_cls = _get(AGGREGATORS, s.aggregator, "server.aggregator")
-    aggregator = _construct("server.aggregator_args", agg_cls, s.aggregator_args)
+    entries["aggregator"] = AGGREGATORS.entry(s.aggregator, "server.aggregator")
+    agg_args = entries["aggregator"].parse(s.aggregator_args, "server.aggregator_args")
+    aggregator = entries["aggregator"].obj(**agg_args.kwargs())
     try:
         aggregator.validate(s.clients_per_round)
     except ConfigError as err:
         raise ConfigError(f"server.aggregator={s.aggregator!r}: {err}") from None
-
+    _check_tags(cfg, entries, tags)
     server = server_cls(
         aggregator,
         lr=s.lr,
         weighting=s.weighting,
-        params=parse_params(server_cls.params_schema, s.params, "server.params"),
+        params=entries["server"].parse(s.params, "server.params"),
     )
 
     attack = None
     if cfg.attack.name != "none":
-        attack_cls = _get(ATTACKS, cfg.attack.name, "attack.name")
-        attack = _construct("attack.params", attack_cls, cfg.attack.params)
+        entry = ATTACKS.entry(cfg.attack.name, "attack.name")
+        attack = entry.obj(**entry.parse(cfg.attack.params, "attack.params").kwargs())
     elif cfg.attack.fraction > 0:
         raise ConfigError(
             f"attack.fraction={cfg.attack.fraction} but attack.name='none'; "
             f"choose an attack (see `fedshield list attacks`)"
         )
-    import fedshield.eval as eval_pkg
-
-    for name in cfg.eval.metrics:
-        _get(eval_pkg.EVALUATORS, name, "eval.metrics")
-    unknown = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
-    if unknown:
-        raise ConfigError(f"eval.params.{unknown[0]}: no such evaluator in eval.metrics")
     if server.needs_root and cfg.data.root_size == 0:
         raise ConfigError(
             f"server.aggregator={s.aggregator!r} needs a root dataset: set data.root_size > 0"
         )
+    resolve_device(cfg.run.device)
     return Components(client, server, aggregator, attack)
 
 
@@ -132,6 +179,48 @@ class Experiment:
     model: nn.Module
     byzantine: tuple[int, ...]
     device: torch.device
+
+
+def check_coverage(
+    cfg: ExperimentConfig,
+    comp: Components,
+    model: nn.Module,
+    clients: list[TensorData],
+    num_classes: int,
+) -> None:
+    """Refuse, before training, a rule that can run on no cohort at all for some parameters:
+    with depth/width-limited clients the rule runs per coverage group (SPEC §12), and a
+    group held by fewer clients than the rule's minimum (Krum's 2f + 3, ...) even under full
+    participation is undefined. Smaller cohorts at run time degrade safely instead."""
+    from fedshield.algorithms.server.aggregation import adapted_rule, coverage_groups
+    from fedshield.registry import tags_of
+
+    if "mask" not in tags_of(comp.client).get("uploads", ()):
+        return
+    rule = comp.aggregator
+    if "min_clients" not in tags_of(rule):
+        return
+    d = sum(p.numel() for p in model.parameters())
+    full = torch.ones(d, dtype=torch.bool, device=next(model.parameters()).device)
+    masks = [
+        comp.client.expected_mask(k, model, clients[k].class_counts(num_classes))
+        for k in range(cfg.data.num_clients)
+    ]
+    if all(m is None for m in masks):
+        return
+    stacked = torch.stack([full if m is None else m for m in masks])
+    s = cfg.server.clients_per_round
+    for rows, cols in coverage_groups(stacked):
+        n = min(int(rows.numel()), s)
+        run = adapted_rule(rule, n)
+        if run is None or run is not rule:
+            raise ConfigError(
+                f"server.aggregator={cfg.server.aggregator!r} with "
+                f"server.aggregator_args={cfg.server.aggregator_args} cannot aggregate the "
+                f"{cols.numel()} parameters held by only {rows.numel()} of "
+                f"{cfg.data.num_clients} clients (client.params sets the depth/width tiers); "
+                f"use fewer Byzantine slots (f), deeper tiers or another rule"
+            )
 
 
 def choose_byzantine(cfg: ExperimentConfig) -> tuple[int, ...]:
@@ -154,21 +243,14 @@ def build(cfg: ExperimentConfig) -> Experiment:
         train = make_long_tail(train, bundle.num_classes, d.long_tail.rho, cfg.seed)
     sizes = {k: v for k, v in {"root": d.root_size, "val": d.val_size}.items() if v > 0}
     train, held = carve(train, sizes, cfg.seed) if sizes else (train, {})
-    part_args: dict[str, Any] = {}
-    if d.partition == "dirichlet":
-        part_args = {"beta": d.beta, "min_size": d.min_size}
-    elif d.partition == "shards":
-        part_args = {"shards_per_client": d.shards_per_client}
-    try:
-        parts = partition(train.y, d.num_clients, d.partition, cfg.seed, **part_args)
-    except RegistryError as err:
-        raise ConfigError(f"data.partition: {err}") from None
+    parts = partition(train.y, d.num_clients, d.partition, cfg.seed, **partition_params(d))
     clients = [train.subset(p) for p in parts]
     if device.type == "cuda":  # small federated datasets fit on the device: no per-step copies
         clients = [c.to(device) for c in clients]
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params)
     model.to(device)
+    check_coverage(cfg, components, model, clients, bundle.num_classes)
     exp = Experiment(
         cfg=cfg,
         components=components,

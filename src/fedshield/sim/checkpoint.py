@@ -10,6 +10,7 @@ anything after it (possibly a half-written line) is dropped and recomputed.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -48,6 +49,23 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None, so it serialises as strict JSON
+    (``NaN``/``Infinity`` are not JSON; strict parsers reject them)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON text (undefined values as ``null``)."""
+    return json.dumps(strict_json(obj), allow_nan=False, sort_keys=True, **kw)
+
+
 class JsonlLog:
     """Append-only JSON-lines file, one fsync'ed line per record."""
 
@@ -56,7 +74,7 @@ class JsonlLog:
 
     def append(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
 
@@ -74,5 +92,5 @@ class JsonlLog:
     def truncate_after(self, last_round: int) -> list[dict[str, Any]]:
         """Keep only records with ``round <= last_round`` (rewritten atomically)."""
         kept = [r for r in self.read() if r.get("round", 0) <= last_round]
-        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        atomic_write_text(self.path, "".join(dumps(r) + "\n" for r in kept))
         return kept

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +35,25 @@ from fedshield.core.context import (
     make_generator,
     seed_global_rng,
 )
-from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.flat import (
+    buffer_lower_bounds,
+    get_buffers,
+    get_params,
+    set_buffers,
+    set_params,
+    stack_rows,
+)
+from fedshield.core.integrity import UploadSpec, screen
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
+from fedshield.privacy.setup import attach_privacy
+from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
+from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
+from fedshield.tracking import logger_callbacks
 
 log = logging.getLogger("fedshield")
 
@@ -119,7 +131,23 @@ class Simulator:
         self.metrics = JsonlLog(out / "metrics.jsonl") if out else None
         self.timing = JsonlLog(out / "timing.jsonl") if out else None
         self.records: list[dict[str, Any]] = []
+        # [privacy] mechanisms go to the client/server algorithms; their ε enters each record
+        # before MetricsFiles writes it. [run] loggers read the finished record (server side).
+        self.privacy = attach_privacy(exp)
+        self.callbacks: list[Callback] = [*self.privacy.callbacks, *default_callbacks()]
+        if out is not None:
+            self.callbacks += logger_callbacks(self.cfg)
         self.state = self._initial_state()
+        st = self.state
+        self._spec = UploadSpec(
+            num_params=st.params.numel(),
+            dtype=st.params.dtype,
+            num_buffers=st.buffers.numel(),
+            buffer_min=buffer_lower_bounds(self.model),
+            extras=self.comp.client.upload_spec(self.model),
+            max_num_examples=self.cfg.server.max_num_examples,
+        )
+        self.trust_counts = trusts_counts(self.cfg, self.comp)
         # θ^0 is rebuilt identically from the config on resume (seeded model init).
         self.initial = (self.state.params.clone(), self.state.buffers.clone())
         if out is not None:
@@ -143,6 +171,10 @@ class Simulator:
             raise ConfigError(
                 f"{out} already holds a run; pass --resume to continue it or choose another --out"
             )
+        if resume:
+            # Temporary files of a write that a crash interrupted (atomic_write_bytes).
+            for tmp in out.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
         if resume and ckpt.exists():
             saved = load_checkpoint(ckpt)
             self._check_same_config(saved["config"], out)
@@ -285,13 +317,30 @@ class Simulator:
         plan = self.begin_round(rnd)
         return self.end_round(plan, self.train_cohort(plan))
 
+    def class_counts(self, k: int) -> Tensor:
+        """Client ``k``'s label counts, which the server knows like the partition itself."""
+        return self.exp.clients[k].class_counts(self.exp.bundle.num_classes)
+
+    def upload_spec(self, plan: RoundPlan) -> UploadSpec:
+        """What a valid upload of this round looks like (SPEC §12, core.integrity)."""
+        client = self.comp.client
+        masks = None
+        if "mask" in tags_of(client).get("uploads", ()):
+            masks = {
+                k: client.expected_mask(k, self.model, self.class_counts(k))
+                for k in plan.ctx.cohort
+            }
+        trusted = None
+        if not self.trust_counts:  # the simulator knows every partition's size
+            trusted = {k: len(self.exp.clients[k]) for k in plan.ctx.cohort}
+        return replace(self._spec, masks=masks, trusted_counts=trusted)
+
     def end_round(
         self, plan: RoundPlan, updates: list[ClientUpdate], apply_update_attack: bool = True
     ) -> dict[str, Any]:
-        """Update attack, screening, server step, evaluation; returns the round's metrics.
-        ``updates`` are in cohort order; ``apply_update_attack=False`` when the attackers
-        already rewrote their own rows (row-local attacks on Flower SuperNodes)."""
-        cfg = self.cfg
+        """Update attack, upload checks, server step, evaluation; returns the round's
+        metrics. ``updates`` are in cohort order; ``apply_update_attack=False`` when the
+        attackers already rewrote their own rows (row-local attacks on Flower SuperNodes)."""
         st = self.state
         rnd, ctx, byz = plan.ctx.round, plan.ctx, plan.ctx.byzantine
         server, attack = self.comp.server, self.comp.attack
@@ -301,52 +350,55 @@ class Simulator:
         if losses:
             metrics["train/loss"] = float(np.mean(losses))
         if byz and isinstance(attack, UpdateAttack) and apply_update_attack:
-            mask = torch.tensor([u.client_id in byz for u in updates], device=self.device)
-            forged = attack(
-                torch.stack([u.delta for u in updates]),
-                mask,
-                generator=make_generator(cfg.seed, rnd, _ATTACK, device=self.device),
-            )
-            for i, u in enumerate(updates):
-                if mask[i]:
-                    u.delta = forged[i]
+            self._apply_update_attack(plan, updates)
         n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
         # One-way bytes per client: the active prefix a subnet client reports (SPEC §8).
-        sent = sum(int(u.metrics.get("comm/bytes", n_bytes)) for u in updates)
-        updates, rejected = self._screen(updates, st.params.numel())
-        metrics["sys/rejected"] = rejected
-        if not updates:
+        sent = sum(_comm_bytes(u, n_bytes) for u in updates)
+        screened = screen(updates, self.upload_spec(plan))
+        metrics.update(screened.metrics())
+        kept = screened.kept
+        new_state = RunState(rnd + 1, st.params, st.buffers, st.server_state, st.client_states)
+        if not kept:
             log.warning("round %d: every update was rejected; θ unchanged", rnd)
-            step_params, step_buffers, new_state = st.params, st.buffers, st.server_state
+            metrics["sys/skipped"] = 1.0
         else:
-            step = server.update(st.params, st.buffers, st.server_state, updates, ctx, self)
+            step = server.update(st.params, st.buffers, st.server_state, kept, ctx, self)
             step = server.post_step(step, ctx, self)
             metrics.update(step.metrics)
-            step_params, step_buffers, new_state = step.params, step.buffers, step.state
+            bad = _nonfinite_parts(step)
+            if bad:
+                # The engine never writes a non-finite θ: keep the round's start state.
+                log.warning("round %d: non-finite %s after the server step; θ unchanged", rnd, bad)
+                metrics["sys/nonfinite_step"] = 1.0
+            else:
+                new_state = RunState(
+                    rnd + 1, step.params, step.buffers, step.state, st.client_states
+                )
         metrics["comm/up_bytes"] = metrics["comm/down_bytes"] = sent
         prev = self.records[-1].get("comm/cum_gib", 0.0) if self.records else 0.0
         metrics["comm/cum_gib"] = prev + 2 * sent / 2**30  # both directions (eq. 16)
-        self.state = RunState(rnd + 1, step_params, step_buffers, new_state, st.client_states)
-        if rnd % cfg.eval.every == 0 or rnd == cfg.rounds:
-            metrics.update(self.evaluate())
-        every = cfg.eval.metrics_every
-        if cfg.eval.metrics and (rnd == cfg.rounds or (every and rnd % every == 0)):
-            metrics.update(self.evaluate_extra(rnd))
+        self.state = new_state
         return metrics
 
-    def _screen(self, updates: list[ClientUpdate], d: int) -> tuple[list[ClientUpdate], int]:
-        """Never let a NaN/Inf or wrong-shaped update reach θ (logged and counted)."""
-        if getattr(self.comp.aggregator, "handles_nonfinite", False):
-            ok = [u for u in updates if u.delta.shape == (d,)]
-        else:
-            ok = [
-                u for u in updates if u.delta.shape == (d,) and bool(torch.isfinite(u.delta).all())
-            ]
-        kept = {id(u) for u in ok}  # identity: dataclass == would compare tensors
-        for u in updates:
-            if id(u) not in kept:
-                log.warning("rejected update of client %d (non-finite or wrong shape)", u.client_id)
-        return ok, len(updates) - len(ok)
+    def _apply_update_attack(self, plan: RoundPlan, updates: list[ClientUpdate]) -> None:
+        """Rewrite the attackers' rows of the stacked ``[S, d]`` matrix; every update's
+        delta becomes a row view of it (servers stack it again without a copy)."""
+        byz = set(plan.ctx.byzantine)
+        d = self.state.params.numel()
+        # A malformed row cannot be stacked; it is rejected by the upload checks anyway.
+        ok = [
+            i
+            for i, u in enumerate(updates)
+            if isinstance(u.delta, Tensor) and u.delta.shape == (d,)
+        ]
+        if not ok:
+            return
+        matrix = stack_rows([updates[i].delta for i in ok])
+        mask = torch.tensor([updates[i].client_id in byz for i in ok], device=matrix.device)
+        gen = make_generator(self.cfg.seed, plan.ctx.round, _ATTACK, device=self.device)
+        forged = self.comp.attack(matrix, mask, generator=gen)  # type: ignore[operator]
+        for j, i in enumerate(ok):
+            updates[i].delta = forged[j]
 
     def evaluate(self) -> dict[str, float]:
         set_params(self.model, self.state.params)
@@ -380,27 +432,39 @@ class Simulator:
         return run_evaluators(self.model, inputs, self.cfg.eval.metrics, self.cfg.eval.params)
 
     # -- the loop ------------------------------------------------------------------------
-    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
+        callbacks: list[Callback] | None = None,
+    ) -> dict[str, Any]:
+        """Run the remaining rounds; ``on_round(record)`` after each (a progress bar),
+        ``callbacks`` after the built-in ones (see :mod:`fedshield.sim.callbacks`)."""
         cfg = self.cfg
+        if on_round is not None:
+            self.callbacks.append(OnRound(on_round))
+        self.callbacks.extend(callbacks or [])
+        self.start()
         t_start = time.perf_counter()
         for rnd in range(self.state.round, cfg.rounds + 1):
             t0 = time.perf_counter()
             m = self.run_round(rnd)
             self.record(m, time.perf_counter() - t0)
-            if on_round is not None:
-                on_round(m)
         return self.finish(time.perf_counter() - t_start)
 
-    def record(self, m: dict[str, Any], wall_s: float) -> None:
-        """Keep a finished round: metrics.jsonl, timing.jsonl, checkpoint when due (also
-        called by the Flower strategy, so both backends write the same files)."""
-        rnd = m["round"]
+    def start(self) -> None:
+        """Tell the callbacks the session starts (the Flower strategy's server calls it)."""
+        for cb in self.callbacks:
+            cb.on_run_start(self)
+
+    def record(self, m: dict[str, Any], wall_s: float) -> dict[str, Any]:
+        """Complete a round: run the callbacks (evaluation, metrics/timing files,
+        checkpoint, progress, ...) on its record, in place, and keep it. The Flower
+        strategy calls this too, so both backends write the same files."""
+        timing: dict[str, Any] = {"round": m["round"], "wall_s": wall_s}
+        for cb in self.callbacks:
+            cb.after_round(self, m, timing)
         self.records.append(m)
-        if self.metrics is not None:
-            self.metrics.append(m)
-            self.timing.append({"round": rnd, "wall_s": wall_s})
-            if rnd % self.cfg.checkpoint.every == 0 or rnd == self.cfg.rounds:
-                self.save()
+        return m
 
     def save(self) -> None:
         assert self.out is not None
@@ -416,7 +480,37 @@ class Simulator:
         if self.out is not None:
             plot_curves(self.records, self.out, self.cfg.name)
             write_report(self.out, summary, self.config_text)
+        for cb in self.callbacks:
+            cb.on_run_end(self, summary)
         return summary
+
+
+def _comm_bytes(u: ClientUpdate, default: int) -> int:
+    """The bytes a client reports for its active prefix (SPEC §8), within [0, default]."""
+    try:
+        value = float(u.metrics.get("comm/bytes", default))
+    except (TypeError, ValueError):
+        return default
+    return int(min(max(value, 0.0), default)) if value == value else default
+
+
+def trusts_counts(cfg: Any, comp: Any) -> bool:
+    """Whether self-reported sample counts are believed (SPEC §12): ``server.trust_counts``
+    when set, else only when no attack and no Byzantine-robust rule is configured."""
+    if cfg.server.trust_counts is not None:
+        return bool(cfg.server.trust_counts)
+    return comp.attack is None and "robust" not in tags_of(comp.aggregator)
+
+
+def _nonfinite_parts(step: Any) -> str:
+    """Names of the non-finite parts of a server step ("" when all are finite)."""
+    bad = [n for n, t in (("params", step.params), ("buffers", step.buffers)) if not _finite(t)]
+    bad += [f"state.{k}" for k, v in step.state.items() if isinstance(v, Tensor) and not _finite(v)]
+    return ", ".join(bad)
+
+
+def _finite(t: Tensor) -> bool:
+    return not t.is_floating_point() or bool(torch.isfinite(t).all())
 
 
 def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> set[str]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from fedshield.sim.checkpoint import atomic_write_text
+from fedshield.sim.checkpoint import atomic_write_text, dumps
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v
 
 
 def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
-    evals = [r for r in records if "test_acc" in r]
+    evals = [r for r in records if _num(r.get("test_acc"))]
     summary: dict[str, Any] = {"name": name, "rounds": records[-1]["round"] if records else 0}
     if evals:
         best = max(evals, key=lambda r: r["test_acc"])
@@ -28,7 +31,7 @@ def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -
 def rounds_to(records: list[dict[str, Any]], target: float) -> int | None:
     """First round whose test accuracy reaches ``target`` (None if never)."""
     for r in records:
-        if r.get("test_acc", -1.0) >= target:
+        if _num(r.get("test_acc")) and r["test_acc"] >= target:
             return int(r["round"])
     return None
 
@@ -39,14 +42,15 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evals = [r for r in records if "test_acc" in r]
+    evals = [r for r in records if _num(r.get("test_acc"))]
     if not evals:
         return []
     rounds = [r["round"] for r in evals]
     paths = []
     for key, label in (("test_acc", "test accuracy"), ("test_loss", "test loss")):
         fig, ax = plt.subplots(figsize=(5, 3.5))
-        ax.plot(rounds, [r[key] for r in evals], marker="." if len(rounds) < 50 else None)
+        values = [r[key] if _num(r.get(key)) else float("nan") for r in evals]
+        ax.plot(rounds, values, marker="o" if len(rounds) < 50 else None)
         ax.set_xlabel("round")
         ax.set_ylabel(label)
         ax.set_title(title)
@@ -79,4 +83,4 @@ def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
         "",
     ]
     atomic_write_text(out / "report.md", "\n".join(lines))
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "summary.json", dumps(summary, indent=2) + "\n")

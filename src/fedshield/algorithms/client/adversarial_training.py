@@ -6,7 +6,9 @@
 * ``fedtrades`` — CE(f(x), y) + β KL(p(x) ‖ p(x')), x' maximises the KL (β = 6);
 * ``fedmart``   — MART's boosted CE on x' + β KL · (1 − p_y(x)) (β = 6);
 * ``calfat``    — CE(s·(z' + τ log π_k), y) on x' generated TRADES-style on the calibrated
-  logits (s = 10, τ = 0.1, π_k the client's class prior).
+  logits (s = 10, τ = 0.1, π_k the client's class prior);
+* ``fedtaet``   — TAET (CVPR 2025): natural CE for the first rounds, then HARL on x'
+  (class-balanced, deviation-penalised adversarial CE; ``fedshield.losses.taet``).
 
 The attack budget defaults to SPEC §7's ε (8/255 on colour inputs, 0.1 on grayscale, read
 off the batch's channel count) with step ε/4 and K = 10 steps. Adversarial examples are
@@ -34,6 +36,7 @@ from fedshield.losses import (
     calibrated_ce,
     calibrated_logits,
     class_log_prior,
+    harl_loss,
     mart_loss,
     trades_loss,
 )
@@ -47,12 +50,18 @@ COLOUR_EPS = 8 / 255
 
 class ATParams(Params):
     eps: float | None = Field(
-        None, ge=0.0, description="L∞ budget; unset: 8/255 on colour, 0.1 on grayscale"
+        None,
+        ge=0.0,
+        description="L∞ budget of the training attack (unset: 8/255 on colour, 0.1 on "
+        "grayscale inputs).",
     )
-    alpha: float | None = Field(None, gt=0.0, description="PGD step; unset: eps/4")
-    steps: int = Field(10, ge=0, description="PGD steps K of the training attack")
+    alpha: float | None = Field(
+        None, gt=0.0, description="PGD step size of the training attack (unset: eps/4)."
+    )
+    steps: int = Field(10, ge=0, description="Number K of PGD steps of the training attack.")
     attack_eval_mode: bool = Field(
-        True, description="generate x' with the model in eval mode (reference-code behaviour)"
+        True,
+        description="Generate x' with the model in eval mode, as the reference code does.",
     )
 
 
@@ -109,7 +118,7 @@ class AdversarialClient(ClientAlgorithm):
 
 @CLIENT_ALGORITHMS.register("fedpgd", tags=["vectorizable"])
 class FedPGD(AdversarialClient):
-    """FedPGD: Madry PGD-AT, CE on x' only (SPEC §7)."""
+    """FedPGD trains on Madry's PGD adversarial examples only: CE(f(x'), y) (SPEC §7)."""
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
         return F.cross_entropy(model(self.pgd_examples(model, x, y)), y)
@@ -122,7 +131,8 @@ class FedPGD(AdversarialClient):
 
 @CLIENT_ALGORITHMS.register("fedfat", tags=["vectorizable"])
 class FedFAT(AdversarialClient):
-    """FedFAT (our reading, SPEC §7): CE(f(x), y) + CE(f(x'), y)."""
+    """FedFAT trains on natural plus PGD cross-entropy, CE(f(x), y) + CE(f(x'), y) (our
+    reading, SPEC §7)."""
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
         x_adv = self.pgd_examples(model, x, y)
@@ -135,12 +145,12 @@ class FedFAT(AdversarialClient):
 
 
 class BetaParams(ATParams):
-    beta: float = Field(6.0, ge=0.0, description="weight β of the KL term")
+    beta: float = Field(6.0, ge=0.0, description="Weight β of the KL term.")
 
 
 @CLIENT_ALGORITHMS.register("fedtrades", tags=["vectorizable"])
 class FedTRADES(AdversarialClient):
-    """FedTRADES: CE(x) + β KL(p(x) ‖ p(x')), x' from TRADES' KL maximisation (SPEC §7)."""
+    """FedTRADES trains on CE(x) + β KL(p(x) ‖ p(x')) with x' maximising the KL (SPEC §7)."""
 
     params_schema = BetaParams
 
@@ -156,7 +166,7 @@ class FedTRADES(AdversarialClient):
 
 @CLIENT_ALGORITHMS.register("fedmart", tags=["vectorizable"])
 class FedMART(AdversarialClient):
-    """FedMART: BCE-boosted CE on x' + β KL · (1 − p_y(x)), x' = PGD-K (SPEC §7)."""
+    """FedMART trains on MART's boosted CE on x' plus β KL · (1 − p_y(x)) (SPEC §7)."""
 
     params_schema = BetaParams
 
@@ -171,8 +181,8 @@ class FedMART(AdversarialClient):
 
 
 class CalFATParams(ATParams):
-    scale: float = Field(10.0, gt=0.0, description="logit scale s")
-    tau: float = Field(0.1, ge=0.0, description="prior weight τ in z + τ log π_k")
+    scale: float = Field(10.0, gt=0.0, description="Logit scale s of the calibrated CE.")
+    tau: float = Field(0.1, ge=0.0, description="Prior weight τ in z + τ log π_k.")
 
 
 LOG_PRIOR_KEY = "calfat/log_prior"
@@ -180,7 +190,8 @@ LOG_PRIOR_KEY = "calfat/log_prior"
 
 @CLIENT_ALGORITHMS.register("calfat", tags=["vectorizable"])
 class CalFAT(AdversarialClient):
-    """CalFAT (Chen et al., NeurIPS 2022; SPEC §7): calibrated CE on TRADES-style x'.
+    """CalFAT trains on the prior-calibrated CE of TRADES-style x' (Chen et al., NeurIPS
+    2022; SPEC §7).
 
     The client's log-prior is computed once per round from its labels and handed to
     :meth:`loss` through a copy of the payload's extras (nothing is kept on ``self``)."""
@@ -217,6 +228,62 @@ class CalFAT(AdversarialClient):
         return CalFATForm(self)
 
 
+class TAETParams(ATParams):
+    stabilize_rounds: int = Field(
+        40,
+        ge=0,
+        description="Rounds of TAET's first stage (natural CE) before HARL; the reference "
+        "code trains 40 of 100 epochs with CE, and one round is one local epoch at E = 1.",
+    )
+    harl_alpha: float = Field(0.1, ge=0.0, description="Weight α of HARL's balanced term.")
+    harl_beta: float = Field(0.1, ge=0.0, description="Weight β of HARL's deviation term.")
+    harl_gamma: float = Field(0.1, ge=0.0, description="Weight γ of HARL's rare-class term.")
+
+
+ROUND_KEY = "taet/round"
+
+
+def with_round(payload: Payload, rnd: int) -> Payload:
+    """A copy of ``payload`` whose extras carry the round number (for a two-stage loss)."""
+    extras = {**payload.extras, ROUND_KEY: torch.tensor(float(rnd))}
+    return Payload(payload.params, payload.buffers, extras)
+
+
+def taet_stage(payload: Payload, stabilize_rounds: int) -> int:
+    """1 (natural CE) in rounds 1..stabilize_rounds, then 2 (HARL on x')."""
+    rnd = payload.extras.get(ROUND_KEY)
+    return 2 if rnd is None or float(rnd) > stabilize_rounds else 1
+
+
+@CLIENT_ALGORITHMS.register("fedtaet")
+class FedTAET(AdversarialClient):
+    """FedTAET runs TAET's two stages locally: natural CE first, then HARL on PGD examples.
+
+    TAET (Wang Yu-Hang et al., CVPR 2025): an initial stabilisation stage of natural CE
+    (``stabilize_rounds`` rounds), then the Hierarchical Adversarial Robustness Loss on x'
+    (:func:`~fedshield.losses.harl_loss`). The round reaches :meth:`loss` through a copy of
+    the payload's extras, as CalFAT's prior does."""
+
+    params_schema = TAETParams
+
+    def local_update(
+        self,
+        model: nn.Module,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
+        return super().local_update(model, with_round(payload, ctx.round), data, ctx, state)
+
+    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+        p: TAETParams = self.params  # type: ignore[assignment]
+        if taet_stage(payload, p.stabilize_rounds) == 1:
+            return F.cross_entropy(model(x), y)
+        x_adv = self.pgd_examples(model, x, y)
+        return harl_loss(model(x_adv), y, p.harl_alpha, p.harl_beta, p.harl_gamma)
+
+
 def _num_classes(model: nn.Module, data: TensorData, device: torch.device) -> int:
     """C from the classifier head, or from one forward pass for other modules."""
     head = getattr(model, "head", None)
@@ -235,7 +302,9 @@ __all__ = [
     "FedFAT",
     "FedMART",
     "FedPGD",
+    "FedTAET",
     "FedTRADES",
+    "TAETParams",
     "default_eps",
     "eval_mode",
 ]

@@ -11,7 +11,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import TensorData
 from fedshield.registry import Registry
@@ -80,10 +81,27 @@ class ClientAlgorithm:
     params_schema: type[Params] = NoParams
     #: True when :meth:`adjust_grads` needs the start point as per-tensor copies.
     uses_start: bool = False
+    #: Sample-level DP-SGD (:class:`fedshield.privacy.local.LocalDPSGD`), set from
+    #: ``[privacy.local]`` by :func:`fedshield.privacy.attach_privacy`; None: plain SGD.
+    dp_sgd: Any = None
 
     def __init__(self, spec: LocalSpec, params: Params | None = None) -> None:
         self.spec = spec
         self.params = params if params is not None else self.params_schema()
+
+    # -- what this algorithm uploads (the server checks it: core.integrity) -----------
+    def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
+        """The extras this algorithm may upload, with their exact shapes (SPEC §12); an
+        upload carrying any other extra is rejected."""
+        return {}
+
+    def expected_mask(
+        self, client_id: int, model: nn.Module, class_counts: Tensor | None = None
+    ) -> Tensor | None:
+        """The coverage mask client ``client_id`` must upload (None: full coverage), as the
+        server predicts it from the client's tier and, where a method needs it, its label
+        counts ``class_counts`` (known to the server, like the partition)."""
+        return None
 
     # -- hooks ---------------------------------------------------------------------
     def init_state(self, num_params: int) -> dict[str, Tensor]:
@@ -140,15 +158,31 @@ class ClientAlgorithm:
         total = torch.zeros((), device=ctx.device)
         steps = spec.num_steps(len(data))
         batches = batch_indices(len(data), spec.batch_size, steps, ctx.generator)
-        for step, idx in enumerate(batches):
-            x, y = data.batch(idx, ctx.device)
-            opt.zero_grad(set_to_none=True)
-            with autocast(ctx):
-                loss = self.loss(model, x, y, payload)
-            loss.backward()
-            self.adjust_grads(model, payload, state, start, step)
-            opt.step()
-            total += loss.detach().float()
+        # DP-SGD: the loss sees Opacus' per-sample-gradient wrapper of the same model.
+        dp = None
+        if self.dp_sgd is not None:
+            dp = self.dp_sgd.session(
+                model, opt, len(data), spec.batch_size, ctx.generator, ctx.device
+            )
+        net = model if dp is None else dp.model
+        try:
+            for step, idx in enumerate(batches):
+                x, y = data.batch(idx, ctx.device)
+                if dp is None:
+                    opt.zero_grad(set_to_none=True)
+                else:
+                    dp.zero_grad()
+                with autocast(ctx):
+                    loss = self.loss(net, x, y, payload)
+                loss.backward()
+                if dp is not None:  # per-sample clip + noise → p.grad, before the terms
+                    dp.privatize()  # that do not read the data (FedProx's μ(θ − θ_start))
+                self.adjust_grads(model, payload, state, start, step)
+                opt.step()
+                total += loss.detach().float()
+        finally:
+            if dp is not None:
+                dp.close()
         update = ClientUpdate(
             client_id=ctx.client_id,
             delta=get_params(model) - payload.params,

@@ -7,8 +7,9 @@ Per mini-batch (x, y), with x' = PGD-K(CE) against (r, h):
     L_NAT = CE(h(r(x)), y),  L_AT = CE(h(r(x')), y),  L_Align = SupCon({ẑ} ∪ {ẑ'}) (τ = 0.1)
     γ = ι · (1 − (1/B) Σ_i 1[argmax h(r(x_i)) = argmax h(r(x'_i))])   (no gradient; ι = 1)
 
-``at_loss = "trades" | "mart"`` replaces L_NAT + L_AT by the TRADES or MART loss on (r, h)
-("any AT loss + FedCART", seed 003 Tab. 6). Switches ``nat``, ``at``, ``align`` are the
+``at_loss = "trades" | "mart" | "taet"`` replaces L_NAT + L_AT by the TRADES, MART or TAET
+loss on (r, h) ("any AT loss + FedCART", seed 003 Tab. 6; TAET: natural CE for
+``stabilize_rounds`` rounds, then HARL on x'). Switches ``nat``, ``at``, ``align`` are the
 ablations "no L_NAT", "no L_AT", "no L_Align".
 
 Prototypes (when the server asks: payload extra ``fedcart/proto_head``) are computed on the
@@ -32,13 +33,20 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from fedshield.algorithms.client.adversarial_training import AdversarialClient, ATParams, eval_mode
+from fedshield.algorithms.client.adversarial_training import (
+    AdversarialClient,
+    ATParams,
+    eval_mode,
+    taet_stage,
+    with_round,
+)
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientContext
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import set_buffers, set_params
+from fedshield.core.integrity import FieldSpec
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
-from fedshield.losses import align_loss, class_gradient_sums, mart_loss, trades_loss
+from fedshield.losses import align_loss, class_gradient_sums, harl_loss, mart_loss, trades_loss
 from fedshield.models.dual_head import DualHead
 
 if TYPE_CHECKING:
@@ -51,22 +59,35 @@ HEAD_SHAPE = "fedcart/head_shape"
 
 
 class FedCARTParams(ATParams):
-    nat: bool = Field(True, description="L_NAT term (false: ablation 'no L_NAT')")
-    at: bool = Field(True, description="L_AT term (false: ablation 'no L_AT')")
-    align: bool = Field(True, description="γ·L_Align term (false: ablation 'no L_Align')")
-    tau: float = Field(0.1, gt=0.0, description="SupCon temperature τ")
-    iota: float = Field(1.0, ge=0.0, description="ι in γ = ι·(1 − agreement)")
-    at_loss: Literal["ce", "trades", "mart"] = Field(
-        "ce", description="ce: L_NAT + L_AT; trades/mart: that loss instead (AT loss + FedCART)"
+    nat: bool = Field(True, description="Include L_NAT; false is the ablation 'no L_NAT'.")
+    at: bool = Field(True, description="Include L_AT; false is the ablation 'no L_AT'.")
+    align: bool = Field(True, description="Include γ·L_Align; false is the ablation 'no L_Align'.")
+    tau: float = Field(0.1, gt=0.0, description="Temperature τ of the SupCon alignment loss.")
+    iota: float = Field(1.0, ge=0.0, description="Scale ι in γ = ι·(1 − agreement).")
+    at_loss: Literal["ce", "trades", "mart", "taet"] = Field(
+        "ce",
+        description="Local AT loss: 'ce' is L_NAT + L_AT; 'trades', 'mart' or 'taet' use that "
+        "loss instead (AT loss + FedCART, seed 003 Tab. 6).",
     )
-    beta: float = Field(6.0, ge=0.0, description="β of the TRADES/MART KL term")
+    beta: float = Field(6.0, ge=0.0, description="Weight β of the TRADES/MART KL term.")
+    stabilize_rounds: int = Field(
+        40,
+        ge=0,
+        description="With at_loss='taet': rounds of TAET's natural-CE stage before HARL.",
+    )
+    harl_alpha: float = Field(0.1, ge=0.0, description="With at_loss='taet': HARL's α.")
+    harl_beta: float = Field(0.1, ge=0.0, description="With at_loss='taet': HARL's β.")
+    harl_gamma: float = Field(0.1, ge=0.0, description="With at_loss='taet': HARL's γ.")
     proto_steps: int | None = Field(
-        None, ge=0, description="PGD steps for the prototypes' x' (unset: steps; 0: natural only)"
+        None,
+        ge=0,
+        description="PGD steps of the prototypes' x' (unset: steps; 0: natural view only).",
     )
     proto_views: Literal["mean", "sum"] = Field(
-        "mean", description="prototype = mean (ours) or sum (SPEC) of the two views' gradients"
+        "mean",
+        description="A prototype is the mean (ours) or the sum (SPEC) of the two views' gradients.",
     )
-    proto_batch: int = Field(256, ge=1, description="batch size of the prototype pass")
+    proto_batch: int = Field(256, ge=1, description="Batch size of the prototype pass.")
 
     @model_validator(mode="after")
     def _check(self) -> FedCARTParams:
@@ -80,11 +101,36 @@ class FedCARTParams(ATParams):
         return self
 
 
-@CLIENT_ALGORITHMS.register("fedcart", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register(
+    "fedcart", tags=["needs_model=dual_head", "uploads=prototypes", "vectorizable"]
+)
 class FedCARTClient(AdversarialClient):
-    """L_CART local training of (r, h) and gradient prototypes of h' (SPEC §7)."""
+    """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h' (SPEC §7)."""
 
     params_schema = FedCARTParams
+
+    def local_update(
+        self,
+        model: nn.Module,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
+        if self.params.at_loss == "taet":  # type: ignore[attr-defined]
+            payload = with_round(payload, ctx.round)  # TAET's stage depends on the round
+        return super().local_update(model, payload, data, ctx, state)
+
+    def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
+        """Prototypes [C, C·D + C], class counts [C] (non-negative integers) and the head
+        shape (C, D), which must match the server's own model."""
+        net = _dual(model)
+        c, d = net.head.out_features, net.num_features
+        return {
+            PROTOTYPES: FieldSpec((c, c * d + c)),
+            COUNTS: FieldSpec((c,), min=0.0, integral=True),
+            HEAD_SHAPE: FieldSpec((2,), dtype=torch.float32, equals=torch.tensor([c, d]).float()),
+        }
 
     # -- local loss ------------------------------------------------------------------
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
@@ -92,9 +138,10 @@ class FedCARTClient(AdversarialClient):
         net = _dual(model)
         main = net.main_path()
         x_adv = None
+        stage = taet_stage(payload, p.stabilize_rounds) if p.at_loss == "taet" else 0
         if p.at_loss == "trades":
             x_adv = self.trades_examples(main, x)
-        elif p.at or p.align or p.at_loss == "mart":
+        elif p.at or p.align or p.at_loss == "mart" or stage == 2:
             x_adv = self.pgd_examples(main, x, y)
         z = net.forward_features(x)
         logits = net.main_head(z)
@@ -106,6 +153,11 @@ class FedCARTClient(AdversarialClient):
             terms.append(trades_loss(logits, logits_adv, y, p.beta))
         elif p.at_loss == "mart":
             terms.append(mart_loss(logits, logits_adv, y, p.beta))
+        elif stage == 1:  # TAET's stabilisation stage: natural CE
+            terms.append(F.cross_entropy(logits, y))
+        elif stage == 2:
+            assert logits_adv is not None
+            terms.append(harl_loss(logits_adv, y, p.harl_alpha, p.harl_beta, p.harl_gamma))
         else:
             if p.nat:
                 terms.append(F.cross_entropy(logits, y))
@@ -172,10 +224,11 @@ class FedCARTClient(AdversarialClient):
         denom = counts * (views if p.proto_views == "mean" else 1)
         return sums / denom.clamp_min(1.0)[:, None], counts
 
-    def vector_form(self) -> VectorForm:  # run.vectorize: loss and prototypes batched
+    def vector_form(self) -> VectorForm | None:  # run.vectorize: loss and prototypes batched
         from fedshield.algorithms.client.functional_at import FedCARTForm
 
-        return FedCARTForm(self)
+        # TAET's stage follows the round (with_round); no batched form for it yet.
+        return None if self.params.at_loss == "taet" else FedCARTForm(self)  # type: ignore[attr-defined]
 
 
 def _dual(model: nn.Module) -> DualHead:

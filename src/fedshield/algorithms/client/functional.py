@@ -96,6 +96,11 @@ class ChunkResult:
 class VectorForm:
     """Plain local SGD: the algorithm's own :meth:`loss`, no gradient change, no extras."""
 
+    #: The sequential hooks give parameters the loss never reaches a zero gradient (so the
+    #: optimizer steps them: weight decay, SCAFFOLD's correction); otherwise
+    #: ``torch.optim.SGD`` skips them (``grad is None``) and so does the batched step.
+    fills_missing_grads: bool = False
+
     def __init__(self, algo: ClientAlgorithm) -> None:
         self.algo = algo
 
@@ -160,6 +165,8 @@ def _flat_rows(tensors: list[Tensor]) -> Tensor:
 class ScaffoldForm(VectorForm):
     """SCAFFOLD's client: ∇ += h − h_m per step; h_m⁺ from the first gradient ("seed") or
     option II; uploads Δh_m (:mod:`fedshield.algorithms.client.scaffold`)."""
+
+    fills_missing_grads = True  # the correction applies to unreached parameters too
 
     def __init__(self, algo: ClientAlgorithm, variant: str) -> None:
         super().__init__(algo)

@@ -19,6 +19,8 @@ from torch import Tensor, nn
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
 from fedshield.algorithms.client.functional import ScaffoldForm
 from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.flat import num_params
+from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
 
@@ -27,7 +29,7 @@ class ScaffoldParams(Params):
     variant: Literal["seed", "option2"] = "seed"
 
 
-@CLIENT_ALGORITHMS.register("scaffold", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh", "vectorizable"])
 class ScaffoldClient(ClientAlgorithm):
     """Control-variate corrected local SGD; uploads the control-variate change."""
 
@@ -35,6 +37,9 @@ class ScaffoldClient(ClientAlgorithm):
 
     def init_state(self, num_params: int) -> dict[str, Tensor]:
         return {}  # h_m = 0 until the first participation (allocated lazily)
+
+    def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
+        return {"dh": FieldSpec((num_params(model),))}
 
     @torch.no_grad()
     def adjust_grads(
@@ -45,6 +50,11 @@ class ScaffoldClient(ClientAlgorithm):
         start: list[Tensor],
         step: int,
     ) -> None:
+        # A parameter the loss does not reach (FedCART's h', a frozen exit) has no gradient:
+        # its ∇F is 0, and the correction h − h_m still applies to it.
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         grads = [p.grad for p in model.parameters()]
         flat = torch.cat([g.reshape(-1) for g in grads])
         if step == 0:

@@ -14,9 +14,11 @@ import torch
 from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
+from fedshield.aggregators.fields import aggregate_field, is_robust
 from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.core.flat import stack_rows
 from fedshield.core.params import NoParams, Params
-from fedshield.registry import Registry
+from fedshield.registry import Registry, tags_of
 
 State = dict[str, Tensor]
 
@@ -38,25 +40,18 @@ class ServerStep:
 
 
 def stack_deltas(updates: list[ClientUpdate]) -> Tensor:
-    return torch.stack([u.delta for u in updates])
+    """The ``[S, d]`` update matrix (no copy when the engine already stacked the rows)."""
+    return stack_rows([u.delta for u in updates])
 
 
 def client_weights(updates: list[ClientUpdate], weighting: str, like: Tensor) -> Tensor | None:
-    """Sample-count weights (``samples``) or ``None`` for the uniform 1/S form."""
+    """Sample-count weights (``samples``) or ``None`` for the uniform 1/S form. The counts
+    are the screened ones: the server's own partition sizes when it knows them (SPEC §12)."""
     if weighting == "uniform":
         return None
     return torch.tensor(
         [float(u.num_examples) for u in updates], device=like.device, dtype=like.dtype
     )
-
-
-def mean_buffers(updates: list[ClientUpdate], weights: Tensor | None) -> Tensor:
-    """Buffers (BatchNorm statistics) by the plain weighted mean (SPEC §1)."""
-    b = torch.stack([u.buffers for u in updates])
-    if weights is None:
-        return b.mean(0)
-    w = weights.to(b.dtype)
-    return (w[:, None] * b).sum(0) / w.sum()
 
 
 class ServerAlgorithm:
@@ -84,8 +79,38 @@ class ServerAlgorithm:
         """True when the server trains on a root dataset (BR-DRAG, FLTrust)."""
         return self.aggregator.needs_reference
 
+    @property
+    def robust(self) -> bool:
+        """True when the configured rule is a Byzantine defense (registry tag ``robust``)."""
+        return is_robust(self.aggregator)
+
     def init_state(self, params: Tensor) -> State:
+        """Server state (checkpointed). A rule that clips around a centre (Centered
+        Clipping) gets it here: v = 0 before round 1, then the previous aggregate."""
+        if "needs_center" in tags_of(self.aggregator):
+            return {"center": params.new_zeros(params.shape)}
         return {}
+
+    def weights(self, updates: list[ClientUpdate], like: Tensor) -> Tensor | None:
+        """The rule's per-client weights: sample counts for rules defined with them (RFA,
+        whatever ``weighting`` says), else as ``server.weighting`` says."""
+        if "sample_weighted" in tags_of(self.aggregator):
+            return client_weights(updates, "samples", like)
+        return client_weights(updates, self.weighting, like)
+
+    def aggregate_field(self, rows: Tensor, weights: Tensor | None) -> Tensor:
+        """A secondary field of the screened uploads (buffers, Δh, squared norms, ...)
+        through the configured rule or its robust counterpart (:mod:`aggregators.fields`)."""
+        return aggregate_field(rows, weights, self.aggregator)[0]
+
+    def aggregate_buffers(
+        self, buffers: Tensor, updates: list[ClientUpdate], weights: Tensor | None
+    ) -> Tensor:
+        """Buffers (BatchNorm statistics): the weighted mean (SPEC §1), or the robust
+        counterpart of the configured rule when it is a Byzantine defense (SPEC §12)."""
+        if buffers.numel() == 0:
+            return buffers
+        return self.aggregate_field(stack_rows([u.buffers for u in updates]), weights)
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from pydantic import Field
 from torch import Tensor
 
@@ -14,6 +15,7 @@ from fedshield.algorithms.server.base import (
 )
 from fedshield.algorithms.server.fedavg import FedAvg
 from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.core.flat import stack_rows
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 
@@ -24,7 +26,7 @@ class DragParams(Params):
     alpha: float = Field(0.25, gt=0.0, lt=1.0, description="reference momentum α (eq. 8)")
 
 
-@SERVER_ALGORITHMS.register("drag")
+@SERVER_ALGORITHMS.register("drag", tags=["needs_aggregator=needs_reference"])
 class DRAG(FedAvg):
     """DRAG: calibrate each g_m towards the momentum reference r^t (SPEC §2, eqs. 8–11).
 
@@ -58,11 +60,16 @@ class DRAG(FedAvg):
         params: Tensor,
         buffers: Tensor,
         state: State,
-        deltas: Tensor,
+        updates: list[ClientUpdate],
         ctx: RoundContext,
         services: ServerServices,
     ) -> Tensor:
-        return state["ref"] if "ref" in state else deltas.mean(0)
+        """r^t from state; before the first round r^0 = (1/S) Σ g_m^0 over the screened
+        updates — through the rule's robust field counterpart when the rule is a Byzantine
+        defense (SPEC §12), so one attacker cannot set the first reference."""
+        if "ref" in state:
+            return state["ref"]
+        return self.aggregate_field(stack_deltas(updates), None)
 
     def update(
         self,
@@ -73,11 +80,11 @@ class DRAG(FedAvg):
         ctx: RoundContext,
         services: ServerServices,
     ) -> ServerStep:
-        agg, new_buffers, metrics = self.aggregate(params, buffers, state, updates, ctx, services)
-        ref = state["ref"] if "ref" in state else stack_deltas(updates).mean(0)
+        agg = self.aggregate(params, buffers, state, updates, ctx, services)
+        ref = self.reference(params, buffers, state, updates, ctx, services)
         alpha = self.params.alpha  # type: ignore[attr-defined]
-        new_state = dict(state, ref=(1 - alpha) * ref + alpha * agg)
-        return ServerStep(params + self.lr * agg, new_buffers, new_state, metrics)
+        new_state = state | agg.state | {"ref": (1 - alpha) * ref + alpha * agg.delta}
+        return ServerStep(params + self.lr * agg.delta, agg.buffers, new_state, agg.metrics)
 
 
 class FedExPParams(Params):
@@ -100,12 +107,16 @@ class FedExP(FedAvg):
         ctx: RoundContext,
         services: ServerServices,
     ) -> ServerStep:
-        agg, new_buffers, metrics = self.aggregate(params, buffers, state, updates, ctx, services)
-        sq = sum(float(u.delta.pow(2).sum()) for u in updates)
+        agg = self.aggregate(params, buffers, state, updates, ctx, services)
+        # Σ‖g_m‖²/S through the rule's field counterpart (the median of the squared norms
+        # under a robust rule): one huge upload cannot set the step size (SPEC §12).
+        sq = stack_deltas(updates).to(torch.float64).pow(2).sum(1, keepdim=True)
+        mean_sq = float(self.aggregate_field(sq, None)[0])
         eps = self.params.eps  # type: ignore[attr-defined]
-        eta = max(1.0, sq / (2 * len(updates) * (float(agg.pow(2).sum()) + eps)))
-        metrics["agg/eta_g"] = eta
-        return ServerStep(params + eta * agg, new_buffers, state, metrics)
+        agg_sq = float(agg.delta.to(torch.float64).pow(2).sum())
+        eta = max(1.0, mean_sq / (2 * (agg_sq + eps)))
+        metrics = agg.metrics | {"agg/eta_g": eta}
+        return ServerStep(params + eta * agg.delta, agg.buffers, state | agg.state, metrics)
 
 
 class FedACGParams(Params):
@@ -136,20 +147,21 @@ class FedACG(FedAvg):
         ctx: RoundContext,
         services: ServerServices,
     ) -> ServerStep:
-        agg, new_buffers, metrics = self.aggregate(params, buffers, state, updates, ctx, services)
+        agg = self.aggregate(params, buffers, state, updates, ctx, services)
         lam = self.params.lam  # type: ignore[attr-defined]
-        m = lam * state["m"] + agg if "m" in state else agg
-        metrics["agg/momentum_norm"] = float(m.norm())
-        return ServerStep(params + self.lr * m, new_buffers, dict(state, m=m), metrics)
+        m = lam * state["m"] + agg.delta if "m" in state else agg.delta
+        metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
+        new_state = state | agg.state | {"m": m}
+        return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
 
 
-@SERVER_ALGORITHMS.register("scaffold")
+@SERVER_ALGORITHMS.register("scaffold", tags=["needs_client=scaffold"])
 class Scaffold(FedAvg):
     """SCAFFOLD's server (SPEC §4): broadcast h; h ← h + (1/M) Σ_{m∈S} Δh_m.
     Pair with the ``scaffold`` client."""
 
     def init_state(self, params: Tensor) -> State:
-        return {"h": params.new_zeros(params.shape)}
+        return super().init_state(params) | {"h": params.new_zeros(params.shape)}
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
@@ -166,8 +178,10 @@ class Scaffold(FedAvg):
         services: ServerServices,
     ) -> ServerStep:
         step = super().update(params, buffers, state, updates, ctx, services)
-        h = state["h"].clone()
-        for u in updates:  # attackers that skipped training upload no Δh
-            if "dh" in u.extras:
-                h += u.extras["dh"] / ctx.num_clients
-        return ServerStep(step.params, step.buffers, dict(state, h=h), step.metrics)
+        h = state["h"]
+        rows = [u.extras["dh"] for u in updates if "dh" in u.extras]  # skipped attackers: none
+        if rows:
+            # h ← h + (1/M) Σ_{m∈S} Δh_m = h + (K/M)·mean(Δh): the mean through the rule's
+            # field counterpart, so one client's Δh cannot poison h (SPEC §12).
+            h = h + (len(rows) / ctx.num_clients) * self.aggregate_field(stack_rows(rows), None)
+        return ServerStep(step.params, step.buffers, step.state | {"h": h}, step.metrics)

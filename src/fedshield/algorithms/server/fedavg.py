@@ -8,21 +8,25 @@ the root-data direction r^t = θ^{t,U}_root − θ^t (SPEC §3, eqs. 12–13).
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
 from fedshield.aggregators._ops import ref_geometry, rho_ratios
+from fedshield.algorithms.server.aggregation import aggregate_covered
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerAlgorithm,
     ServerServices,
     ServerStep,
     State,
-    client_weights,
-    mean_buffers,
     stack_deltas,
 )
 from fedshield.core.context import ClientUpdate, RoundContext
+
+log = logging.getLogger("fedshield")
 
 
 def coverage_mean(deltas: Tensor, weights: Tensor | None, masks: Tensor) -> Tensor:
@@ -37,10 +41,16 @@ def coverage_mean(deltas: Tensor, weights: Tensor | None, masks: Tensor) -> Tens
 
 
 def benign_geometry(
-    deltas: Tensor, ref: Tensor, updates: list[ClientUpdate], ctx: RoundContext
+    deltas: Tensor,
+    ref: Tensor,
+    updates: list[ClientUpdate],
+    ctx: RoundContext,
+    c: float | None = None,
 ) -> dict[str, float]:
-    """Seed 000 Fig. 10 quantities over the benign rows: ρ_m = ‖r‖/‖g_m‖ (min, max) and the
-    mean cos(g_m, r). The rule's own ``agg/*`` diagnostics cover every row."""
+    """Seed 000 Fig. 10 quantities over the benign rows B: min/max of ρ_m = ‖r‖/‖g_m‖, the
+    mean cos(g_m, r), the Assumption 4 quantity (1/(S(1 − w))) Σ_{m∈B} cos(g_m, r) ρ_m —
+    the mean of cos·ρ over B, since S(1 − w) = |B| — and, for the DoD rules (``c`` given),
+    the mean λ_m = c(1 − cos) over B. The rule's own ``agg/*`` diagnostics cover every row."""
     geo = ref_geometry(deltas, ref)
     rho, has_rho = rho_ratios(geo)
     benign = torch.tensor([u.client_id not in ctx.byzantine for u in updates], device=deltas.device)
@@ -51,8 +61,21 @@ def benign_geometry(
             "agg/benign_rho_min": float(rho[ok].min()),
             "agg/benign_rho_max": float(rho[ok].max()),
             "agg/benign_mean_cos": float(geo.cos[ok].mean()),
+            "agg/benign_mean_cos_rho": float((geo.cos[ok] * rho[ok]).mean()),
         }
+        if c is not None:
+            out["agg/benign_mean_lambda"] = float((c * (1.0 - geo.cos[ok])).mean())
     return out
+
+
+@dataclass
+class Aggregated:
+    """A round's aggregate Δ, the new buffers, diagnostics and server-state entries."""
+
+    delta: Tensor
+    buffers: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    state: State = field(default_factory=dict)
 
 
 @SERVER_ALGORITHMS.register("fedavg")
@@ -64,7 +87,7 @@ class FedAvg(ServerAlgorithm):
         params: Tensor,
         buffers: Tensor,
         state: State,
-        deltas: Tensor,
+        updates: list[ClientUpdate],
         ctx: RoundContext,
         services: ServerServices,
     ) -> Tensor | None:
@@ -81,23 +104,60 @@ class FedAvg(ServerAlgorithm):
         updates: list[ClientUpdate],
         ctx: RoundContext,
         services: ServerServices,
-    ) -> tuple[Tensor, Tensor, dict[str, float]]:
-        """(Δ, aggregated buffers, diagnostics) for this round's updates."""
+    ) -> Aggregated:
+        """The configured rule on the screened updates: on the whole cohort, or per
+        coverage group when clients upload masks (SPEC §12); buffers by the rule's field
+        counterpart; the centre of Centered Clipping carried in server state. Under
+        ``[privacy.central]`` (SPEC §13): clip every row (and r) to C → the rule → Gaussian
+        noise calibrated to the rule's sensitivity (:mod:`fedshield.privacy.central`)."""
         deltas = stack_deltas(updates)
-        weights = client_weights(updates, self.weighting, deltas)
-        metrics: dict[str, float] = {}
-        masks = [u.mask for u in updates]
-        if any(m is not None for m in masks):
+        dp = getattr(self, "central_dp", None)
+        dp_metrics: dict[str, float] = {}
+        if dp is not None:
+            deltas, dp_metrics = dp.clip_updates(deltas)
+        weights = self.weights(updates, deltas)
+        masks = None
+        if any(u.mask is not None for u in updates):
             full = deltas.new_ones(deltas.shape[1], dtype=torch.bool)
-            stacked = torch.stack([full if m is None else m for m in masks])
-            agg = coverage_mean(deltas, weights, stacked)
-        else:
-            ref = self.reference(params, buffers, state, deltas, ctx, services)
-            if ref is not None:
-                metrics.update(benign_geometry(deltas, ref, updates, ctx))
-            agg, diag = self.aggregator.aggregate(deltas, weights, reference=ref)
-            metrics.update(diag)
-        return agg, mean_buffers(updates, weights), metrics
+            masks = torch.stack([full if u.mask is None else u.mask for u in updates])
+        ref = self.reference(params, buffers, state, updates, ctx, services)
+        if dp is not None and ref is not None:
+            ref = dp.clip_reference(ref)  # BR-DRAG/FLTrust rescale rows to ‖r‖
+        center = state.get("center")
+        if ref is None and center is not None:
+            ref = center  # Centered Clipping: the rule's reference is its centre
+        outcome = aggregate_covered(self.aggregator, deltas, weights, masks, ref)
+        if dp is not None:  # noised before anything (the next centre) is derived from it
+            outcome.delta, noise_metrics = dp.privatize(outcome.delta, len(updates), ctx, center)
+            dp_metrics |= noise_metrics
+        metrics = dict(outcome.metrics) | dp_metrics
+        if outcome.degraded:
+            metrics["sys/degraded"] = float(outcome.degraded)
+        if outcome.skipped:
+            metrics["sys/skipped"] = float(outcome.skipped)
+            log.warning(
+                "round %d: %s could not run on %d row(s) (%d group(s)); those parameters "
+                "are unchanged this round",
+                ctx.round,
+                type(self.aggregator).__name__,
+                len(updates),
+                outcome.skipped,
+            )
+        if self.aggregator.needs_reference and ref is not None and masks is None:
+            metrics.update(
+                benign_geometry(deltas, ref, updates, ctx, getattr(self.aggregator, "c", None))
+            )
+        new_state: State = {}
+        if center is not None:
+            # The next centre: this round's aggregate where there was one (SPEC §5).
+            cov = outcome.covered
+            new_state["center"] = (
+                outcome.delta if cov is None else torch.where(cov, outcome.delta, center)
+            )
+            if cov is None and outcome.skipped:
+                new_state["center"] = center
+        new_buffers = self.aggregate_buffers(buffers, updates, weights)
+        return Aggregated(outcome.delta, new_buffers, metrics, new_state)
 
     def update(
         self,
@@ -108,18 +168,18 @@ class FedAvg(ServerAlgorithm):
         ctx: RoundContext,
         services: ServerServices,
     ) -> ServerStep:
-        agg, new_buffers, metrics = self.aggregate(params, buffers, state, updates, ctx, services)
-        return ServerStep(params + self.lr * agg, new_buffers, state, metrics)
+        agg = self.aggregate(params, buffers, state, updates, ctx, services)
+        return ServerStep(params + self.lr * agg.delta, agg.buffers, state | agg.state, agg.metrics)
 
 
-@SERVER_ALGORITHMS.register("brdrag")
+@SERVER_ALGORITHMS.register("brdrag", tags=["needs_root"])
 class BRDRAG(FedAvg):
     """BR-DRAG (SPEC §3): root-data reference + the ``brdrag`` calibration (eq. 15)."""
 
     default_aggregator = "brdrag"
 
 
-@SERVER_ALGORITHMS.register("fltrust")
+@SERVER_ALGORITHMS.register("fltrust", tags=["needs_root"])
 class FLTrust(FedAvg):
     """FLTrust (Cao et al. 2021; SPEC §5): root-data reference + trust-weighted mean."""
 

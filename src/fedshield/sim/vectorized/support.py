@@ -31,6 +31,7 @@ from fedshield.sim.vectorized.rng import GroupDraws
 from fedshield.sim.vectorized.trainer import VectorizedTrainer
 
 if TYPE_CHECKING:
+    from fedshield.config import ExperimentConfig
     from fedshield.sim.builder import Experiment
     from fedshield.sim.engine import RoundPlan, Simulator
 
@@ -39,14 +40,18 @@ log = logging.getLogger("fedshield")
 TAG = "vectorizable"
 
 
-def form_of(client: ClientAlgorithm) -> tuple[VectorForm | None, str | None]:
+def form_of(
+    client: ClientAlgorithm, cfg: ExperimentConfig | None = None
+) -> tuple[VectorForm | None, str | None]:
     """The algorithm's vectorised form, or None and the reason it has none."""
     name = getattr(client, "registry_name", type(client).__name__)
+    if cfg is not None and cfg.privacy is not None and cfg.privacy.local is not None:
+        return None, "privacy.local (DP-SGD: Opacus per-sample gradients) trains client by client"
     if TAG not in tags_of(client):
         return None, f"client.algorithm={name!r} has no batched form (registry tag {TAG!r})"
     form = client.vector_form()
     if form is None:
-        return None, f"client.algorithm={name!r} is tagged {TAG!r} but vector_form() is None"
+        return None, f"client.algorithm={name!r} has no batched form with these client.params"
     return form, None
 
 
@@ -71,6 +76,9 @@ def probe(trainer: VectorizedTrainer, payload: Payload, data: TensorData) -> str
     model.train()
     try:
         trainer.grads(params, bufs, xs, ys, consts, payload, GroupDraws(None, [0, 1], dev))
+        trainer.unreached = trainer.find_unreached(
+            payload, x, y, {k: v[0] for k, v in consts.items()}
+        )
     except ConfigError:
         raise
     except Exception as err:  # any failure of the batched step is a reason to fall back
@@ -86,6 +94,11 @@ def explain(err: Exception) -> str:
         return (
             "its forward draws random numbers outside nn.Dropout (F.dropout, DropPath, "
             "Dropout2d, ...), which cannot be replayed per client"
+        )
+    if "data-dependent control flow" in text:
+        return (
+            "its forward reads tensor values in Python (.item(), data-dependent control "
+            "flow, BatchNorm with momentum=None), which a batched call cannot"
         )
     if "mutate a captured Tensor" in text:
         return (
@@ -147,7 +160,7 @@ def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
     if mode is False:
         return None
     client = sim.comp.client
-    form, reason = form_of(client)
+    form, reason = form_of(client, cfg)
     trainer = None
     if form is not None:
         chunk = chunk_size(cfg.run.vectorize_chunk, sim.device, sim.state.params.numel())
@@ -176,7 +189,7 @@ def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
 def require_vectorizable(exp: Experiment) -> None:
     """``run.vectorize = true``: a ConfigError naming both keys unless batching works."""
     cfg, client = exp.cfg, exp.components.client
-    form, reason = form_of(client)
+    form, reason = form_of(client, cfg)
     if form is not None:
         trainer = VectorizedTrainer(exp.model, client, form, exp.device, 2, cfg.run.amp)
         server = exp.components.server

@@ -112,6 +112,36 @@ class VectorizedTrainer:
         self.layout = Layout.of(model)
         self.bound = _Bound(model)
         self._draws: GroupDraws | None = None
+        #: Parameters the loss never reaches (set by :meth:`find_unreached`): left as
+        #: broadcast, as ``torch.optim.SGD`` skips a parameter whose ``grad`` is None.
+        self.unreached: frozenset[int] = frozenset()
+
+    def find_unreached(
+        self, payload: Payload, x: Tensor, y: Tensor, consts: dict[str, Tensor]
+    ) -> frozenset[int]:
+        """Indices of the parameters one client's loss has no gradient path to (FedCART's
+        h', the unused head of a plain loss on a dual-head model), by one autograd pass
+        on ``x, y`` (one client's batch; ``consts`` one client's row). Empty when the
+        form gives every parameter a gradient (SCAFFOLD)."""
+        if self.form.fills_missing_grads:
+            return frozenset()
+        start = self.layout.split_params(payload.params)
+        params = [p.detach().clone().requires_grad_(True) for p in start]
+        bufs = self.stacked_state(payload, payload.params.expand(1, -1).clone())[2]
+        pd = {name: t for (name, _), t in zip(self.layout.params, params)}
+        bd = {name: t[0] for (name, _, _), t in zip(self.layout.buffers, bufs)}
+        draws = GroupDraws(None, [0], self.device)
+        self._draws = draws
+        form = self.form
+        with batched_forwards(self.model, self._current_draws), self._autocast():
+            detached = {n: t.detach() for n, t in pd.items()}
+            x_adv = functional_call(
+                self.bound, (detached, bd), (form.examples, x, y, consts, draws)
+            )
+            args = (form.loss, x, y, x_adv, payload, consts)
+            loss = functional_call(self.bound, (pd, bd), args)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        return frozenset(j for j, g in enumerate(grads) if g is None)
 
     # -- one batched gradient ----------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -159,7 +189,9 @@ class VectorizedTrainer:
             in_dims = (None if shared else 0, 0, 0, 0, 0, 0)
             fn = vmap(per_client, in_dims=in_dims, randomness=randomness)
             g, loss = fn(pd, bd, x, y, consts, cid)
-        return [g[name] for name, _ in self.layout.params], loss
+        # An unreached parameter's gradient comes back as an expanded zero: materialise it
+        # (the forms and the SGD step write gradients in place).
+        return [g[name].contiguous() for name, _ in self.layout.params], loss
 
     def _current_draws(self) -> GroupDraws:
         assert self._draws is not None
@@ -329,6 +361,10 @@ class VectorizedTrainer:
         c = targets[0].shape[0]
         with torch.no_grad():
             for j, (p, g) in enumerate(zip(params, grads)):
+                if j in self.unreached:  # SGD skips it (grad None): θ stays the broadcast one
+                    if p.dim() != targets[j].dim():  # step 0: the rows are not written yet
+                        rows.put(targets[j], p.expand_as(rows.take(targets[j])))
+                    continue
                 d_p = g.add(p, alpha=wd) if wd != 0 else g
                 if mom != 0:
                     if step == 0:  # every client takes its first step at t = 0

@@ -1,0 +1,140 @@
+"""The configured rule on every path: coverage groups and safe degradation (SPEC §12).
+
+Depth- and width-limited clients upload a coverage mask. The configured rule then runs per
+**coverage group** — the parameters held by the same set of clients — on those clients'
+rows restricted to the group's columns, with the rule's own minimum-row condition checked
+per group. With a plain mean this is exactly eq. 15 of SPEC §8 (a per-parameter mean over
+the clients that cover it); with any other rule it is that rule, never a substitute.
+
+When a group (or the whole cohort) has fewer rows than the rule needs — e.g. screening left
+fewer than Krum's 2f + 3 — :func:`apply_rule` runs the rule with the largest feasible f
+(``Aggregator.adapted``), or, when nothing can run, leaves those parameters unchanged for
+the round. Both are counted in the round's metrics (``sys/degraded``, ``sys/skipped``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from fedshield.aggregators.base import Aggregator
+from fedshield.aggregators.fields import to_finite
+from fedshield.errors import ConfigError
+
+log = logging.getLogger("fedshield")
+
+
+def adapted_rule(rule: Aggregator, num_rows: int) -> Aggregator | None:
+    """The rule itself when it can run on ``num_rows`` rows, a reduced form of it when one
+    exists (largest feasible f), else None."""
+    adapted = getattr(rule, "adapted", None)
+    if adapted is not None:
+        return adapted(num_rows)
+    try:
+        rule.validate(num_rows)
+    except ConfigError:
+        return None
+    return rule
+
+
+@dataclass
+class RuleOutcome:
+    """The aggregate and how the rule ran on this round's rows."""
+
+    delta: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    degraded: int = 0  #: groups aggregated with a reduced rule (e.g. smaller f)
+    skipped: int = 0  #: groups left unchanged because the rule could not run
+    covered: Tensor | None = None  #: [d] bool: coordinates that received an aggregate
+
+
+def apply_rule(
+    rule: Aggregator, x: Tensor, weights: Tensor | None, reference: Tensor | None
+) -> tuple[Tensor | None, dict[str, float], bool]:
+    """``(aggregate or None, diagnostics, degraded)`` of ``rule`` on the rows ``x``."""
+    run = adapted_rule(rule, x.shape[0])
+    if run is None:
+        return None, {}, False
+    agg, diag = run.aggregate(x, weights, reference=reference)
+    return to_finite(agg, x.dtype), diag, run is not rule
+
+
+def coverage_groups(masks: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """``[(rows, cols)]``: every set of columns of ``masks`` ([S, d] bool) held by exactly
+    the same rows. Columns nobody holds are left out. Cost O(S·d) plus one sort of d codes."""
+    s, d = masks.shape
+    words = []
+    for start in range(0, s, 62):  # 62 rows per int64 code word, no sign-bit trouble
+        code = torch.zeros(d, dtype=torch.int64, device=masks.device)
+        for i, row in enumerate(masks[start : start + 62]):
+            code |= row.to(torch.int64) << i
+        words.append(code)
+    key = words[0] if len(words) == 1 else torch.stack(words, dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse, minlength=uniq.shape[0]).tolist()
+    groups = []
+    for cols in torch.split(order, counts):
+        rows = torch.nonzero(masks[:, cols[0]]).flatten()
+        if rows.numel():
+            groups.append((rows, cols))
+    return groups
+
+
+def aggregate_covered(
+    rule: Aggregator,
+    deltas: Tensor,
+    weights: Tensor | None,
+    masks: Tensor | None,
+    reference: Tensor | None,
+) -> RuleOutcome:
+    """The configured rule on the whole cohort (``masks`` None) or per coverage group.
+    Coordinates that no group could aggregate keep a zero update (θ unchanged there)."""
+    if masks is None:
+        agg, diag, degraded = apply_rule(rule, deltas, weights, reference)
+        if agg is None:
+            return RuleOutcome(deltas.new_zeros(deltas.shape[1]), {}, 0, 1)
+        return RuleOutcome(agg, diag, int(degraded), 0)
+    out = deltas.new_zeros(deltas.shape[1])
+    covered = torch.zeros(deltas.shape[1], dtype=torch.bool, device=deltas.device)
+    sums: dict[str, float] = {}
+    width = 0
+    degraded = skipped = 0
+    groups = coverage_groups(masks)
+    for rows, cols in groups:
+        x = deltas.index_select(0, rows).index_select(1, cols)
+        w = None if weights is None else weights.index_select(0, rows)
+        ref = None if reference is None else reference.index_select(0, cols)
+        agg, diag, red = apply_rule(rule, x, w, ref)
+        if agg is None:
+            skipped += 1
+            continue
+        degraded += int(red)
+        out.index_copy_(0, cols, agg)
+        covered.index_fill_(0, cols, True)
+        # Diagnostics of the groups, weighted by how many coordinates each one holds.
+        n = cols.numel()
+        width += n
+        for k, v in diag.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * n
+    metrics = {k: v / width for k, v in sums.items()} if width else {}
+    metrics["agg/coverage_groups"] = float(len(groups))
+    return RuleOutcome(out, metrics, degraded, skipped, covered)
+
+
+def coverage_groups_count(masks: Tensor) -> list[int]:
+    """Row counts of the coverage groups (for diagnostics and build-time checks)."""
+    return [int(rows.numel()) for rows, _ in coverage_groups(masks)]
+
+
+__all__ = [
+    "RuleOutcome",
+    "adapted_rule",
+    "aggregate_covered",
+    "apply_rule",
+    "coverage_groups",
+    "coverage_groups_count",
+]

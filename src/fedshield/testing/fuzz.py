@@ -1,0 +1,303 @@
+"""Fuzz the real round loop with crafted uploads (SPEC §12; ``tests/test_round_fuzz.py``).
+
+For a (server algorithm, aggregator) pair the harness builds a small experiment on bundled
+data, trains one honest cohort with the configured client algorithm, and then replays the
+same round (:meth:`Simulator.end_round`, the code path every backend runs) with some rows
+corrupted: NaN/±Inf entries, a wrong shape or dtype, huge finite entries (1e30, 3e38),
+zero rows, lying sample counts, non-finite or negative-variance buffers, non-finite or huge
+extras, forged coverage masks — in the first 1, half or all of the rows. It records whether
+θ, the buffers and the server state stay finite, what the upload checks rejected, and the
+size of the step next to the honest rows' scale.
+
+``tools/robustness_report.py`` runs the full cross product and writes
+``docs/results/robustness.md``; the test runs a seeded sample of it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedshield import config as config_mod
+from fedshield.core.context import ClientUpdate
+from fedshield.errors import ConfigError
+from fedshield.registry import tags_of
+from fedshield.sim.builder import build
+from fedshield.sim.engine import RoundPlan, Simulator
+
+Corruption = Callable[[ClientUpdate, torch.Generator], bool]
+"""Corrupts one upload in place; returns False when it does not apply to this upload."""
+
+
+def _entries(u: ClientUpdate, value: float, g: torch.Generator) -> bool:
+    d = u.delta.clone()
+    idx = torch.randint(0, d.numel(), (max(1, d.numel() // 100),), generator=g)
+    d[idx] = value
+    u.delta = d
+    return True
+
+
+def _huge(scale: float) -> Corruption:
+    def corrupt(u: ClientUpdate, g: torch.Generator) -> bool:
+        sign = torch.randint(0, 2, u.delta.shape, generator=g).to(u.delta.dtype) * 2 - 1
+        u.delta = sign * scale
+        return True
+
+    return corrupt
+
+
+def _extra(kind: str) -> Corruption:
+    def corrupt(u: ClientUpdate, g: torch.Generator) -> bool:
+        floats = [k for k, v in u.extras.items() if v.is_floating_point() and v.numel()]
+        if not floats:
+            return False
+        k = floats[0]
+        v = u.extras[k].clone()
+        if kind == "nan":
+            v.view(-1)[0] = torch.nan
+        else:
+            v = v * 1e30 + 1e30
+        u.extras = dict(u.extras, **{k: v})
+        return True
+
+    return corrupt
+
+
+def _buffers_nan(u: ClientUpdate, g: torch.Generator) -> bool:
+    if u.buffers.numel() == 0:
+        return False
+    b = u.buffers.clone()
+    b[0] = torch.nan
+    u.buffers = b
+    return True
+
+
+def _buffers_negative(u: ClientUpdate, g: torch.Generator) -> bool:
+    if u.buffers.numel() == 0:
+        return False
+    u.buffers = torch.full_like(u.buffers, -1e30)
+    return True
+
+
+def _mask_forged(u: ClientUpdate, g: torch.Generator) -> bool:
+    if u.mask is None:
+        return False
+    u.mask = torch.ones_like(u.mask)  # claims to hold everything
+    return True
+
+
+def _set(name: str, value: Any) -> Corruption:
+    def corrupt(u: ClientUpdate, g: torch.Generator) -> bool:
+        setattr(u, name, value)
+        return True
+
+    return corrupt
+
+
+CORRUPTIONS: dict[str, Corruption] = {
+    "nan": lambda u, g: _entries(u, float("nan"), g),
+    "inf": lambda u, g: _entries(u, float("inf"), g),
+    "neg_inf": lambda u, g: _entries(u, float("-inf"), g),
+    "wrong_shape": lambda u, g: _set("delta", torch.zeros(u.delta.numel() + 1))(u, g),
+    "float64": lambda u, g: _set("delta", u.delta.double())(u, g),
+    "huge_1e30": _huge(1e30),
+    "huge_3e38": _huge(3e38),
+    "zero": lambda u, g: _set("delta", torch.zeros_like(u.delta))(u, g),
+    "count_1e9": _set("num_examples", 10**9),
+    "count_negative": _set("num_examples", -5),
+    "count_fraction": _set("num_examples", 2.5),
+    "buffers_nan": _buffers_nan,
+    "buffers_negative": _buffers_negative,
+    "extra_nan": _extra("nan"),
+    "extra_huge": _extra("huge"),
+    "mask_forged": _mask_forged,
+}
+
+#: Bad rows per case, out of the cohort's S = 10.
+POSITIONS = (1, 5, 10)
+
+#: Aggregator arguments for a cohort of 10 with one tolerated attacker.
+AGGREGATOR_ARGS: dict[str, dict[str, Any]] = {
+    "krum": {"f": 1},
+    "multikrum": {"f": 1},
+    "trimmed_mean": {"f": 1},
+    "bulyan": {"f": 1},
+    "centered_clipping": {"tau": 1.0},
+    "norm_clip": {"tau": 1.0},
+}
+
+#: The step bound tested under a robust rule with a minority of bad rows:
+#: ‖θ⁺ − θ‖ ≤ BOUND · max(η, 1) · B, B = max(largest honest ‖g_m‖, ‖r‖, τ).
+BOUND = 3.0
+
+
+def base_config(server: str, aggregator: str, masks: bool = False) -> dict[str, Any]:
+    """A seconds-long config on bundled digits; the client algorithm and model fit the
+    server (SCAFFOLD's client, FedCART's dual head) or the mask case (a tiny multi-exit ViT)."""
+    raw: dict[str, Any] = {
+        "name": f"fuzz-{server}-{aggregator}",
+        "seed": 0,
+        "rounds": 1000,  # no evaluation inside the replayed round
+        "data": {"dataset": "digits", "num_clients": 10, "partition": "iid", "root_size": 60},
+        "model": {"name": "mlp", "params": {"hidden": 16, "batchnorm": True}},
+        "client": {"algorithm": "sgd", "lr": 0.1, "batch_size": 16, "local_steps": 2},
+        "server": {
+            "algorithm": server,
+            "aggregator": aggregator,
+            "aggregator_args": AGGREGATOR_ARGS.get(aggregator, {}),
+            "clients_per_round": 10,
+        },
+        "eval": {"every": 1000},
+        "run": {"progress": False, "device": "cpu"},
+    }
+    if server == "scaffold":
+        raw["client"]["algorithm"] = "scaffold"
+    if server == "fedcart":
+        raw["client"] |= {"algorithm": "fedcart", "params": {"steps": 1, "proto_steps": 0}}
+        raw["model"] = {
+            "name": "dual_head",
+            "params": {"backbone": "mlp", "hidden": 16, "batchnorm": True},
+        }
+        raw["server"]["params"] = {"match_iters": 2, "retrain_steps": 2}
+    if masks:
+        raw["model"] = {
+            "name": "eevit",
+            "params": {"embed_dim": 16, "depth": 3, "num_heads": 2, "patch_size": 4},
+        }
+        raw["client"] |= {
+            "algorithm": "multi_exit",
+            "params": {"depths": [1, 2, 3], "optimizer": "sgd"},
+            "local_steps": 1,
+        }
+    return raw
+
+
+@dataclass
+class Pair:
+    """One buildable (server, aggregator[, masks]) combination, trained once."""
+
+    server: str
+    aggregator: str
+    masks: bool
+    sim: Simulator
+    plan: RoundPlan
+    honest: list[ClientUpdate]
+    start: Any  # the RunState before the replayed round
+    robust: bool
+
+
+@dataclass
+class CaseResult:
+    server: str
+    aggregator: str
+    masks: bool
+    corruption: str
+    bad_rows: int
+    finite: bool
+    robust: bool = False
+    rejected: dict[str, float] = field(default_factory=dict)
+    step_norm: float = 0.0
+    bound: float = float("inf")
+    bounded: bool = True
+    skipped: bool = False
+    #: the round kept θ because the rule could not run or its step was non-finite
+    held: bool = False
+    error: str = ""
+
+
+def make_pair(server: str, aggregator: str, masks: bool = False) -> Pair | None:
+    """Build and train one honest cohort; None when the builder refuses the combination."""
+    raw = base_config(server, aggregator, masks)
+    try:
+        cfg = config_mod.validate(raw, "fuzz config")
+        sim = Simulator(build(cfg))
+    except ConfigError:
+        return None
+    plan = sim.begin_round(1)
+    honest = sim.train_cohort(plan)
+    robust = "robust" in tags_of(sim.comp.aggregator)
+    return Pair(server, aggregator, masks, sim, plan, honest, copy.deepcopy(sim.state), robust)
+
+
+def _clone(u: ClientUpdate) -> ClientUpdate:
+    return ClientUpdate(
+        u.client_id,
+        u.delta.clone(),
+        u.num_examples,
+        u.buffers.clone(),
+        None if u.mask is None else u.mask.clone(),
+        {k: v.clone() for k, v in u.extras.items()},
+        dict(u.metrics),
+    )
+
+
+def _state_finite(sim: Simulator) -> bool:
+    st = sim.state
+    tensors = [st.params, st.buffers, *st.server_state.values()]
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseResult:
+    """Replay the pair's round with ``corruption`` applied to its first ``bad_rows`` rows."""
+    sim = pair.sim
+    sim.state = copy.deepcopy(pair.start)
+    sim.records = []
+    g = torch.Generator().manual_seed(seed)
+    ups = [_clone(u) for u in pair.honest]
+    res = CaseResult(
+        pair.server, pair.aggregator, pair.masks, corruption, bad_rows, True, pair.robust
+    )
+    applied = [CORRUPTIONS[corruption](u, g) for u in ups[:bad_rows]]
+    if not any(applied):
+        res.skipped = True
+        return res
+    try:
+        metrics = sim.end_round(pair.plan, ups, apply_update_attack=False)
+    except Exception as err:  # noqa: BLE001  (an abort is a finding, reported not raised)
+        res.finite = False
+        res.error = f"{type(err).__name__}: {err}"
+        return res
+    res.finite = _state_finite(sim)
+    res.rejected = {k: v for k, v in metrics.items() if k.startswith("sys/rejected/")}
+    res.held = bool(metrics.get("sys/nonfinite_step") or metrics.get("sys/skipped"))
+    theta0 = pair.start.params
+    res.step_norm = float((sim.state.params.double() - theta0.double()).norm())
+    scale = max(float(u.delta.double().norm()) for u in pair.honest)
+    scale = max(scale, float(metrics.get("agg/ref_norm", 0.0)))
+    scale = max(scale, float(getattr(sim.comp.aggregator, "tau", 0.0)))
+    lr = max(sim.comp.server.lr, float(metrics.get("agg/eta_g", 1.0)), 1.0)
+    res.bound = BOUND * lr * scale
+    minority = 2 * bad_rows < len(ups)
+    if pair.robust and minority and pair.server != "fedcart":  # the CART step re-trains h'
+        res.bounded = res.step_norm <= res.bound
+    return res
+
+
+def pairs(masks: bool = False) -> Iterator[tuple[str, str]]:
+    """Every (server, aggregator) name pair of the registries."""
+    from fedshield.aggregators.base import AGGREGATORS
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    for s in SERVER_ALGORITHMS.names():
+        if masks and s in ("scaffold", "fedcart"):  # their clients upload no masks
+            continue
+        for a in AGGREGATORS.names():
+            yield s, a
+
+
+__all__ = [
+    "AGGREGATOR_ARGS",
+    "BOUND",
+    "CORRUPTIONS",
+    "POSITIONS",
+    "CaseResult",
+    "Pair",
+    "base_config",
+    "make_pair",
+    "pairs",
+    "run_case",
+]

@@ -1,0 +1,152 @@
+"""Render the results tables of README.md and docs/results/*.md from committed result files.
+
+Tables are never typed by hand: a document holds marker blocks
+
+    <!-- fedshield:table source=docs/results/data/brdrag-attacks-20-cpu-cells.csv
+         pivot=variant,attack.name value=final_test_acc -->
+    (generated)
+    <!-- fedshield:end -->
+
+and this script replaces what lies between the markers by the table computed from
+``source`` (a sweep's ``comparison.csv`` or ``cells.csv``, copied under docs/results/data/ by
+``--collect``). Options of a block:
+
+* ``pivot=ROW,COL`` — a ROW × COL table of ``value``; or ``columns=a,b,c`` — those columns;
+* ``value=KEY`` — the metric (default ``final_test_acc``); from a cells file a cell reads
+  ``mean ± h`` with h the half-width of the 95 % Student-t interval over the seeds;
+* ``where=KEY:V1|V2`` — keep only rows whose KEY is one of the values (repeatable, ``;``);
+* ``digits=N`` — decimals (default 3).
+
+    python tools/render_results.py                 # rewrite every block in place
+    python tools/render_results.py --check         # exit 1 if a document is out of date
+    python tools/render_results.py --collect runs/brdrag-attacks-20-cpu  # copy its CSVs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "results" / "data"
+BLOCK = re.compile(
+    r"(<!-- fedshield:table (?P<opts>.*?)-->\n)(?P<body>.*?)(<!-- fedshield:end -->)", re.S
+)
+
+
+def parse_opts(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split() if "=" in item)
+
+
+def _rows(source: Path, where: str | None) -> list[dict[str, str]]:
+    rows = list(csv.DictReader(source.open()))
+    for cond in (where or "").split(";"):
+        if not cond:
+            continue
+        key, _, values = cond.partition(":")
+        allowed = set(values.split("|"))
+        rows = [r for r in rows if r.get(key) in allowed]
+    return rows
+
+
+def _cell(row: dict[str, str], value: str, digits: int) -> str:
+    mean, half = row.get(f"{value}_mean"), row.get(f"{value}_ci95")
+    if mean not in (None, ""):
+        m = float(mean)
+        h = float(half) if half not in (None, "", "nan") else float("nan")
+        return f"{m:.{digits}f}" if h != h else f"{m:.{digits}f} ± {h:.{digits}f}"
+    v = row.get(value, "")
+    try:
+        return f"{float(v):.{digits}f}"
+    except ValueError:
+        return v or "-"
+
+
+def render(opts: dict[str, str], root: Path = ROOT) -> str:
+    source = root / opts["source"]
+    if not source.exists():
+        raise SystemExit(f"{opts['source']}: no such result file")
+    rows = _rows(source, opts.get("where"))
+    value = opts.get("value", "final_test_acc")
+    digits = int(opts.get("digits", "3"))
+    if "pivot" in opts:
+        rk, ck = opts["pivot"].split(",")
+        rkeys = list(dict.fromkeys(r[rk] for r in rows))
+        ckeys = list(dict.fromkeys(r[ck] for r in rows))
+        cell = {(r[rk], r[ck]): _cell(r, value, digits) for r in rows}
+        lines = [f"| {rk} \\ {ck} | " + " | ".join(ckeys) + " |", "|---" * (len(ckeys) + 1) + "|"]
+        for a in rkeys:
+            lines.append(f"| {a} | " + " | ".join(cell.get((a, b), "-") for b in ckeys) + " |")
+    else:
+        cols = opts.get("columns", f"label,{value}").split(",")
+        lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
+        for r in rows:
+            vals = [
+                _cell(r, c, digits) if (f"{c}_mean" in r or _is_float(r.get(c))) else r.get(c, "")
+                for c in cols
+            ]
+            lines.append("| " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _is_float(v: str | None) -> bool:
+    try:
+        float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def render_document(text: str) -> str:
+    def repl(m: re.Match[str]) -> str:
+        return m.group(1) + render(parse_opts(m.group("opts"))) + m.group(4)
+
+    return BLOCK.sub(repl, text)
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs" / "results").glob("*.md"))]
+
+
+def collect(sweep_dir: Path) -> list[Path]:
+    """Copy a sweep's comparison.csv (and cells.csv) to docs/results/data/<name>[-cells].csv."""
+    DATA.mkdir(parents=True, exist_ok=True)
+    out = []
+    for src, suffix in (("comparison.csv", ""), ("cells.csv", "-cells")):
+        if (sweep_dir / src).exists():
+            dst = DATA / f"{sweep_dir.name}{suffix}.csv"
+            shutil.copyfile(sweep_dir / src, dst)
+            out.append(dst)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true", help="fail if a document is out of date")
+    ap.add_argument("--collect", nargs="*", default=[], metavar="SWEEP_DIR")
+    args = ap.parse_args()
+    for d in args.collect:
+        for p in collect(Path(d)):
+            print(f"collected {p.relative_to(ROOT)}")
+    stale = []
+    for doc in documents():
+        text = doc.read_text()
+        new = render_document(text)
+        if new != text:
+            stale.append(doc)
+            if not args.check:
+                doc.write_text(new)
+    if args.check and stale:
+        print("out of date: " + ", ".join(str(p.relative_to(ROOT)) for p in stale))
+        return 1
+    for p in stale:
+        print(f"rendered {p.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
