@@ -156,6 +156,10 @@ CASES: dict[str, dict[str, Any]] = {
     "sgd-momentum-wd": {"client": {"momentum": 0.9, "weight_decay": 1e-3}},
     "sgd-epochs": {"client": {"local_steps": None, "local_epochs": 2, "batch_size": 32}},
     "fedprox": {"client": {"algorithm": "fedprox", "params": {"mu": 0.5}}},
+    "sgd-mlp-batchnorm": {  # the bundled BatchNorm model: per-client running statistics
+        "client": {"momentum": 0.9},
+        "model": {"params": {"hidden": 16, "batchnorm": True}},
+    },
     # dual_head under a plain loss: h gets no gradient, so SGD (and its weight decay) skips
     # it sequentially; SCAFFOLD gives it a zero gradient plus the correction instead.
     "sgd-unreached-head-wd": {
