@@ -1,7 +1,9 @@
 """The same FL workload per round in the in-process simulator vs Flower's simulation
 engine (Ray): S clients × U local steps of a small CNN, full participation. Prints the
 per-round times and their ratio (goal: the simulator ≥ 10× faster per round at S = 100
-tiny clients), and Flower's one-off start-up (Ray + node discovery).
+tiny clients), and Flower's one-off start-up (Ray + node discovery). The simulator runs
+twice: client by client (``run.vectorize=false``) and as one batched computation per
+round (``run.vectorize=true``, docs/vectorized.md); Flower trains one client per node.
 
 Per-round time is steady state: the wall time between the ends of round 1 and round R−1,
 divided by R − 2 (start-up and the final evaluation excluded; both backends evaluate only
@@ -27,7 +29,9 @@ from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
 
 
-def workload(clients: int, steps: int, rounds: int, dataset: str, model: str) -> dict[str, Any]:
+def workload(
+    clients: int, steps: int, rounds: int, dataset: str, model: str, vectorize: bool = False
+) -> dict[str, Any]:
     return {
         "name": "bench-flower",
         "seed": 0,
@@ -37,7 +41,7 @@ def workload(clients: int, steps: int, rounds: int, dataset: str, model: str) ->
         "client": {"lr": 0.05, "batch_size": 16, "local_steps": steps},
         "server": {"clients_per_round": clients},
         "eval": {"every": rounds},
-        "run": {"progress": False, "device": "cpu"},
+        "run": {"progress": False, "device": "cpu", "vectorize": vectorize},
     }
 
 
@@ -82,6 +86,10 @@ def main() -> None:
     built = time.perf_counter()
     sim.run(sim_clock)
     sim_round = sim_clock.per_round()
+    vec_clock = Clock()
+    vec_raw = workload(args.clients, args.steps, args.rounds, args.dataset, args.model, True)
+    Simulator(build(config.validate(vec_raw))).run(vec_clock)
+    vec_round = vec_clock.per_round()
 
     from fedshield.flower.simulation import run_simulation
 
@@ -114,14 +122,20 @@ def main() -> None:
         f"torch threads {torch.get_num_threads()}, Ray CPUs per client {args.client_cpus}, "
         f"load avg {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end (shared machine)",
         f"simulator per round                  : {sim_round * 1e3:9.1f} ms",
+        f"simulator per round, vectorised      : {vec_round * 1e3:9.1f} ms",
         f"flower per round, 1 Ray actor        : {fl_round * 1e3:9.1f} ms",
         f"{f'flower per round, all {cores} cores':37s}: {fl_all.per_round() * 1e3:9.1f} ms",
         f"ratio flower (1 actor) / simulator   : {fl_round / sim_round:9.1f} x  (goal >= 10)",
         f"ratio flower (all cores) / simulator : {fl_all.per_round() / sim_round:9.1f} x",
+        f"ratio flower (1 actor) / vectorised  : {fl_round / vec_round:9.1f} x",
+        f"ratio flower (all cores) / vectorised: {fl_all.per_round() / vec_round:9.1f} x",
+        f"ratio simulator / vectorised         : {sim_round / vec_round:9.1f} x",
         f"flower start-up (Ray, node discovery), beyond round 1: {fl_startup:.1f} s",
         "final test_acc, simulator / flower 1 actor / flower all cores: "
         + " / ".join(f"{a:.4f}" for a in accs)
         + (" (identical)" if same else " (DIFFERENT)"),
+        f"final test_acc, vectorised: {vec_clock.last.get('test_acc'):.4f} (float tolerance: "
+        f"batched kernels sum in another order)",
     ]
     report = "\n".join(lines)
     print(report)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from fedshield.errors import ConfigError
 
@@ -128,6 +128,19 @@ class RunConfig(Section):
     )
     amp: bool = False
     progress: bool = True
+    vectorize: StrictBool | Literal["auto"] = Field(
+        "auto",
+        description="train a round's clients as one batched computation (torch.func.vmap): "
+        "auto = when the client algorithm and model allow it, else one by one; "
+        "true = required (ConfigError otherwise); false = one by one",
+    )
+    vectorize_chunk: int | None = Field(
+        None,
+        ge=1,
+        description="clients per batched call, bounding memory (a few copies of θ and one "
+        "batch of activations per client); unset: 2^22/d clients (16..256) on CPU, up to 1024 "
+        "on CUDA as memory allows",
+    )
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(
         [],
         description="experiment trackers fed the metrics.jsonl records, the resolved config "

@@ -251,7 +251,7 @@ def build(cfg: ExperimentConfig) -> Experiment:
     model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params)
     model.to(device)
     check_coverage(cfg, components, model, clients, bundle.num_classes)
-    return Experiment(
+    exp = Experiment(
         cfg=cfg,
         components=components,
         bundle=bundle,
@@ -263,3 +263,8 @@ def build(cfg: ExperimentConfig) -> Experiment:
         byzantine=choose_byzantine(cfg),
         device=device,
     )
+    if cfg.run.vectorize is True:  # "auto" decides (and logs) at the first round instead
+        from fedshield.sim.vectorized import require_vectorizable
+
+        require_vectorizable(exp)
+    return exp

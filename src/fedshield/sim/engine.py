@@ -294,8 +294,24 @@ class Simulator:
         return self._train(self._client_data(k, byzantine), payload, k, rnd, state)
 
     def train_cohort(self, plan: RoundPlan) -> list[ClientUpdate]:
-        """Every selected client's upload (before update attacks), in cohort order."""
+        """Every selected client's upload (before update attacks), in cohort order.
+
+        With ``run.vectorize`` ("auto" by default) and a vectorisable client algorithm and
+        model, the cohort trains as one batched computation (:mod:`fedshield.sim.vectorized`)
+        and the deltas are row views of one [S, d] tensor; otherwise client by client."""
+        trainer = self._batched_trainer(plan)
+        if trainer is not None:
+            return trainer.train(self, plan)
         return [self.client_update(plan, k) for k in plan.ctx.cohort]
+
+    def _batched_trainer(self, plan: RoundPlan) -> Any:
+        """The batched trainer, decided once per run (the reason for not batching is logged
+        once); None: train client by client."""
+        if not hasattr(self, "_vectorized"):
+            from fedshield.sim.vectorized import trainer_for
+
+            self._vectorized = trainer_for(self, plan)
+        return self._vectorized
 
     def run_round(self, rnd: int) -> dict[str, Any]:
         plan = self.begin_round(rnd)

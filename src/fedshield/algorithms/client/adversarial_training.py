@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,9 @@ from fedshield.losses import (
     mart_loss,
     trades_loss,
 )
+
+if TYPE_CHECKING:
+    from fedshield.algorithms.client.functional import VectorForm
 
 GRAYSCALE_EPS = 0.1
 COLOUR_EPS = 8 / 255
@@ -112,15 +116,20 @@ class AdversarialClient(ClientAlgorithm):
             )  # fmt: skip
 
 
-@CLIENT_ALGORITHMS.register("fedpgd")
+@CLIENT_ALGORITHMS.register("fedpgd", tags=["vectorizable"])
 class FedPGD(AdversarialClient):
     """FedPGD trains on Madry's PGD adversarial examples only: CE(f(x'), y) (SPEC §7)."""
 
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
         return F.cross_entropy(model(self.pgd_examples(model, x, y)), y)
 
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import ATForm
 
-@CLIENT_ALGORITHMS.register("fedfat")
+        return ATForm(self)
+
+
+@CLIENT_ALGORITHMS.register("fedfat", tags=["vectorizable"])
 class FedFAT(AdversarialClient):
     """FedFAT trains on natural plus PGD cross-entropy, CE(f(x), y) + CE(f(x'), y) (our
     reading, SPEC §7)."""
@@ -129,12 +138,17 @@ class FedFAT(AdversarialClient):
         x_adv = self.pgd_examples(model, x, y)
         return F.cross_entropy(model(x), y) + F.cross_entropy(model(x_adv), y)
 
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import FATForm
+
+        return FATForm(self)
+
 
 class BetaParams(ATParams):
     beta: float = Field(6.0, ge=0.0, description="Weight β of the KL term.")
 
 
-@CLIENT_ALGORITHMS.register("fedtrades")
+@CLIENT_ALGORITHMS.register("fedtrades", tags=["vectorizable"])
 class FedTRADES(AdversarialClient):
     """FedTRADES trains on CE(x) + β KL(p(x) ‖ p(x')) with x' maximising the KL (SPEC §7)."""
 
@@ -144,8 +158,13 @@ class FedTRADES(AdversarialClient):
         x_adv = self.trades_examples(model, x)
         return trades_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
 
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import TRADESForm
 
-@CLIENT_ALGORITHMS.register("fedmart")
+        return TRADESForm(self)
+
+
+@CLIENT_ALGORITHMS.register("fedmart", tags=["vectorizable"])
 class FedMART(AdversarialClient):
     """FedMART trains on MART's boosted CE on x' plus β KL · (1 − p_y(x)) (SPEC §7)."""
 
@@ -154,6 +173,11 @@ class FedMART(AdversarialClient):
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
         x_adv = self.pgd_examples(model, x, y)
         return mart_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
+
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import MARTForm
+
+        return MARTForm(self)
 
 
 class CalFATParams(ATParams):
@@ -164,7 +188,7 @@ class CalFATParams(ATParams):
 LOG_PRIOR_KEY = "calfat/log_prior"
 
 
-@CLIENT_ALGORITHMS.register("calfat")
+@CLIENT_ALGORITHMS.register("calfat", tags=["vectorizable"])
 class CalFAT(AdversarialClient):
     """CalFAT trains on the prior-calibrated CE of TRADES-style x' (Chen et al., NeurIPS
     2022; SPEC §7).
@@ -197,6 +221,11 @@ class CalFAT(AdversarialClient):
 
         x_adv = self.trades_examples(model, x, calibrate)
         return calibrated_ce(model(x_adv), y, log_prior, p.scale, p.tau)  # type: ignore[attr-defined]
+
+    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
+        from fedshield.algorithms.client.functional_at import CalFATForm
+
+        return CalFATForm(self)
 
 
 class TAETParams(ATParams):

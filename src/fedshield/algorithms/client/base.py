@@ -11,7 +11,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,9 @@ from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import TensorData
 from fedshield.registry import Registry
+
+if TYPE_CHECKING:
+    from fedshield.algorithms.client.functional import VectorForm
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,11 @@ class ClientAlgorithm:
         step: int,
     ) -> None:
         """Modify ``p.grad`` in place before the optimizer step (default: nothing)."""
+
+    def vector_form(self) -> VectorForm | None:
+        """Functional per-step math for vectorised cohorts (``run.vectorize``), used when the
+        registry entry is tagged ``vectorizable``; None: train client by client."""
+        return None
 
     def finish(
         self,

@@ -26,7 +26,7 @@ bias component lies outside the reachable range. ``proto_views = "sum"`` is SPEC
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,9 @@ from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.losses import align_loss, class_gradient_sums, harl_loss, mart_loss, trades_loss
 from fedshield.models.dual_head import DualHead
+
+if TYPE_CHECKING:
+    from fedshield.algorithms.client.functional import VectorForm
 
 PROTO_HEAD = "fedcart/proto_head"  # payload: 0 → prototypes of h', 1 → of h ("no h'")
 PROTOTYPES = "fedcart/prototypes"
@@ -98,7 +101,9 @@ class FedCARTParams(ATParams):
         return self
 
 
-@CLIENT_ALGORITHMS.register("fedcart", tags=["needs_model=dual_head", "uploads=prototypes"])
+@CLIENT_ALGORITHMS.register(
+    "fedcart", tags=["needs_model=dual_head", "uploads=prototypes", "vectorizable"]
+)
 class FedCARTClient(AdversarialClient):
     """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h' (SPEC §7)."""
 
@@ -218,6 +223,12 @@ class FedCARTClient(AdversarialClient):
                 counts += k
         denom = counts * (views if p.proto_views == "mean" else 1)
         return sums / denom.clamp_min(1.0)[:, None], counts
+
+    def vector_form(self) -> VectorForm | None:  # run.vectorize: loss and prototypes batched
+        from fedshield.algorithms.client.functional_at import FedCARTForm
+
+        # TAET's stage follows the round (with_round); no batched form for it yet.
+        return None if self.params.at_loss == "taet" else FedCARTForm(self)  # type: ignore[attr-defined]
 
 
 def _dual(model: nn.Module) -> DualHead:

@@ -7,6 +7,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
+from fedshield.algorithms.client.functional import ProxForm
 from fedshield.core.context import Payload
 from fedshield.core.params import Params
 
@@ -15,7 +16,7 @@ class ProxParams(Params):
     mu: float = Field(0.01, ge=0.0, description="proximal weight")
 
 
-@CLIENT_ALGORITHMS.register("fedprox")
+@CLIENT_ALGORITHMS.register("fedprox", tags=["vectorizable"])
 class FedProx(ClientAlgorithm):
     """F_m(θ) + (μ/2)‖θ − θ_start‖²: the gradient gains μ(θ − θ_start) (SPEC §4, μ = 0.01).
 
@@ -42,12 +43,15 @@ class FedProx(ClientAlgorithm):
             if p.grad is not None:
                 p.grad.add_(p - p0, alpha=self.mu)
 
+    def vector_form(self) -> ProxForm:
+        return ProxForm(self, self.mu)
+
 
 class ACGParams(Params):
     beta: float = Field(0.001, ge=0.0, description="proximal weight towards the look-ahead model")
 
 
-@CLIENT_ALGORITHMS.register("fedacg")
+@CLIENT_ALGORITHMS.register("fedacg", tags=["vectorizable"])
 class FedACGClient(FedProx):
     """FedACG client: minimise F_m(θ) + (β/2)‖θ − θ̂‖² from the look-ahead θ̂ (SPEC §4)."""
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
+from fedshield.algorithms.client.functional import ScaffoldForm
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import num_params
 from fedshield.core.integrity import FieldSpec
@@ -28,7 +29,7 @@ class ScaffoldParams(Params):
     variant: Literal["seed", "option2"] = "seed"
 
 
-@CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh"])
+@CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh", "vectorizable"])
 class ScaffoldClient(ClientAlgorithm):
     """Control-variate corrected local SGD; uploads the control-variate change."""
 
@@ -84,3 +85,6 @@ class ScaffoldClient(ClientAlgorithm):
         state["h"] = new
         update.extras["dh"] = new - old
         return update
+
+    def vector_form(self) -> ScaffoldForm:
+        return ScaffoldForm(self, self.params.variant)  # type: ignore[attr-defined]

@@ -1,0 +1,218 @@
+"""When a round's cohort can train as one batched computation (``run.vectorize``), and why
+not: the client algorithm must carry the registry tag ``vectorizable`` and return a
+:class:`~fedshield.algorithms.client.functional.VectorForm`, and one batched step of the
+model must run under ``vmap`` / ``functional_call`` with every random draw routed through
+the per-client streams (a probe of two clients on two samples, ``randomness="error"``).
+
+``auto`` falls back to client-by-client training with one log line saying why; ``true``
+makes any obstacle a :class:`~fedshield.errors.ConfigError` when the experiment is built.
+On CPU ``auto`` also stays client by client when one client's step is large
+(> :data:`CPU_MAX_STEP_FLOPS` forward FLOPs): there the batched kernels run no faster
+than per-client ones (bench_vectorized: ``cnn_small`` on 28×28 MNIST, ≈ 71 MFLOP per
+32-sample step, batched 0.85–1.0× the sequential simulator), so batching would only cost
+memory. The rule reads FLOP counts, not timings, so a run's path is reproducible.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from fedshield.algorithms.client.base import ClientAlgorithm
+from fedshield.algorithms.client.functional import VectorForm
+from fedshield.core.context import Payload, RoundContext
+from fedshield.core.flat import get_buffers, get_params
+from fedshield.data.bundle import TensorData
+from fedshield.errors import ConfigError
+from fedshield.registry import tags_of
+from fedshield.sim.vectorized.rng import GroupDraws
+from fedshield.sim.vectorized.trainer import VectorizedTrainer
+
+if TYPE_CHECKING:
+    from fedshield.config import ExperimentConfig
+    from fedshield.sim.builder import Experiment
+    from fedshield.sim.engine import RoundPlan, Simulator
+
+log = logging.getLogger("fedshield")
+
+TAG = "vectorizable"
+
+
+def form_of(
+    client: ClientAlgorithm, cfg: ExperimentConfig | None = None
+) -> tuple[VectorForm | None, str | None]:
+    """The algorithm's vectorised form, or None and the reason it has none."""
+    name = getattr(client, "registry_name", type(client).__name__)
+    if cfg is not None and cfg.privacy is not None and cfg.privacy.local is not None:
+        return None, "privacy.local (DP-SGD: Opacus per-sample gradients) trains client by client"
+    if TAG not in tags_of(client):
+        return None, f"client.algorithm={name!r} has no batched form (registry tag {TAG!r})"
+    form = client.vector_form()
+    if form is None:
+        return None, f"client.algorithm={name!r} has no batched form with these client.params"
+    return form, None
+
+
+def probe(trainer: VectorizedTrainer, payload: Payload, data: TensorData) -> str | None:
+    """None when one batched step of two clients runs; else why it cannot.
+
+    Draws are disabled and ``vmap`` runs with ``randomness="error"``, so a random op the
+    per-client streams do not replay (``F.dropout`` in a forward, DropPath, Dropout2d)
+    fails here instead of silently drawing one mask for every client."""
+    model, dev = trainer.model, trainer.device
+    n = min(2, len(data))
+    x, y = data.batch(torch.arange(n), dev)
+    if n < 2:
+        x, y = x.repeat(2, *[1] * (x.dim() - 1)), y.repeat(2)
+    xs, ys = torch.stack([x, x]), torch.stack([y, y])
+    algo = trainer.algo
+    states = [algo.init_state(payload.params.numel()) for _ in range(2)]
+    p_rows = payload.params.expand(2, -1).clone()
+    _, params, bufs = trainer.stacked_state(payload, p_rows)
+    consts = trainer.form.constants(model, payload, [data, data], states, dev)
+    was_training = model.training
+    model.train()
+    try:
+        trainer.grads(params, bufs, xs, ys, consts, payload, GroupDraws(None, [0, 1], dev))
+        trainer.unreached = trainer.find_unreached(
+            payload, x, y, {k: v[0] for k, v in consts.items()}
+        )
+    except ConfigError:
+        raise
+    except Exception as err:  # any failure of the batched step is a reason to fall back
+        return explain(err)
+    finally:
+        model.train(was_training)
+    return None
+
+
+def explain(err: Exception) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "randomness" in text:
+        return (
+            "its forward draws random numbers outside nn.Dropout (F.dropout, DropPath, "
+            "Dropout2d, ...), which cannot be replayed per client"
+        )
+    if "data-dependent control flow" in text:
+        return (
+            "its forward reads tensor values in Python (.item(), data-dependent control "
+            "flow, BatchNorm with momentum=None), which a batched call cannot"
+        )
+    if "mutate a captured Tensor" in text:
+        return (
+            "a buffer is updated in place inside an input-gradient transform (BatchNorm in "
+            "train mode during the attack: client.params.attack_eval_mode=false)"
+        )
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+CPU_FLOATS = 2**22  # a chunk's stacked θ on CPU: ~16 MiB, near the caches of one core
+CPU_CHUNK_RANGE = (16, 256)
+CUDA_CHUNK_MAX = 1024
+
+
+def chunk_size(configured: int | None, device: torch.device, num_params: int) -> int:
+    """``run.vectorize_chunk``, or its default. CPU: ≈ 2²² / d clients (16 to 256) — the
+    batched tensors then stay near the caches, which on one core matters more than fewer
+    calls (bench_vectorized: ``mlp`` on 8×8 inputs is fastest at 256, ``cnn_small`` and
+    the 28×28 ``mlp`` at 32–64). CUDA: the most clients, up to 1024, whose training state
+    (≈ 8 copies of θ: parameters, gradients, momentum, temporaries) fits in a quarter of
+    the free memory."""
+    if configured is not None:
+        return configured
+    d = max(num_params, 1)
+    if device.type != "cuda":
+        lo, hi = CPU_CHUNK_RANGE
+        return max(lo, min(hi, CPU_FLOATS // d))
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(1, min(CUDA_CHUNK_MAX, int(free // 4 // (8 * 4 * d))))
+
+
+CPU_MAX_STEP_FLOPS = 2**25  # ≈ 34 MFLOP forward per client step (see the module docstring)
+
+
+def step_flops(model: torch.nn.Module, data: TensorData, batch_size: int, dev: torch.device) -> int:
+    """Forward FLOPs of one client step (one sample's forward × min(batch, client size))."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, _ = data.batch(torch.arange(1), dev)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(x)
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() * min(batch_size, len(data))
+
+
+def _names(cfg_model: str, client: ClientAlgorithm) -> str:
+    name = getattr(client, "registry_name", type(client).__name__)
+    return f"model.name={cfg_model!r} with client.algorithm={name!r}"
+
+
+def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
+    """The simulator's batched trainer, or None (logged once) when it trains one by one."""
+    cfg = sim.cfg
+    mode = cfg.run.vectorize
+    if mode is False:
+        return None
+    client = sim.comp.client
+    form, reason = form_of(client, cfg)
+    trainer = None
+    if form is not None:
+        chunk = chunk_size(cfg.run.vectorize_chunk, sim.device, sim.state.params.numel())
+        trainer = VectorizedTrainer(sim.model, client, form, sim.device, chunk, cfg.run.amp)
+        k = next((k for k in plan.ctx.cohort if plan.trains(k)), plan.ctx.cohort[0])
+        data = sim.exp.clients[k]
+        why = probe(trainer, plan.payload, data)
+        if why is not None:
+            reason, trainer = f"{_names(cfg.model.name, client)} cannot run batched: {why}", None
+        elif mode == "auto" and sim.device.type == "cpu":
+            flops = step_flops(sim.model, data, client.spec.batch_size, sim.device)
+            if flops > CPU_MAX_STEP_FLOPS:
+                reason, trainer = (
+                    f"on CPU a client step of model.name={cfg.model.name!r} costs "
+                    f"≈ {flops / 1e6:.0f} MFLOP, above the {CPU_MAX_STEP_FLOPS / 1e6:.0f} "
+                    f"MFLOP where batching pays; run.vectorize=true batches anyway",
+                    None,
+                )
+    if trainer is None:
+        if mode is True:  # the build-time check passed, so this is a surprise
+            raise ConfigError(f"run.vectorize=true: {reason}")
+        log.info("run.vectorize=auto: training clients one by one (%s)", reason)
+    return trainer
+
+
+def require_vectorizable(exp: Experiment) -> None:
+    """``run.vectorize = true``: a ConfigError naming both keys unless batching works."""
+    cfg, client = exp.cfg, exp.components.client
+    form, reason = form_of(client, cfg)
+    if form is not None:
+        trainer = VectorizedTrainer(exp.model, client, form, exp.device, 2, cfg.run.amp)
+        server = exp.components.server
+        params, buffers = get_params(exp.model), get_buffers(exp.model)
+        ctx = RoundContext(1, (0,), (), cfg.seed, cfg.data.num_clients, exp.device)
+        payload = server.broadcast(params, buffers, server.init_state(params), ctx)
+        why = probe(trainer, payload, exp.clients[0])
+        if why is None:
+            return
+        reason = f"{_names(cfg.model.name, client)} cannot run batched: {why}"
+    raise ConfigError(
+        f"run.vectorize=true: {reason}; set run.vectorize='auto' to train such cohorts "
+        f"client by client"
+    )
+
+
+__all__ = [
+    "CPU_MAX_STEP_FLOPS",
+    "chunk_size",
+    "explain",
+    "form_of",
+    "probe",
+    "require_vectorizable",
+    "step_flops",
+    "trainer_for",
+]
