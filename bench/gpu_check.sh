@@ -4,7 +4,10 @@
 # the CUDA dropout replay through the fused kernel); (2) bench_vectorized.py with
 # run.device=cuda, S up to 1000, printing the ratios side by side.
 #
-#   bash bench/gpu_check.sh            # results also in $OUT (device runner) or docs/results
+# Needs the project's dependencies (torch with CUDA, pydantic, pytest, ...) in $PYTHON
+# (default python3). Results also go to $OUT (the device runner) or docs/results.
+#
+#   PYTHON=/path/to/venv/bin/python bash bench/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src

@@ -138,8 +138,8 @@ class RunConfig(Section):
         None,
         ge=1,
         description="clients per batched call, bounding memory (a few copies of θ and one "
-        "batch of activations per client); unset: 2^22/d clients (16..256) on CPU, up to 1024 "
-        "on CUDA as memory allows",
+        "batch of activations per client); unset: from the sizes of θ and of one step's "
+        "activations, 16..256 on CPU, up to 1024 on CUDA as memory allows",
     )
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(
         [],

@@ -16,9 +16,11 @@ memory. The rule reads FLOP counts, not timings, so a run's path is reproducible
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+from torch import Tensor
 
 from fedshield.algorithms.client.base import ClientAlgorithm
 from fedshield.algorithms.client.functional import VectorForm
@@ -108,36 +110,35 @@ def explain(err: Exception) -> str:
     return f"{type(err).__name__}: {text[:200]}"
 
 
-CPU_FLOATS = 2**22  # a chunk's stacked θ on CPU: ~16 MiB, near the caches of one core
+CPU_FLOATS = 2**22  # a chunk's stacked tensors on CPU: ~16 MiB, near the caches of one core
 CPU_CHUNK_RANGE = (16, 256)
 CUDA_CHUNK_MAX = 1024
-
-
-def chunk_size(configured: int | None, device: torch.device, num_params: int) -> int:
-    """``run.vectorize_chunk``, or its default. CPU: ≈ 2²² / d clients (16 to 256) — the
-    batched tensors then stay near the caches, which on one core matters more than fewer
-    calls (bench_vectorized: ``mlp`` on 8×8 inputs is fastest at 256, ``cnn_small`` and
-    the 28×28 ``mlp`` at 32–64). CUDA: the most clients, up to 1024, whose training state
-    (≈ 8 copies of θ: parameters, gradients, momentum, temporaries) fits in a quarter of
-    the free memory."""
-    if configured is not None:
-        return configured
-    d = max(num_params, 1)
-    if device.type != "cuda":
-        lo, hi = CPU_CHUNK_RANGE
-        return max(lo, min(hi, CPU_FLOATS // d))
-    free, _ = torch.cuda.mem_get_info(device)
-    return max(1, min(CUDA_CHUNK_MAX, int(free // 4 // (8 * 4 * d))))
-
-
 CPU_MAX_STEP_FLOPS = 2**25  # ≈ 34 MFLOP forward per client step (see the module docstring)
 
 
-def step_flops(model: torch.nn.Module, data: TensorData, batch_size: int, dev: torch.device) -> int:
-    """Forward FLOPs of one client step (one sample's forward × min(batch, client size))."""
+@dataclass(frozen=True)
+class StepCost:
+    """One client step's size, from one sample's forward: its FLOPs (``torch.utils.
+    flop_counter``) and the floats its modules output (activations), times the batch."""
+
+    flops: int
+    activations: int
+
+
+def step_cost(
+    model: torch.nn.Module, data: TensorData, batch_size: int, dev: torch.device
+) -> StepCost:
+    """:class:`StepCost` of a step of ``min(batch_size, len(data))`` samples of ``data``."""
     from torch.utils.flop_counter import FlopCounterMode
 
     x, _ = data.batch(torch.arange(1), dev)
+    floats = [0]
+
+    def count(module: torch.nn.Module, args: object, out: object) -> None:
+        if isinstance(out, Tensor) and not list(module.children()):
+            floats[0] += out.numel()
+
+    hooks = [m.register_forward_hook(count) for m in model.modules()]
     was_training = model.training
     model.eval()
     try:
@@ -145,7 +146,30 @@ def step_flops(model: torch.nn.Module, data: TensorData, batch_size: int, dev: t
             model(x)
     finally:
         model.train(was_training)
-    return counter.get_total_flops() * min(batch_size, len(data))
+        for h in hooks:
+            h.remove()
+    b = min(batch_size, len(data))
+    return StepCost(counter.get_total_flops() * b, floats[0] * b)
+
+
+def chunk_size(
+    configured: int | None, device: torch.device, num_params: int, activations: int = 0
+) -> int:
+    """``run.vectorize_chunk``, or its default from a client's θ (``num_params``) and one
+    step's ``activations`` (floats). CPU: ≈ 2²² / max(d, activations) clients (16 to 256),
+    so the batched tensors stay near the caches, which on one core matters more than
+    fewer calls (bench_vectorized: ``mlp`` on 8×8 inputs is fastest at 256, ``cnn_small``
+    and the 28×28 ``mlp`` at 32–64). CUDA: the most clients, up to 1024, whose training
+    state (≈ 8 copies of θ — parameters, gradients, momentum, temporaries — and 3 of the
+    activations, kept for the backward pass) fits in a quarter of the free memory."""
+    if configured is not None:
+        return configured
+    if device.type != "cuda":
+        lo, hi = CPU_CHUNK_RANGE
+        return max(lo, min(hi, CPU_FLOATS // max(num_params, activations, 1)))
+    free, _ = torch.cuda.mem_get_info(device)
+    per_client = 4 * (8 * num_params + 3 * activations)
+    return max(1, min(CUDA_CHUNK_MAX, int(free // 4 // max(per_client, 1))))
 
 
 def _names(cfg_model: str, client: ClientAlgorithm) -> str:
@@ -163,22 +187,22 @@ def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
     form, reason = form_of(client, cfg)
     trainer = None
     if form is not None:
-        chunk = chunk_size(cfg.run.vectorize_chunk, sim.device, sim.state.params.numel())
-        trainer = VectorizedTrainer(sim.model, client, form, sim.device, chunk, cfg.run.amp)
         k = next((k for k in plan.ctx.cohort if plan.trains(k)), plan.ctx.cohort[0])
         data = sim.exp.clients[k]
+        cost = step_cost(sim.model, data, client.spec.batch_size, sim.device)
+        d = sim.state.params.numel()
+        chunk = chunk_size(cfg.run.vectorize_chunk, sim.device, d, cost.activations)
+        trainer = VectorizedTrainer(sim.model, client, form, sim.device, chunk, cfg.run.amp)
         why = probe(trainer, plan.payload, data)
         if why is not None:
             reason, trainer = f"{_names(cfg.model.name, client)} cannot run batched: {why}", None
-        elif mode == "auto" and sim.device.type == "cpu":
-            flops = step_flops(sim.model, data, client.spec.batch_size, sim.device)
-            if flops > CPU_MAX_STEP_FLOPS:
-                reason, trainer = (
-                    f"on CPU a client step of model.name={cfg.model.name!r} costs "
-                    f"≈ {flops / 1e6:.0f} MFLOP, above the {CPU_MAX_STEP_FLOPS / 1e6:.0f} "
-                    f"MFLOP where batching pays; run.vectorize=true batches anyway",
-                    None,
-                )
+        elif mode == "auto" and sim.device.type == "cpu" and cost.flops > CPU_MAX_STEP_FLOPS:
+            reason, trainer = (
+                f"on CPU a client step of model.name={cfg.model.name!r} costs "
+                f"≈ {cost.flops / 1e6:.0f} MFLOP, above the {CPU_MAX_STEP_FLOPS / 1e6:.0f} "
+                f"MFLOP where batching pays; run.vectorize=true batches anyway",
+                None,
+            )
     if trainer is None:
         if mode is True:  # the build-time check passed, so this is a surprise
             raise ConfigError(f"run.vectorize=true: {reason}")
@@ -208,11 +232,12 @@ def require_vectorizable(exp: Experiment) -> None:
 
 __all__ = [
     "CPU_MAX_STEP_FLOPS",
+    "StepCost",
     "chunk_size",
     "explain",
     "form_of",
     "probe",
     "require_vectorizable",
-    "step_flops",
+    "step_cost",
     "trainer_for",
 ]
