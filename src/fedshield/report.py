@@ -242,7 +242,10 @@ def compare_runs(
         cols = (*ckeys, "n_seeds", *[m for m in metrics if any(m in c for c in cells)])
         ci = [f"{m}_ci95" for m in metrics if any(f"{m}_ci95" in c for c in cells)]
         atomic_write_text(out / "cells.md", markdown_table(cells, (*cols, *ci)))
-        atomic_write_text(out / "cells.csv", csv_table(cells, (*cols, *ci)))
+        # The CSV also keeps the numbers apart (mean, std, interval) for tools to read.
+        nums = [f"{m}_{x}" for m in metrics for x in ("mean", "std", "ci95")]
+        nums = [k for k in nums if any(k in c for c in cells)]
+        atomic_write_text(out / "cells.csv", csv_table(cells, (*cols, *nums)))
     vary = varying_keys(params)
     if len(vary) == 2:
         rows = seed_cells(summaries, params, ["final_test_acc"]) if seeded else summaries
