@@ -15,7 +15,10 @@ and this script replaces what lies between the markers by the table computed fro
 * ``value=KEY`` — the metric (default ``final_test_acc``); from a cells file a cell reads
   ``mean ± h`` with h the half-width of the 95 % Student-t interval over the seeds;
 * ``where=KEY:V1|V2`` — keep only rows whose KEY is one of the values (repeatable, ``;``);
-* ``digits=N`` — decimals (default 3).
+* ``digits=N`` — decimals (default 3);
+* ``worst=ROW,OVER`` with ``source=a.csv,b.csv`` and ``labels=A,B`` — per ROW value, the
+  lowest mean of ``value`` over OVER in each source, with the OVER value where it occurs
+  (e.g. a defense's worst case over the attacks at each Byzantine share).
 
     python tools/render_results.py                 # rewrite every block in place
     python tools/render_results.py --check         # exit 1 if a document is out of date
@@ -66,7 +69,40 @@ def _cell(row: dict[str, str], value: str, digits: int) -> str:
         return v or "-"
 
 
+def _mean(row: dict[str, str], value: str) -> float | None:
+    for key in (f"{value}_mean", value):
+        try:
+            return float(row[key])
+        except (KeyError, ValueError):
+            continue
+    return None
+
+
+def render_worst(opts: dict[str, str], root: Path) -> str:
+    rk, over = opts["worst"].split(",")
+    value = opts.get("value", "final_test_acc")
+    digits = int(opts.get("digits", "3"))
+    sources = opts["source"].split(",")
+    labels = opts.get("labels", opts["source"]).split(",")
+    tables = [_rows(root / s, opts.get("where")) for s in sources]
+    rkeys = list(dict.fromkeys(r[rk] for t in tables for r in t))
+    lines = [f"| {rk} | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    for a in rkeys:
+        cells = []
+        for t in tables:
+            vals = [(m, r[over]) for r in t if r[rk] == a and (m := _mean(r, value)) is not None]
+            if not vals:
+                cells.append("-")
+                continue
+            m, where = min(vals)
+            cells.append(f"{m:.{digits}f} ({where})")
+        lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def render(opts: dict[str, str], root: Path = ROOT) -> str:
+    if "worst" in opts:
+        return render_worst(opts, root)
     source = root / opts["source"]
     if not source.exists():
         raise SystemExit(f"{opts['source']}: no such result file")
