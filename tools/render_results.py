@@ -63,6 +63,8 @@ def _cell(row: dict[str, str], value: str, digits: int) -> str:
         h = float(half) if half not in (None, "", "nan") else float("nan")
         return f"{m:.{digits}f}" if h != h else f"{m:.{digits}f} ± {h:.{digits}f}"
     v = row.get(value, "")
+    if v.lstrip("-").isdigit():  # counts stay integers
+        return v
     try:
         return f"{float(v):.{digits}f}"
     except ValueError:
