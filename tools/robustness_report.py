@@ -105,6 +105,20 @@ def main() -> None:
                 for r in rows
             ]
     Path(args.out).write_text("\n".join(lines) + "\n")
+    # One summary row for the README (rendered by tools/render_results.py).
+    summary = {
+        "pairs": len(pairs),
+        "pairs_with_masks": sum(1 for p in pairs if p[2]),
+        "cases": len(ran),
+        "rejected_rows": sum(reasons.values()),
+        "poisoned": len(poisoned),
+        "robust_minority_cases": len(robust_minor),
+        "unbounded": len(unbounded),
+        "frozen": len(frozen),
+    }
+    data = Path(args.out).parent / "data" / "robustness.csv"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text(",".join(summary) + "\n" + ",".join(str(v) for v in summary.values()) + "\n")
     print("\n".join(lines[:16]))
 
 
