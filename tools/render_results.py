@@ -16,6 +16,8 @@ and this script replaces what lies between the markers by the table computed fro
   ``mean ± h`` with h the half-width of the 95 % Student-t interval over the seeds;
 * ``where=KEY:V1|V2`` — keep only rows whose KEY is one of the values (repeatable, ``;``);
 * ``digits=N`` — decimals (default 3);
+* ``include=FILE`` (with optional ``lines=A-B``) — a benchmark's saved output, verbatim, in
+  a code block;
 * ``worst=ROW,OVER`` with ``source=a.csv,b.csv`` and ``labels=A,B`` — per ROW value, the
   lowest mean of ``value`` over OVER in each source, with the OVER value where it occurs
   (e.g. a defense's worst case over the attacks at each Byzantine share).
@@ -102,7 +104,17 @@ def render_worst(opts: dict[str, str], root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_include(opts: dict[str, str], root: Path) -> str:
+    text = (root / opts["include"]).read_text().splitlines()
+    if "lines" in opts:
+        a, _, b = opts["lines"].partition("-")
+        text = text[int(a) - 1 : int(b or a)]
+    return "```\n" + "\n".join(text) + "\n```\n"
+
+
 def render(opts: dict[str, str], root: Path = ROOT) -> str:
+    if "include" in opts:
+        return render_include(opts, root)
     if "worst" in opts:
         return render_worst(opts, root)
     source = root / opts["source"]
