@@ -62,8 +62,11 @@ def test_the_generated_presets_equal_their_generator(tmp_path, monkeypatch) -> N
 
 def test_rendering_worst_cases_over_several_sources(tmp_path) -> None:  # noqa: ANN001
     render = _tool("render_results")
-    for name, rows in (("a.csv", "fedavg,noise,0.5\nfedavg,ipm,0.8\nbrdrag,noise,0.9\n"),
-                       ("b.csv", "fedavg,noise,0.2\nbrdrag,ipm,0.7\nbrdrag,noise,0.85\n")):  # fmt: skip
+    data = {
+        "a.csv": "fedavg,noise,0.5\nfedavg,ipm,0.8\nbrdrag,noise,0.9\n",
+        "b.csv": "fedavg,noise,0.2\nbrdrag,ipm,0.7\nbrdrag,noise,0.85\n",
+    }
+    for name, rows in data.items():
         (tmp_path / name).write_text("variant,attack.name,final_test_acc_mean\n" + rows)
     opts = {"worst": "variant,attack.name", "source": "a.csv,b.csv", "labels": "20%,40%"}
     assert render.render(opts, tmp_path).splitlines() == [

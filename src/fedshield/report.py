@@ -133,10 +133,12 @@ def seed_cells(
         groups.setdefault(cell_key(p), []).append(i)
     rows = []
     for key, idx in groups.items():
-        row: dict[str, Any] = {k: json.loads(v) for k, v in key}
+        # parameters as their config text (0.05, not 0.0500; strings unquoted)
+        row: dict[str, Any] = {k: v.strip('"') for k, v in key}
         row["n_seeds"] = len(idx)
         for m in metrics:
             vals = [summaries[i][m] for i in idx if _is_num(summaries[i].get(m))]
+            row[f"{m}_n"] = len(vals)  # seeds with a value (e.g. that reached the target)
             if not vals:
                 continue
             mean, std, half = t_interval(vals)
@@ -236,14 +238,14 @@ def compare_runs(
     atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
     seeded = any("seed" in p for p in params)
     if seeded:
-        metrics = ["final_test_acc", "best_test_acc", *heads]
+        metrics = ["final_test_acc", "best_test_acc", "rounds_to_target", *heads]
         cells = seed_cells(summaries, params, metrics)
         ckeys = [k for k in keys if k != "seed"]
         cols = (*ckeys, "n_seeds", *[m for m in metrics if any(m in c for c in cells)])
         ci = [f"{m}_ci95" for m in metrics if any(f"{m}_ci95" in c for c in cells)]
         atomic_write_text(out / "cells.md", markdown_table(cells, (*cols, *ci)))
         # The CSV also keeps the numbers apart (mean, std, interval) for tools to read.
-        nums = [f"{m}_{x}" for m in metrics for x in ("mean", "std", "ci95")]
+        nums = [f"{m}_{x}" for m in metrics for x in ("mean", "std", "ci95", "n")]
         nums = [k for k in nums if any(k in c for c in cells)]
         atomic_write_text(out / "cells.csv", csv_table(cells, (*cols, *nums)))
     vary = varying_keys(params)
