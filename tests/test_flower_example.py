@@ -24,13 +24,16 @@ import torch
 pytest.importorskip("flwr")
 pytest.importorskip("sklearn")
 
-from flwr.app import Context  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from fedshield import config  # noqa: E402
-from fedshield.algorithms.client.sgd import LocalSGD  # noqa: E402
 from fedshield.data.bundle import DataBundle, TensorData  # noqa: E402
+from fedshield.flower.client_tools import SCAFFOLD_STATE, ScaffoldClient, flat_params  # noqa: E402
 from fedshield.flower.local import LocalGrid  # noqa: E402
+from fedshield.flower.strategies import SCAFFOLD  # noqa: E402
 from fedshield.sim.builder import Experiment, build_components  # noqa: E402
 from fedshield.sim.engine import Simulator  # noqa: E402
 
@@ -41,19 +44,25 @@ sys.path.insert(0, str(EXAMPLE))
 from brdrag_app import client_app, server_app, task  # noqa: E402
 
 
-class ExampleOrderSGD(LocalSGD):
-    """fedshield's ``sgd`` client drawing its mini-batches in the example's order."""
+def example_order(cls: type) -> type:
+    """fedshield client algorithm ``cls`` drawing its mini-batches in the example's order."""
 
-    def local_update(self, model, payload, data, ctx, state):  # noqa: ANN001, ANN201
-        g = task.batch_generator(SEED, ctx.round, ctx.client_id)
-        return super().local_update(model, payload, data, replace(ctx, generator=g), state)
+    class ExampleOrder(cls):
+        def local_update(self, model, payload, data, ctx, state):  # noqa: ANN001, ANN201
+            g = task.batch_generator(SEED, ctx.round, ctx.client_id)
+            return super().local_update(model, payload, data, replace(ctx, generator=g), state)
+
+    return ExampleOrder
 
 
 SEED = task.DEFAULTS["seed"]
 
 
-def fedshield_reference(cfg: dict) -> Simulator:
-    """The example's config on the fedshield simulator (see the module docstring)."""
+def fedshield_reference(
+    cfg: dict, server: dict | None = None, client: str = "sgd", client_params: dict | None = None
+) -> Simulator:
+    """The example's config on the fedshield simulator (see the module docstring);
+    ``server`` / ``client``: other server and client sections (default: BR-DRAG, sgd)."""
     m = int(cfg["num-clients"])
     raw = {
         "name": "flower-brdrag",
@@ -62,21 +71,21 @@ def fedshield_reference(cfg: dict) -> Simulator:
         "data": {"dataset": "digits", "num_clients": m, "root_size": int(cfg["root-size"])},
         "model": {"name": "mlp", "params": {"hidden": int(cfg["hidden"])}},
         "client": {
+            "algorithm": client,
+            "params": client_params or {},
             "lr": float(cfg["lr"]),
             "batch_size": int(cfg["batch-size"]),
             "local_steps": int(cfg["local-steps"]),
         },
-        "server": {
-            "algorithm": "brdrag",
-            "aggregator_args": {"c": float(cfg["c"])},
-            "clients_per_round": m,
-        },
+        "server": {"clients_per_round": m}
+        | (server or {"algorithm": "brdrag", "aggregator_args": {"c": float(cfg["c"])}}),
         "eval": {"every": 1},
         "run": {"progress": False, "device": "cpu", "vectorize": False},
     }
     exp_cfg = config.validate(raw)
     comp = build_components(exp_cfg)
-    comp = replace(comp, client=ExampleOrderSGD(comp.client.spec))
+    spec, params = comp.client.spec, comp.client.params
+    comp = replace(comp, client=example_order(type(comp.client))(spec, params))
     train = TensorData(*task.load_split("train", cfg))
     bundle = DataBundle(
         "digits-example",
@@ -176,3 +185,65 @@ def test_example_on_flower_simulation_engine_matches_the_simulator(monkeypatch):
     )
     assert "result" in results, "the ServerApp did not finish (see the log above)"
     assert_matches_simulator(results["result"], cfg)
+
+
+# -- SCAFFOLD end to end: a user's ClientApp with fedshield's client helper ------------------
+def scaffold_app(variant: str) -> ClientApp:
+    """The example's client with SCAFFOLD's correction in its training loop."""
+    app = ClientApp()
+
+    @app.train()
+    def _train(msg: Message, context: Context) -> Message:
+        cfg = task.settings(context.run_config)
+        pid = int(context.node_config["partition-id"])
+        x, y = task.load_partition(pid, int(context.node_config["num-partitions"]), cfg)
+        net = task.Net(int(cfg["hidden"]))
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        lr, bs, steps = float(cfg["lr"]), int(cfg["batch-size"]), int(cfg["local-steps"])
+        scaffold = ScaffoldClient(net, msg, context, variant=variant, lr=lr)
+        gen = task.batch_generator(SEED, int(msg.content["config"]["server-round"]), pid)
+        opt = torch.optim.SGD(net.parameters(), lr=lr)
+        net.train()
+        perm = torch.randperm(len(y), generator=gen)  # steps <= one epoch (asserted)
+        for i in range(steps):
+            idx = perm[i * bs : (i + 1) * bs]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(net(x[idx]), y[idx]).backward()
+            scaffold.correct()
+            opt.step()
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord(net.state_dict()),
+                "metrics": MetricRecord({"num-examples": len(y)}),
+                **scaffold.reply(),
+            }
+        )
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+@pytest.mark.parametrize("variant", ["seed", "option2"])
+def test_scaffold_with_the_client_helper_matches_the_simulator(variant):
+    cfg = task.settings({"num-server-rounds": 3})
+    m = int(cfg["num-clients"])
+    assert int(cfg["local-steps"]) * int(cfg["batch-size"]) <= len(
+        task.load_partition(0, m, cfg)[1]
+    )
+    grid = LocalGrid(m, scaffold_app(variant))
+    strategy = SCAFFOLD(fraction_evaluate=0.0, min_available_nodes=m)
+    torch.manual_seed(int(cfg["seed"]))
+    result = strategy.start(grid, ArrayRecord(task.Net(int(cfg["hidden"])).state_dict()), 3)
+    sim = fedshield_reference(
+        cfg, server={"algorithm": "scaffold"}, client="scaffold", client_params={"variant": variant}
+    )
+    final = result.arrays.to_torch_state_dict()
+    flat = torch.cat([final[n].reshape(-1) for n, _ in task.Net().named_parameters()])
+    torch.testing.assert_close(flat, sim.state.params, atol=1e-6, rtol=0)
+    torch.testing.assert_close(strategy.state["h"], sim.state.server_state["h"], atol=1e-6, rtol=0)
+    net = task.Net(int(cfg["hidden"]))
+    for context in grid.contexts.values():
+        k = int(context.node_config["partition-id"])
+        h_k = flat_params(context.state.array_records[SCAFFOLD_STATE], net)
+        torch.testing.assert_close(h_k, sim.state.client_states[k]["h"], atol=1e-6, rtol=0)
+    assert float(strategy.state["h"].norm()) > 0
