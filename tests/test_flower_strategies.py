@@ -550,3 +550,12 @@ def test_root_model_must_be_the_records_model():
     strategy = S.BRDRAG(root_data=(torch.zeros(4, 6), torch.zeros(4)), model_fn=Plain)
     with pytest.raises(ConfigError, match="model_fn's parameters"):
         strategy.configure_train(1, initial(), ConfigRecord(), LocalGrid(M, scripted_app()))
+
+
+def test_fedshield_flower_exports_every_strategy_lazily():
+    import fedshield.flower as fl
+
+    names = set(S.__all__) - {"RootTrainParams"}
+    assert names <= set(fl.__all__)
+    assert all(getattr(fl, n) is getattr(S, n) for n in names)
+    assert fl.ScaffoldClient is ScaffoldClient
