@@ -14,6 +14,17 @@
   process without Ray (debugging, fast tests);
 * :mod:`~fedshield.flower.byzantine` — which attacks run on SuperNodes, which in the strategy.
 
+Flower-native strategies, for a Flower app of your own (docs/flower-strategies.md):
+
+* :mod:`~fedshield.flower.strategies` — every fedshield server algorithm × aggregator as a
+  subclass of Flower's ``FedAvg`` strategy (:class:`~fedshield.flower.strategies.FedshieldRule`,
+  ``BRDRAG``, ``DRAG``, ``FLTrust``, ``Krum``, ``Median``, ``CenteredClipping``, ...), also
+  importable from here (``from fedshield.flower import BRDRAG``);
+* :mod:`~fedshield.flower.client_tools` — the client parts some of them need
+  (:class:`~fedshield.flower.client_tools.ScaffoldClient`,
+  :func:`~fedshield.flower.client_tools.drag_calibrate_local`);
+* :mod:`~fedshield.flower.arrays` — a model's ``ArrayRecord`` ↔ flat vectors, checked.
+
 See docs/deployment.md for SuperLink + SuperNodes on several hosts.
 """
 
@@ -38,4 +49,42 @@ def run_simulation(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run(*args, **kwargs)
 
 
-__all__ = ["run_simulation"]
+#: names re-exported lazily from the Flower-native modules (imported on first use)
+_LAZY = {
+    **{
+        name: "fedshield.flower.strategies"
+        for name in (
+            "BRDRAG",
+            "DRAG",
+            "RAGA",
+            "RFA",
+            "SCAFFOLD",
+            "Bulyan",
+            "CenteredClipping",
+            "FLTrust",
+            "FedACG",
+            "FedExP",
+            "FedshieldRule",
+            "GeoMed",
+            "Krum",
+            "Median",
+            "MultiKrum",
+            "NormClip",
+            "TrimmedMean",
+        )
+    },  # fmt: skip
+    "ScaffoldClient": "fedshield.flower.client_tools",
+    "drag_calibrate_local": "fedshield.flower.client_tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["run_simulation", *_LAZY]

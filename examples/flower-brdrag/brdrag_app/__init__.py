@@ -1,0 +1,1 @@
+"""A Flower app on scikit-learn's digits: plain Flower + fedshield's BR-DRAG strategy."""

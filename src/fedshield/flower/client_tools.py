@@ -1,0 +1,183 @@
+"""Client-side parts of fedshield's Flower-native strategies, for your own ClientApp.
+
+Most strategies of :mod:`fedshield.flower.strategies` need nothing on the client: train,
+return ``ArrayRecord(model.state_dict())`` and ``MetricRecord({"num-examples": n})``.
+Two methods have a client part, and both reuse fedshield's own code for it:
+
+* **SCAFFOLD** (SPEC §4) — :class:`ScaffoldClient`: the strategy broadcasts the server
+  control variate h as the ``ArrayRecord`` ``fs.h`` (keyed like the model's parameters);
+  the helper adds h − h_m to every gradient before the optimizer step and, after training,
+  refreshes the client's h_m (kept in ``context.state``) and returns Δh_m as the
+  ``ArrayRecord`` ``fs.dh`` to add to the reply. The math is
+  :class:`fedshield.algorithms.client.scaffold.ScaffoldClient`'s (variants ``seed`` and
+  ``option2``)::
+
+      model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+      scaffold = ScaffoldClient(model, msg, context)
+      for x, y in batches:
+          opt.zero_grad(); F.cross_entropy(model(x), y).backward()
+          scaffold.correct()
+          opt.step()
+      content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                            "metrics": MetricRecord({"num-examples": n}),
+                            **scaffold.reply()})
+
+* **DRAG's local calibration** (SPEC §2: "let the Flower client optionally do it
+  locally") — :func:`drag_calibrate_local`: with ``DRAG(client_calibration=True)`` the
+  strategy broadcasts r^t (``fs.ref``) and c (config key ``fs.drag-c``) from round 2 on;
+  after local training the helper replaces the model's parameters by θ^t + v_m, v_m of
+  eq. 11 (:func:`fedshield.aggregators.drag_calibrate`), and the server only averages.
+
+FedCART's prototypes are not offered here (see docs/flower-strategies.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message
+from torch import Tensor, nn
+
+from fedshield.aggregators.drag import drag_calibrate
+from fedshield.algorithms.client.base import ClientContext, LocalSpec
+from fedshield.algorithms.client.scaffold import ScaffoldClient as _FedshieldScaffold
+from fedshield.algorithms.client.scaffold import ScaffoldParams
+from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.flat import get_params, set_params
+from fedshield.data.bundle import TensorData
+
+#: prefix of the records fedshield's Flower-native strategies add to a message
+EXTRA_PREFIX = "fs."
+H = "fs.h"  #: SCAFFOLD's server control variate h (broadcast)
+DH = "fs.dh"  #: SCAFFOLD's Δh_m (uploaded)
+REF = "fs.ref"  #: DRAG's reference r^t (broadcast with client_calibration=True)
+DRAG_C = "fs.drag-c"  #: DRAG's DoD scale c (train config, with REF)
+SCAFFOLD_STATE = "fs.scaffold-h"  #: the client's h_m in ``context.state``
+
+
+def _param_names(model: nn.Module) -> list[str]:
+    return [n for n, _ in model.named_parameters()]
+
+
+def flat_params(record: Mapping[str, Array], model: nn.Module) -> Tensor:
+    """A record keyed like ``model``'s parameters as one flat vector in parameter order."""
+    names = _param_names(model)
+    missing = [n for n in names if n not in record]
+    if missing:
+        raise KeyError(f"the record lacks the model's parameters {missing[:3]}")
+    like = next(model.parameters())
+    parts = [torch.from_numpy(np.asarray(record[n].numpy())).reshape(-1) for n in names]
+    return torch.cat(parts).to(like.device, like.dtype)
+
+
+def param_record(vec: Tensor, model: nn.Module) -> ArrayRecord:
+    """A flat parameter-shaped vector as a record keyed like ``model``'s parameters."""
+    out, offset = {}, 0
+    flat = vec.detach().cpu()
+    for name, p in model.named_parameters():
+        n = p.numel()
+        out[name] = Array(flat[offset : offset + n].reshape(p.shape).numpy().copy())
+        offset += n
+    return ArrayRecord(out)
+
+
+class ScaffoldClient:
+    """SCAFFOLD's client part in a user's training loop (see the module docstring).
+
+    Build it after loading the received model into ``model`` (θ^t is read from it).
+    ``variant="seed"`` (seed 000's form, the default): h_m⁺ = the gradient of the first
+    mini-batch at θ^t; ``"option2"`` (the original paper's option II, needs ``lr``):
+    h_m⁺ = h_m − h + (θ^t − θ_m)/(U η), U = the number of :meth:`correct` calls.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        msg: Message,
+        context: Context,
+        *,
+        variant: str = "seed",
+        lr: float | None = None,
+    ) -> None:
+        if H not in msg.content.array_records:
+            raise ValueError(
+                f"the train message carries no {H!r} record: is the server strategy "
+                "fedshield.flower.strategies.SCAFFOLD?"
+            )
+        if variant == "option2" and (lr is None or lr <= 0):
+            raise ValueError("variant='option2' needs the local step size lr > 0")
+        self.model = model
+        self.context = context
+        self.params = ScaffoldParams(variant=variant)  # validates the variant
+        self.lr = lr
+        self.start = get_params(model)
+        h = flat_params(msg.content.array_records[H], model)
+        self.payload = Payload(self.start, self.start.new_zeros(0), {"h": h})
+        self.state: dict[str, Tensor] = {}
+        saved = context.state.array_records.get(SCAFFOLD_STATE)
+        if saved is not None:
+            self.state["h"] = flat_params(saved, model)
+        self.steps = 0
+
+    def _algorithm(self) -> _FedshieldScaffold:
+        spec = LocalSpec(lr=self.lr or 1.0, batch_size=1, steps=max(self.steps, 1))
+        return _FedshieldScaffold(spec, self.params)
+
+    def correct(self) -> None:
+        """g ← g + h − h_m on every parameter's gradient; call it between
+        ``loss.backward()`` and ``optimizer.step()``."""
+        self._algorithm().adjust_grads(self.model, self.payload, self.state, [], self.steps)
+        self.steps += 1
+
+    def reply(self) -> dict[str, ArrayRecord]:
+        """``{"fs.dh": Δh_m}`` for the reply's RecordDict; stores h_m⁺ in ``context.state``."""
+        if self.steps == 0:
+            raise RuntimeError("ScaffoldClient.correct() was never called")
+        delta = get_params(self.model) - self.start
+        update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
+        ctx = ClientContext(0, 0, torch.Generator(), delta.device)
+        no_data = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
+        out = self._algorithm().finish(self.model, update, self.payload, no_data, ctx, self.state)
+        self.context.state[SCAFFOLD_STATE] = param_record(self.state["h"], self.model)
+        return {DH: param_record(out.extras["dh"], self.model)}
+
+
+def drag_calibrate_local(
+    model: nn.Module, msg: Message, arrays_key: str = "arrays"
+) -> dict[str, float]:
+    """DRAG's calibration on the client (SPEC §2, eqs. 10–11): when ``msg`` carries r^t,
+    set ``model``'s parameters to θ^t + v_m with v_m = (1 − λ) g + λ (‖g‖/‖r‖) r,
+    g = θ_m − θ^t, λ = c (1 − cos(g, r)). Returns ``{"drag/lambda", "drag/cos"}`` (empty
+    in round 1, before the server has a reference, when the server calibrates itself).
+    Call it after local training, before building the reply."""
+    ref = msg.content.array_records.get(REF)
+    if ref is None:
+        return {}
+    c = None
+    for record in msg.content.config_records.values():
+        if DRAG_C in record:
+            c = float(record[DRAG_C])  # type: ignore[arg-type]
+    if c is None:
+        raise ValueError(f"the message carries {REF!r} but no {DRAG_C!r} in its config")
+    start = flat_params(msg.content.array_records[arrays_key], model)
+    r = flat_params(ref, model)
+    g = get_params(model) - start
+    v, lam, cos = drag_calibrate(g, r, c)
+    set_params(model, start + v)
+    return {"drag/lambda": float(lam), "drag/cos": float(cos)}
+
+
+__all__ = [
+    "DH",
+    "DRAG_C",
+    "EXTRA_PREFIX",
+    "H",
+    "REF",
+    "SCAFFOLD_STATE",
+    "ScaffoldClient",
+    "drag_calibrate_local",
+    "flat_params",
+    "param_record",
+]

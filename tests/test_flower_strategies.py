@@ -1,0 +1,561 @@
+"""fedshield.flower.strategies: Flower-native strategies, without Ray.
+
+Replies are scripted by a ClientApp served in process (``LocalGrid``): client k returns
+θ_start + G_k^t (G seeded by (round, k)), its buffers and a count. Each strategy's model
+is compared with the fedshield server algorithm run directly on the same updates, and
+Krum / Median / FedAvg with Flower's own strategies on the same replies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("flwr")
+
+from flwr.app import (  # noqa: E402
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.serverapp import strategy as flwr_strategy  # noqa: E402
+
+from fedshield.aggregators import AGGREGATORS  # noqa: E402
+from fedshield.algorithms.server import SERVER_ALGORITHMS  # noqa: E402
+from fedshield.algorithms.server.base import ServerStep  # noqa: E402
+from fedshield.core.context import ClientUpdate, RoundContext  # noqa: E402
+from fedshield.errors import ConfigError  # noqa: E402
+from fedshield.flower import strategies as S  # noqa: E402
+from fedshield.flower.client_tools import (  # noqa: E402
+    DH,
+    REF,
+    H,
+    ScaffoldClient,
+    drag_calibrate_local,
+)
+from fedshield.flower.local import LocalGrid  # noqa: E402
+
+M = 5  # nodes
+ROUNDS = 2
+
+
+class BNNet(nn.Module):
+    """Parameters, BatchNorm running statistics and an integer counter."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.fc2 = nn.Linear(4, 3)
+
+
+def initial(model_cls: type[nn.Module] = BNNet) -> ArrayRecord:
+    torch.manual_seed(0)
+    return ArrayRecord(model_cls().state_dict())
+
+
+def update_of(seed: int, like: torch.Tensor, scale: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(like.shape, generator=g, dtype=like.dtype)
+
+
+def move(rnd: int, i: int, k: int, like: torch.Tensor) -> torch.Tensor:
+    """Client k's move of array i in round rnd: clients differ in scale (0.1 to 0.5)."""
+    return update_of(10_000 * rnd + 100 * i + k, like, 0.1 * (1 + k % 5))
+
+
+def count_of(k: int) -> int:
+    return 10 + 7 * k
+
+
+def reply_arrays(k: int, rnd: int, start: ArrayRecord) -> dict[str, np.ndarray]:
+    """Client k's trained model in round ``rnd``: start + G_k (positive running variances,
+    an integer counter moved too)."""
+    out = {}
+    for i, (name, a) in enumerate(start.items()):
+        v = torch.from_numpy(a.numpy())
+        if name.endswith("running_var"):
+            out[name] = (v.abs() + move(rnd, i, k, v).abs()).numpy()
+        elif v.is_floating_point():
+            out[name] = (v + move(rnd, i, k, v)).numpy()
+        else:
+            out[name] = (v + rnd).numpy()
+    return out
+
+
+def dh_arrays(k: int, rnd: int, h: ArrayRecord) -> dict[str, np.ndarray]:
+    """Client k's scripted SCAFFOLD Δh, keyed like the parameters."""
+    return {n: move(rnd, 50, k, torch.from_numpy(a.numpy())).numpy() for n, a in h.items()}
+
+
+def scripted_app(forge: dict[int, Callable[[RecordDict], None]] | None = None) -> ClientApp:
+    """Client k replies :func:`reply_arrays`, count_of(k) and, to SCAFFOLD, a Δh;
+    ``forge[k]`` may rewrite its reply."""
+    app = ClientApp()
+
+    @app.train()
+    def _train(msg: Message, context: Context) -> Message:
+        k = int(context.node_config["partition-id"])
+        rnd = int(msg.content["config"]["server-round"])
+        arrays = reply_arrays(k, rnd, msg.content["arrays"])
+        metrics = {"num-examples": count_of(k), "train_loss": float(k)}
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({n: Array(v) for n, v in arrays.items()}),
+                "metrics": MetricRecord(metrics),
+            }
+        )
+        if H in msg.content.array_records:
+            dh = dh_arrays(k, rnd, msg.content.array_records[H])
+            content[DH] = ArrayRecord({n: Array(v) for n, v in dh.items()})
+        if forge and k in forge:
+            forge[k](content)
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+def run(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS, model=BNNet):  # noqa: ANN001, ANN201
+    return strategy.start(grid, initial(model), num_rounds=rounds)
+
+
+def flat_of(record: ArrayRecord, strategy: S.FedshieldRule) -> tuple[torch.Tensor, torch.Tensor]:
+    return strategy.layout.decode(record)
+
+
+# -- the reference: the fedshield server algorithm on the same updates -----------------------
+def reference_fn(arrays: ArrayRecord, server_round: int) -> ArrayRecord:
+    """The server's 'root training': a fixed move of the weights per round (trusted)."""
+    out = {}
+    for name, a in arrays.items():
+        v = torch.from_numpy(a.numpy())
+        if name.endswith("weight"):
+            v = v + update_of(999 + server_round, v, 0.2)
+        out[name] = Array(v.numpy())
+    return ArrayRecord(out)
+
+
+class RefServices:
+    """The root update of :func:`reference_fn`, as the simulator's services give it."""
+
+    def __init__(self, layout, passed) -> None:  # noqa: ANN001
+        self.layout, self.passed = layout, passed
+
+    def root_update(self, params, buffers, ctx):  # noqa: ANN001, ANN201
+        record = reference_fn(self.layout.encode(params, buffers, self.passed), ctx.round)
+        p, _ = self.layout.decode(record)
+        return ClientUpdate(-1, p - params, 0, buffers)
+
+
+def reference(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS):  # noqa: ANN201
+    """θ, buffers and server state from a fresh instance of the strategy's server algorithm
+    and rule (same registry entries and parameters) fed the scripted updates directly."""
+    layout = strategy.layout
+    rule = AGGREGATORS.entry(strategy.aggregator_name).obj(
+        **strategy.server.aggregator.params.kwargs()
+    )
+    server = SERVER_ALGORITHMS.entry(strategy.server_name).obj(
+        rule, lr=strategy.server.lr, weighting=strategy.weighting, params=strategy.server.params
+    )
+    start_record = initial()
+    params, buffers = layout.decode(start_record)
+    passed = layout.pass_through(start_record)
+    state = server.init_state(params)
+    node_of = {int(c.node_config["partition-id"]): n for n, c in grid.contexts.items()}
+    services = RefServices(layout, passed)
+    for rnd in range(1, rounds + 1):
+        ctx = RoundContext(rnd, tuple(sorted(node_of.values())), (), 0, M, torch.device("cpu"))
+        payload = server.broadcast(params, buffers, state, ctx)
+        start = layout.encode(payload.params, payload.buffers, passed)
+        updates = []
+        for k in sorted(node_of, key=node_of.__getitem__):
+            arrays = reply_arrays(k, rnd, start)
+            p, b = layout.decode(ArrayRecord({n: Array(v) for n, v in arrays.items()}))
+            extras = {}
+            if "h" in payload.extras:
+                dh = dh_arrays(k, rnd, layout.encode_params(payload.extras["h"]))
+                extras["dh"] = torch.cat([torch.from_numpy(v).reshape(-1) for v in dh.values()])
+            n = 1 if strategy.weighting == "uniform" else count_of(k)
+            updates.append(ClientUpdate(node_of[k], p - payload.params, n, b, extras=extras))
+        step = server.update(params, buffers, state, updates, ctx, services)
+        step = server.post_step(step, ctx, services)
+        params, buffers, state = step.params, step.buffers, step.state
+    return params, buffers, state
+
+
+ROOT = {"reference_fn": reference_fn}
+CASES: dict[str, Callable[[], S.FedshieldRule]] = {
+    "fedavg-mean": lambda: S.FedshieldRule(),
+    "drag": lambda: S.DRAG(alpha=0.3, c=0.4),
+    "drag-fltrust": lambda: S.DRAG(aggregator="fltrust"),
+    "brdrag": lambda: S.BRDRAG(c=0.5, **ROOT),
+    "fltrust": lambda: S.FLTrust(**ROOT),
+    "fedexp-median": lambda: S.FedExP(aggregator="median"),
+    "fedacg-trimmed": lambda: S.FedACG(
+        lam=0.8, aggregator="trimmed_mean", aggregator_args={"f": 1}
+    ),
+    "scaffold": lambda: S.SCAFFOLD(),
+    "scaffold-krum": lambda: S.SCAFFOLD(aggregator="krum", aggregator_args={"f": 1}),
+    "krum": lambda: S.Krum(f=1),
+    "multikrum": lambda: S.MultiKrum(f=1, m=3),
+    "median": lambda: S.Median(),
+    "trimmed_mean": lambda: S.TrimmedMean(f=1),
+    "bulyan": lambda: S.Bulyan(f=0),
+    "geomed": lambda: S.GeoMed(weighting="samples"),
+    "rfa-samples": lambda: S.RFA(weighting="samples"),
+    "raga": lambda: S.RAGA(),
+    "centered_clipping": lambda: S.CenteredClipping(tau=0.3),
+    "norm_clip": lambda: S.NormClip(tau=0.2),
+    "fedacg-cc": lambda: S.FedACG(aggregator="centered_clipping", aggregator_args={"tau": 0.3}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_strategy_equals_the_fedshield_server_algorithm(name):
+    strategy = CASES[name]()
+    grid = LocalGrid(M, scripted_app())
+    result = run(strategy, grid)
+    params, buffers, state = reference(strategy, grid)
+    got_p, got_b = flat_of(result.arrays, strategy)
+    torch.testing.assert_close(got_p, params, rtol=0, atol=0)
+    torch.testing.assert_close(got_b, buffers, rtol=0, atol=0)
+    assert set(strategy.state) == set(state)
+    for key in state:
+        torch.testing.assert_close(strategy.state[key], state[key], rtol=0, atol=0)
+    # the integer counter passes through unchanged (the server keeps its own)
+    final = result.arrays.to_torch_state_dict()
+    assert int(final["bn.num_batches_tracked"]) == 0
+    assert not torch.equal(got_p, flat_of(initial(), strategy)[0])  # it moved
+    metrics = result.train_metrics_clientapp[ROUNDS]
+    assert metrics["sys/rejected"] == 0 and metrics["sys/kept"] == M
+
+
+def test_every_server_algorithm_and_rule_is_offered_or_refused_clearly():
+    """Every aggregator under FedAvg builds; FedCART is refused naming the alternative."""
+    for name in AGGREGATORS.names():
+        kwargs = ROOT if AGGREGATORS.entry(name).obj.needs_reference else {}
+        S.FedshieldRule(aggregator=name, **kwargs)
+    for name in SERVER_ALGORITHMS.names():
+        if name == "fedcart":
+            with pytest.raises(ConfigError, match="fedshield run --backend flower"):
+                S.FedshieldRule(server=name)
+        else:
+            S.FedshieldRule(server=name, **ROOT)
+
+
+# -- against Flower's own strategies (a maintained library's output) ------------------------
+class Plain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 5)
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (lambda: S.Krum(f=1), lambda: flwr_strategy.Krum(num_malicious_nodes=1)),
+        (lambda: S.Median(), lambda: flwr_strategy.FedMedian()),
+        (lambda: S.FedshieldRule(), lambda: flwr_strategy.FedAvg()),
+        (
+            lambda: S.MultiKrum(f=1, m=2, weighting="samples"),
+            lambda: flwr_strategy.MultiKrum(num_malicious_nodes=1, num_nodes_to_select=2),
+        ),
+    ],
+    ids=["krum", "median", "fedavg", "multikrum"],
+)
+def test_matches_flowers_own_strategy(ours, theirs):
+    a = ours().start(LocalGrid(M, scripted_app()), initial(Plain), num_rounds=2)
+    b = theirs().start(LocalGrid(M, scripted_app()), initial(Plain), num_rounds=2)
+    for key in ("fc.weight", "fc.bias"):
+        torch.testing.assert_close(
+            torch.from_numpy(a.arrays[key].numpy()),
+            torch.from_numpy(b.arrays[key].numpy()),
+            atol=1e-6,
+            rtol=1e-6,  # float32: θ + (θ_m − θ) against θ_m, sums in another order
+        )
+
+
+# -- untrusted replies ----------------------------------------------------------------------
+def _set(key: str, value: np.ndarray) -> Callable[[RecordDict], None]:
+    def forge(content: RecordDict) -> None:
+        content["arrays"][key] = Array(value)
+
+    return forge
+
+
+def _count(value: Any) -> Callable[[RecordDict], None]:
+    def forge(content: RecordDict) -> None:
+        content["metrics"]["num-examples"] = value
+
+    return forge
+
+
+def _drop(key: str) -> Callable[[RecordDict], None]:
+    def forge(content: RecordDict) -> None:
+        del content["arrays"][key]
+
+    return forge
+
+
+def _huge_declared(content: RecordDict) -> None:
+    # 4 GB declared and no bytes: refused from the metadata, never decoded
+    content["arrays"]["fc1.weight"] = Array("float32", (10**9,), "numpy.ndarray", b"")
+
+
+def _to_float64(content: RecordDict) -> None:
+    for key, a in list(content["arrays"].items()):
+        content["arrays"][key] = Array(a.numpy().astype(np.float64))
+
+
+def _nan(content: RecordDict) -> None:
+    w = content["arrays"]["fc2.weight"].numpy().copy()
+    w[0, 0] = np.nan
+    content["arrays"]["fc2.weight"] = Array(w)
+
+
+def _garbage(content: RecordDict) -> None:
+    content["arrays"]["fc2.bias"] = Array("float32", (3,), "numpy.ndarray", b"not numpy")
+
+
+FORGED = {
+    1: _nan,
+    2: _set("fc1.weight", np.zeros((6, 4), np.float32)),  # transposed
+    3: _to_float64,
+    4: _huge_declared,
+    5: _drop("fc2.bias"),
+    6: _set("bn.running_var", -np.ones(4, np.float32)),
+    7: _count(-3),
+    8: _garbage,
+    9: _set("bn.num_batches_tracked", np.zeros(3, np.int64)),
+    10: _set("fc2.bias", np.zeros((30_000,), np.float32)),  # oversized
+}
+REASONS = {
+    "delta_nonfinite": 1,
+    "delta_shape": 3,  # transposed, declared 4 GB, oversized
+    "delta_dtype": 1,
+    "keys": 1,
+    "buffers_range": 1,
+    "num_examples": 1,
+    "malformed": 1,
+    "buffers_shape": 1,
+}
+
+
+def test_bad_replies_are_rejected_and_counted_and_the_rest_aggregated():
+    honest = [0, 11, 12]
+    nodes = len(FORGED) + len(honest)
+    strategy = S.Median()
+    grid = LocalGrid(nodes, scripted_app(FORGED))
+    result = run(strategy, grid, rounds=1)
+    metrics = result.train_metrics_clientapp[1]
+    assert metrics["sys/rejected"] == len(FORGED)
+    assert {
+        k[len("sys/rejected/") :]: v for k, v in metrics.items() if k.startswith("sys/rejected/")
+    } == REASONS
+    assert metrics["sys/kept"] == len(honest)
+    # the model is the median of the honest replies alone
+    clean = S.Median()
+    clean_grid = LocalGrid(nodes, scripted_app())
+    clean_grid.contexts = {
+        n: c for n, c in grid.contexts.items() if c.node_config["partition-id"] in honest
+    }
+    want = run(clean, clean_grid, rounds=1)
+    got_p, got_b = flat_of(result.arrays, strategy)
+    want_p, want_b = flat_of(want.arrays, clean)
+    torch.testing.assert_close(got_p, want_p, rtol=0, atol=0)
+    torch.testing.assert_close(got_b, want_b, rtol=0, atol=0)
+
+
+def test_huge_finite_reply_keeps_a_robust_model_finite_and_close():
+    big = {0: _set("fc1.weight", np.full((4, 6), 3e38, np.float32))}
+    strategy = S.Median()
+    result = run(strategy, LocalGrid(M, scripted_app(big)), rounds=1)
+    p, _ = flat_of(result.arrays, strategy)
+    assert bool(torch.isfinite(p).all())
+    start, _ = flat_of(initial(), strategy)
+    assert float((p - start).abs().max()) < 3.0  # honest moves: N(0, 0.1²..0.5²)
+
+
+def test_lying_count_is_capped_and_uniform_weighting_ignores_counts():
+    liar = {0: _count(10**9)}
+    cap = count_of(M - 1)  # the largest honest count
+    capped = S.FedshieldRule(max_num_examples=cap)
+    result = run(capped, LocalGrid(M, scripted_app(liar)), rounds=1)
+    assert result.train_metrics_clientapp[1]["sys/capped_num_examples"] == 1
+    # the same as an honest client 0 reporting the cap
+    honest = S.FedshieldRule()
+    want = run(honest, LocalGrid(M, scripted_app({0: _count(cap)})), rounds=1)
+    torch.testing.assert_close(flat_of(result.arrays, capped)[0], flat_of(want.arrays, honest)[0])
+    uniform = S.FedshieldRule(weighting="uniform")
+    lied = run(uniform, LocalGrid(M, scripted_app(liar)), rounds=1)
+    honest_uniform = S.FedshieldRule(weighting="uniform")
+    plain = run(honest_uniform, LocalGrid(M, scripted_app()), rounds=1)
+    torch.testing.assert_close(flat_of(lied.arrays, uniform)[0], flat_of(plain.arrays, uniform)[0])
+    # robust rules default to uniform weighting: counts are never read (SPEC §12)
+    assert S.Krum(f=1).weighting == "uniform" and S.FedshieldRule().weighting == "samples"
+
+
+def test_non_finite_step_keeps_the_model_and_the_state(monkeypatch):
+    strategy = S.CenteredClipping(tau=0.3)
+    grid = LocalGrid(M, scripted_app())
+    run(strategy, grid, rounds=1)
+    state = {k: v.clone() for k, v in strategy.state.items()}
+
+    def nan_step(params, buffers, st, updates, ctx, services):  # noqa: ANN001, ANN202
+        return ServerStep(params * math.nan, buffers, {"center": st["center"] * math.nan})
+
+    monkeypatch.setattr(strategy.server, "update", nan_step)
+    replies = grid.send_and_receive(strategy.configure_train(2, initial(), ConfigRecord(), grid))
+    out, metrics = strategy.aggregate_train(2, replies)
+    assert out is None and metrics["sys/nonfinite_step"] == 1
+    torch.testing.assert_close(strategy.state["center"], state["center"])
+
+
+# -- composition with Flower's own wrappers -------------------------------------------------
+class Wide(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(40, 25)
+
+
+def test_composes_with_flowers_server_side_dp_wrapper():
+    """DifferentialPrivacyServerSideFixedClipping(Median()): the median of the updates
+    clipped to C, plus Flower's Gaussian noise σ = z·C/n; the next round starts from the
+    noised model Flower hands back to the strategy."""
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping as DP
+
+    clip = 0.5
+    start_record = initial(Wide)
+    flat = [torch.from_numpy(a.numpy()).reshape(-1) for a in start_record.values()]
+    start = torch.cat(flat)
+    rows = []
+    for k in range(M):
+        reply = reply_arrays(k, 1, start_record)
+        g = torch.cat([torch.from_numpy(v).reshape(-1) for v in reply.values()]) - start
+        rows.append(g * min(1.0, clip / float(g.norm())))
+    want = start + AGGREGATORS.build("median")(torch.stack(rows))
+
+    def one_round(noise: float, grid: LocalGrid) -> tuple[DP, ArrayRecord]:
+        dp = DP(S.Median(), noise_multiplier=noise, clipping_norm=clip, num_sampled_clients=M)
+        replies = grid.send_and_receive(dp.configure_train(1, initial(Wide), ConfigRecord(), grid))
+        arrays, metrics = dp.aggregate_train(1, replies)
+        assert metrics["sys/kept"] == M
+        return dp, arrays
+
+    _, quiet = one_round(0.0, LocalGrid(M, scripted_app()))
+    quiet_flat = torch.cat([torch.from_numpy(a.numpy()).reshape(-1) for a in quiet.values()])
+    torch.testing.assert_close(quiet_flat, want, atol=1e-6, rtol=0)
+
+    np.random.seed(0)  # Flower draws its noise from numpy's global generator
+    grid = LocalGrid(M, scripted_app())
+    dp, noised = one_round(1.0, grid)
+    noise = torch.cat([torch.from_numpy(a.numpy()).reshape(-1) for a in noised.values()])
+    noise = noise - quiet_flat
+    sigma = 1.0 * clip / M
+    assert float(noise.std()) == pytest.approx(sigma, rel=0.1)
+    assert abs(float(noise.mean())) < 4 * sigma / math.sqrt(noise.numel())
+    dp.configure_train(2, noised, ConfigRecord(), grid)
+    torch.testing.assert_close(dp.strategy._round.params, quiet_flat + noise, rtol=0, atol=0)
+
+
+# -- client parts ----------------------------------------------------------------------------
+def calibrating_app() -> ClientApp:
+    """The scripted clients, calibrating locally with drag_calibrate_local."""
+    app = ClientApp()
+
+    @app.train()
+    def _train(msg: Message, context: Context) -> Message:
+        k = int(context.node_config["partition-id"])
+        rnd = int(msg.content["config"]["server-round"])
+        model = Plain()
+        trained = reply_arrays(k, rnd, msg.content["arrays"])
+        model.load_state_dict({n: torch.from_numpy(v) for n, v in trained.items()})
+        diag = drag_calibrate_local(model, msg)
+        metrics = {"num-examples": count_of(k)} | diag
+        content = RecordDict(
+            {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}
+        )
+        return Message(content, reply_to=msg)
+
+    return app
+
+
+def test_drag_local_calibration_equals_the_servers():
+    """SPEC §2: v computed by the clients from the broadcast r gives the server-side result."""
+    server_side = S.DRAG(alpha=0.3, c=0.4).start(
+        LocalGrid(M, scripted_app()), initial(Plain), num_rounds=3
+    )
+    strategy = S.DRAG(alpha=0.3, c=0.4, client_calibration=True)
+    grid = LocalGrid(M, calibrating_app())
+    local = strategy.start(grid, initial(Plain), num_rounds=3)
+    for key in ("fc.weight", "fc.bias"):
+        torch.testing.assert_close(
+            torch.from_numpy(local.arrays[key].numpy()),
+            torch.from_numpy(server_side.arrays[key].numpy()),
+            atol=1e-6,
+            rtol=0,
+        )
+    sent = [REF in m.content for m in grid.sent if m.metadata.message_type == "train"]
+    assert sent == [False] * M + [True] * (2 * M)  # r exists from round 2 on
+    assert local.train_metrics_clientapp[3]["drag/lambda"] > 0
+    assert "drag/lambda" not in local.train_metrics_clientapp[1]
+
+
+def test_scaffold_client_needs_the_control_variate():
+    msg = Message(RecordDict({"arrays": initial(Plain)}), dst_node_id=1, message_type="train")
+    with pytest.raises(ValueError, match="fs.h"):
+        ScaffoldClient(Plain(), msg, Context(0, 1, {}, RecordDict(), {}))
+
+
+# -- configuration errors ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda: S.FedshieldRule(aggregator="krumm"), "did you mean 'krum'"),
+        (lambda: S.Krum(f=-1), r"aggregator_args\.f"),
+        (lambda: S.DRAG(alpha=1.5), r"server_args\.alpha"),
+        (lambda: S.FedshieldRule(server="drag", aggregator="median"), "needs_reference"),
+        (lambda: S.BRDRAG(), "reference_fn"),
+        (lambda: S.BRDRAG(root_data=(torch.zeros(2, 8), torch.zeros(2))), "model_fn"),
+        (
+            lambda: S.BRDRAG(
+                root_data=(torch.zeros(2, 8), torch.zeros(2)), model_fn=Plain, root_train={"lr": 0}
+            ),
+            r"root_train\.lr",
+        ),
+        (lambda: S.BRDRAG(reference_fn=reference_fn, root_data=(1, 2)), "not both"),
+        (lambda: S.FedshieldRule(weighting="median"), "weighting='median'"),
+        (lambda: S.FedshieldRule(max_num_examples=-1), "max_num_examples"),
+        (lambda: S.FedshieldRule(server_lr=math.inf), "server_lr"),
+        (lambda: S.Krum(client_calibration=True), "client_calibration"),
+    ],
+)
+def test_bad_arguments_raise_one_clear_config_error(build, match):
+    with pytest.raises(ConfigError, match=match):
+        build()
+
+
+def test_root_model_must_be_the_records_model():
+    strategy = S.BRDRAG(root_data=(torch.zeros(4, 6), torch.zeros(4)), model_fn=Plain)
+    with pytest.raises(ConfigError, match="model_fn's parameters"):
+        strategy.configure_train(1, initial(), ConfigRecord(), LocalGrid(M, scripted_app()))
+
+
+def test_fedshield_flower_exports_every_strategy_lazily():
+    import fedshield.flower as fl
+
+    names = set(S.__all__) - {"RootTrainParams"}
+    assert names <= set(fl.__all__)
+    assert all(getattr(fl, n) is getattr(S, n) for n in names)
+    assert fl.ScaffoldClient is ScaffoldClient
