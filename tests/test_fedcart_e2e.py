@@ -111,6 +111,16 @@ def test_fedcart_resume_replays_exactly(tmp_path):
     assert full == (tmp_path / "part" / "metrics.jsonl").read_text()
 
 
+def test_runs_with_the_robust_and_groups_evaluators_are_byte_identical(tmp_path):
+    # Wall times go to timing.jsonl, so metrics.jsonl is a pure function of (config, seed).
+    cfg = fedcart_cfg(rounds=1)
+    run(cfg, tmp_path / "a")
+    run(cfg, tmp_path / "b")
+    a = (tmp_path / "a" / "metrics.jsonl").read_bytes()
+    assert a == (tmp_path / "b" / "metrics.jsonl").read_bytes()
+    assert b"robust/pgd20" in a and b"groups/minority/natural" in a and b"wall" not in a
+
+
 def test_fedcart_composes_with_a_byzantine_aggregator():
     summary = run(
         fedcart_cfg(
