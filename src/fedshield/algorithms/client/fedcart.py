@@ -26,6 +26,7 @@ bias component lies outside the reachable range. ``proto_views = "sum"`` is SPEC
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -101,6 +102,46 @@ class FedCARTParams(ATParams):
         return self
 
 
+def cart_objective(
+    p: FedCARTParams,
+    logits: Tensor,
+    logits_adv: Tensor | None,
+    z: Tensor,
+    z_adv: Tensor | None,
+    y: Tensor,
+    stage: int = 0,
+    align: Callable[[Tensor, Tensor, Tensor, float], Tensor] = align_loss,
+) -> Tensor:
+    """L_CART = L_AT + γ·L_Align (SPEC §7) from the main path's features and logits.
+
+    L_AT is TRADES, MART, TAET's stage loss (1: natural CE, 2: HARL) or CE on the natural
+    and/or adversarial logits (the ``nat``/``at`` ablation switches); γ = ι·(1 − agreement of
+    the natural and adversarial predictions). ``align`` is the SupCon loss, batched or not,
+    so the sequential and the vectorised trainer share this one objective."""
+    terms: list[Tensor] = []
+    if p.at_loss == "trades":
+        terms.append(trades_loss(logits, logits_adv, y, p.beta))
+    elif p.at_loss == "mart":
+        terms.append(mart_loss(logits, logits_adv, y, p.beta))
+    elif stage == 1:  # TAET's stabilisation stage: natural CE
+        terms.append(F.cross_entropy(logits, y))
+    elif stage == 2:
+        assert logits_adv is not None
+        terms.append(harl_loss(logits_adv, y, p.harl_alpha, p.harl_beta, p.harl_gamma))
+    else:
+        if p.nat:
+            terms.append(F.cross_entropy(logits, y))
+        if p.at:
+            terms.append(F.cross_entropy(logits_adv, y))
+    if p.align:
+        assert z_adv is not None and logits_adv is not None
+        with torch.no_grad():  # γ is a weight, not a path for gradients
+            agree = (logits.argmax(1) == logits_adv.argmax(1)).float().mean()
+            gamma = p.iota * (1.0 - agree)
+        terms.append(gamma * align(z, z_adv, y, p.tau))
+    return torch.stack(terms).sum()
+
+
 @CLIENT_ALGORITHMS.register(
     "fedcart", tags=["needs_model=dual_head", "uploads=prototypes", "vectorizable"]
 )
@@ -148,28 +189,7 @@ class FedCARTClient(AdversarialClient):
         z_adv = net.forward_features(x_adv) if x_adv is not None else None
         logits_adv = net.main_head(z_adv) if z_adv is not None else None
 
-        terms: list[Tensor] = []
-        if p.at_loss == "trades":
-            terms.append(trades_loss(logits, logits_adv, y, p.beta))
-        elif p.at_loss == "mart":
-            terms.append(mart_loss(logits, logits_adv, y, p.beta))
-        elif stage == 1:  # TAET's stabilisation stage: natural CE
-            terms.append(F.cross_entropy(logits, y))
-        elif stage == 2:
-            assert logits_adv is not None
-            terms.append(harl_loss(logits_adv, y, p.harl_alpha, p.harl_beta, p.harl_gamma))
-        else:
-            if p.nat:
-                terms.append(F.cross_entropy(logits, y))
-            if p.at:
-                terms.append(F.cross_entropy(logits_adv, y))
-        if p.align:
-            assert z_adv is not None and logits_adv is not None
-            with torch.no_grad():  # γ is a weight, not a path for gradients
-                agree = (logits.argmax(1) == logits_adv.argmax(1)).float().mean()
-                gamma = p.iota * (1.0 - agree)
-            terms.append(gamma * align_loss(z, z_adv, y, p.tau))
-        return torch.stack(terms).sum()
+        return cart_objective(p, logits, logits_adv, z, z_adv, y, stage=stage)
 
     # -- prototypes ------------------------------------------------------------------
     def finish(

@@ -32,6 +32,7 @@ from fedshield.algorithms.client.fedcart import (
     PROTOTYPES,
     FedCARTParams,
     _dual,
+    cart_objective,
 )
 from fedshield.algorithms.client.functional import ChunkResult, Draws, VectorForm
 from fedshield.core.context import ClientUpdate, Payload
@@ -258,23 +259,7 @@ class FedCARTForm(ATForm):
         logits = net.main_head(z)
         z_adv = net.forward_features(x_adv) if x_adv is not None else None
         logits_adv = net.main_head(z_adv) if z_adv is not None else None
-        terms: list[Tensor] = []
-        if p.at_loss == "trades":
-            terms.append(trades_loss(logits, logits_adv, y, p.beta))
-        elif p.at_loss == "mart":
-            terms.append(mart_loss(logits, logits_adv, y, p.beta))
-        else:
-            if p.nat:
-                terms.append(F.cross_entropy(logits, y))
-            if p.at:
-                terms.append(F.cross_entropy(logits_adv, y))
-        if p.align:
-            assert z_adv is not None and logits_adv is not None
-            with torch.no_grad():  # γ is a weight, not a path for gradients
-                agree = (logits.argmax(1) == logits_adv.argmax(1)).float().mean()
-                gamma = p.iota * (1.0 - agree)
-            terms.append(gamma * align_loss_batched(z, z_adv, y, p.tau))
-        return torch.stack(terms).sum()
+        return cart_objective(p, logits, logits_adv, z, z_adv, y, align=align_loss_batched)
 
     def finish(self, chunk: ChunkResult, updates: list[ClientUpdate]) -> None:
         net = _dual(chunk.model)
