@@ -153,12 +153,12 @@ def _mnist(partition, beta=0.5):
     return {
         "name": f"fedavg-{partition}",
         "seed": 0,
-        "rounds": 30,
+        "rounds": 20,
         "data": {"dataset": "mnist5k", "num_clients": 20, "partition": partition, "beta": beta},
         "model": {"name": "cnn_small"},
         "client": {"lr": 0.1, "batch_size": 32, "local_steps": 10},
         "server": {"clients_per_round": 10},
-        "eval": {"every": 30},
+        "eval": {"every": 20},
         "run": {"progress": False},
     }
 

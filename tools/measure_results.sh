@@ -24,6 +24,10 @@ GRIDS=(
 [ $# -gt 0 ] && GRIDS=("$@")
 
 mkdir -p runs
+if [ $# -eq 0 ]; then  # the demo table of the README: what `make demo` prints (seed 0)
+  "$FS" sweep --grid demo -q --out runs/demo > runs/demo.log 2>&1
+  "$PY" tools/render_results.py --collect runs/demo > /dev/null
+fi
 for g in "${GRIDS[@]}"; do
   echo "== $g ($(date +%H:%M))"
   "$FS" sweep --grid "$g" --seeds "$SEEDS" -j "$JOBS" -q --out "runs/$g" > "runs/$g.log" 2>&1 \

@@ -24,7 +24,7 @@ and this script replaces what lies between the markers by the table computed fro
 
     python tools/render_results.py                 # rewrite every block in place
     python tools/render_results.py --check         # exit 1 if a document is out of date
-    python tools/render_results.py --collect runs/brdrag-attacks-20-cpu  # copy its CSVs
+    python tools/render_results.py --collect runs/brdrag-attacks-20-cpu  # copy its CSVs only
 """
 
 from __future__ import annotations
@@ -182,6 +182,8 @@ def main() -> int:
     for d in args.collect:
         for p in collect(Path(d)):
             print(f"collected {p.relative_to(ROOT)}")
+    if args.collect:  # collecting only copies; the documents render once all data is in
+        return 0
     stale = []
     for doc in documents():
         text = doc.read_text()
