@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(VENV)/bin/fedshield sweep --grid demo --out runs/demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(PY) -m pytest -q
+	$(VENV)/bin/ruff check src tests bench tools
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) bench/bench_round.py

@@ -3,8 +3,24 @@ import os
 import pytest
 import torch
 
-# Deterministic, fast CPU tests on the 2-core machines we run on.
-torch.set_num_threads(int(os.environ.get("FEDSHIELD_TEST_THREADS", "2")))
+# Deterministic, fast CPU tests on the 2-core machines we run on: one torch thread per
+# pytest-xdist worker (`make test` runs two), two for a plain `pytest`.
+_DEFAULT_THREADS = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"
+torch.set_num_threads(int(os.environ.get("FEDSHIELD_TEST_THREADS", _DEFAULT_THREADS)))
+
+# Tests that start Ray, Flower's simulation engine or SuperLink/SuperNode processes run one
+# after another on one xdist worker (`--dist loadgroup`): two Ray instances on two cores
+# only slow each other down.
+_SERIAL_FILES = {
+    "test_flower_sim.py", "test_flower_example.py", "test_ray_sweep.py",
+    "test_flower_deployment.py",
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ARG001
+    for item in items:
+        if item.path.name in _SERIAL_FILES:
+            item.add_marker(pytest.mark.xdist_group("processes"))
 
 
 @pytest.fixture

@@ -312,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global console
+    console = Console(stderr=False)  # the terminal's width as of this command (COLUMNS)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
