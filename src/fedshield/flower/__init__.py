@@ -63,6 +63,7 @@ _LAZY = {
             "CenteredClipping",
             "FLTrust",
             "FedACG",
+            "FedCART",
             "FedExP",
             "FedshieldRule",
             "GeoMed",
@@ -73,6 +74,7 @@ _LAZY = {
             "TrimmedMean",
         )
     },  # fmt: skip
+    "FedCARTTrainer": "fedshield.flower.client_tools",
     "ScaffoldClient": "fedshield.flower.client_tools",
     "drag_calibrate_local": "fedshield.flower.client_tools",
 }

@@ -214,4 +214,33 @@ class ModelLayout:
         return torch.cat(parts).to(self.dtype)
 
 
-__all__ = ["BUFFER_SUFFIXES", "ModelLayout", "RecordError", "Slot"]
+TENSOR_KEY = "value"  #: the one array of a tensor record (an extra that is not model-shaped)
+
+
+def encode_tensor(t: Tensor) -> ArrayRecord:
+    """A tensor (e.g. FedCART's prototypes) as a record of one array, ``"value"``."""
+    return ArrayRecord({TENSOR_KEY: Array(np.array(t.detach().cpu().numpy(), order="C"))})
+
+
+def decode_tensor(record: Mapping[str, object], shape: tuple[int, ...], label: str) -> Tensor:
+    """The float32 tensor of a record made by :func:`encode_tensor`, checked against the
+    expected ``shape`` before anything reads it; raises :class:`RecordError` (``label``)."""
+    if set(record) != {TENSOR_KEY}:
+        raise RecordError(label, f"expected the one key {TENSOR_KEY!r}, got {sorted(record)[:4]}")
+    arr = _deserialise(TENSOR_KEY, record[TENSOR_KEY])
+    if arr.dtype != np.float32:
+        raise RecordError(label, f"dtype {arr.dtype}, expected float32")
+    if tuple(arr.shape) != tuple(shape):
+        raise RecordError(label, f"shape {tuple(arr.shape)}, expected {tuple(shape)}")
+    return torch.from_numpy(np.array(arr))
+
+
+__all__ = [
+    "BUFFER_SUFFIXES",
+    "ModelLayout",
+    "RecordError",
+    "Slot",
+    "TENSOR_KEY",
+    "decode_tensor",
+    "encode_tensor",
+]

@@ -28,7 +28,13 @@ Two methods have a client part, and both reuse fedshield's own code for it:
   after local training the helper replaces the model's parameters by θ^t + v_m, v_m of
   eq. 11 (:func:`fedshield.aggregators.drag_calibrate`), and the server only averages.
 
-FedCART's prototypes are not offered here (see docs/flower-strategies.md).
+* **FedCART** (SPEC §7) — :class:`FedCARTTrainer`: fedshield's own FedCART client (L_CART
+  training of (r, h) with PGD examples, then the per-class gradient prototypes of h' at the
+  *received* model) on your data and your :class:`~fedshield.models.dual_head.DualHead`
+  model; :meth:`FedCARTTrainer.train` returns the reply's records (the trained model, the
+  metrics with ``num-examples``, and ``fs.prototypes`` / ``fs.counts`` / ``fs.head-shape``).
+  With the same seed it draws the simulator's mini-batches and PGD starts, so the upload is
+  the one ``fedshield run`` computes for that client.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from torch import Tensor, nn
 
 from fedshield.aggregators.drag import drag_calibrate
@@ -54,6 +60,10 @@ H = "fs.h"  #: SCAFFOLD's server control variate h (broadcast)
 DH = "fs.dh"  #: SCAFFOLD's Δh_m (uploaded)
 REF = "fs.ref"  #: DRAG's reference r^t (broadcast with client_calibration=True)
 DRAG_C = "fs.drag-c"  #: DRAG's DoD scale c (train config, with REF)
+PROTO_HEAD_RECORD = "fs.proto-head"  #: FedCART: which head the prototypes are of (broadcast)
+PROTOTYPES_RECORD = "fs.prototypes"  #: FedCART's gradient prototypes [C, C·D + C] (uploaded)
+COUNTS_RECORD = "fs.counts"  #: FedCART's class counts [C] (uploaded)
+HEAD_SHAPE_RECORD = "fs.head-shape"  #: FedCART's (C, D) (uploaded)
 SCAFFOLD_STATE = "fs.scaffold-h"  #: the client's h_m in ``context.state``
 
 
@@ -169,7 +179,101 @@ def drag_calibrate_local(
     return {"drag/lambda": float(lam), "drag/cos": float(cos)}
 
 
+class FedCARTTrainer:
+    """FedCART's client part in your ClientApp (see the module docstring)::
+
+        trainer = FedCARTTrainer(lr=0.02, batch_size=32, local_steps=10, seed=0)
+
+        @app.train()
+        def train(msg, context):
+            model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+            pid = int(context.node_config["partition-id"])
+            return Message(trainer.train(model, msg, x, y, pid), reply_to=msg)
+
+    ``local_steps`` or ``local_epochs``, ``momentum``, ``weight_decay``: the local SGD;
+    every other keyword is a FedCART client parameter (``fedshield list client_algorithms``:
+    ``eps``, ``steps``, ``tau``, ``at_loss``, ...), validated like a config. ``seed`` and the
+    partition id fix the mini-batch order and the PGD starts, as the simulator's
+    (seed, round, client) streams do."""
+
+    def __init__(
+        self,
+        *,
+        lr: float,
+        batch_size: int,
+        local_steps: int | None = 10,
+        local_epochs: int | None = None,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        seed: int = 0,
+        **params: object,
+    ) -> None:
+        from fedshield.algorithms.client.fedcart import FedCARTClient, FedCARTParams
+        from fedshield.core.params import parse_params
+
+        steps = None if local_epochs is not None else local_steps
+        spec = LocalSpec(lr, batch_size, steps, local_epochs, momentum, weight_decay)
+        self.algo = FedCARTClient(spec, parse_params(FedCARTParams, dict(params), "fedcart"))
+        self.seed = seed
+
+    def train(
+        self,
+        model: nn.Module,
+        msg: Message,
+        x: Tensor,
+        y: Tensor,
+        partition_id: int,
+        arrays_key: str = "arrays",
+    ) -> RecordDict:
+        """Train ``model`` (already holding the received θ^t) on (x, y) and return the
+        reply's content; the model ends with the locally trained weights."""
+        from fedshield.algorithms.client.fedcart import COUNTS, HEAD_SHAPE, PROTO_HEAD, PROTOTYPES
+        from fedshield.core.context import derive_seed, make_generator, seed_global_rng
+        from fedshield.core.flat import get_buffers, set_buffers
+        from fedshield.flower.arrays import decode_tensor, encode_tensor
+        from fedshield.sim.engine import _BATCH, _TORCH
+
+        rnd = 1
+        for record in msg.content.config_records.values():
+            if "server-round" in record:
+                rnd = int(record["server-round"])  # type: ignore[arg-type]
+        device = next(model.parameters()).device
+        extras: dict[str, Tensor] = {}
+        flag = msg.content.array_records.get(PROTO_HEAD_RECORD)
+        if flag is not None:
+            extras[PROTO_HEAD] = decode_tensor(flag, (), "proto_head").to(device)
+        payload = Payload(get_params(model), get_buffers(model), extras)
+        seed_global_rng(derive_seed(self.seed, rnd, partition_id, _TORCH), device)
+        ctx = ClientContext(
+            partition_id, rnd, make_generator(self.seed, rnd, partition_id, _BATCH), device
+        )
+        data = TensorData(x, y.to(torch.int64))
+        upd = self.algo.local_update(model, payload, data, ctx, {})
+        # finish() left the received model in place (prototypes are taken at θ^t)
+        set_params(model, payload.params + upd.delta)
+        set_buffers(model, upd.buffers)
+        records: dict[str, object] = {
+            arrays_key: ArrayRecord(model.state_dict()),
+            "metrics": MetricRecord(
+                {"num-examples": int(upd.num_examples)}
+                | {k: float(v) for k, v in upd.metrics.items()}
+            ),
+        }
+        for name, key in (
+            (PROTOTYPES, PROTOTYPES_RECORD), (COUNTS, COUNTS_RECORD),
+            (HEAD_SHAPE, HEAD_SHAPE_RECORD),
+        ):  # fmt: skip
+            if name in upd.extras:
+                records[key] = encode_tensor(upd.extras[name])
+        return RecordDict(records)  # type: ignore[arg-type]
+
+
 __all__ = [
+    "COUNTS_RECORD",
+    "HEAD_SHAPE_RECORD",
+    "PROTOTYPES_RECORD",
+    "PROTO_HEAD_RECORD",
+    "FedCARTTrainer",
     "DH",
     "DRAG_C",
     "EXTRA_PREFIX",

@@ -44,10 +44,14 @@ keyword is passed when the function takes one — or ``root_data=(x, y)`` with
 ``lr``, ``batch_size``, ``steps`` or ``epochs``, ``momentum``, ``weight_decay``) with the
 mini-batches the simulator draws for the same ``seed``. r^t = θ_root − θ^t (SPEC §3).
 
-Not supported: FedCART (its clients upload class prototypes and the server re-trains a head
-of the dual-head model; use fedshield's own Flower app, ``fedshield run --backend flower``),
-client coverage masks (depth/width-limited clients) and update attacks (simulated by
-fedshield's app). See docs/flower-strategies.md.
+FedCART (:class:`FedCART`) broadcasts which head its prototypes are of (``fs.proto-head``)
+and receives ``fs.prototypes`` / ``fs.counts`` / ``fs.head-shape`` (one-array records,
+checked against the shapes of ``model_fn()``'s DualHead before decoding) from clients that
+use :class:`fedshield.flower.client_tools.FedCARTTrainer`.
+
+Not supported: client coverage masks (depth/width-limited clients) and update attacks
+(simulated by fedshield's own app, ``fedshield run --backend flower``). See
+docs/flower-strategies.md.
 """
 
 from __future__ import annotations
@@ -72,6 +76,13 @@ from fedshield.aggregators.base import AGGREGATORS
 from fedshield.aggregators.fields import is_robust
 from fedshield.algorithms.client import LocalSpec
 from fedshield.algorithms.client.base import ClientContext
+from fedshield.algorithms.client.fedcart import (
+    COUNTS,
+    HEAD_SHAPE,
+    PROTO_HEAD,
+    PROTOTYPES,
+    upload_fields,
+)
 from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerAlgorithm
 from fedshield.core.context import (
     ClientUpdate,
@@ -86,8 +97,18 @@ from fedshield.core.integrity import FieldSpec, UploadSpec, screen
 from fedshield.core.params import Params, parse_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
-from fedshield.flower.arrays import ModelLayout, RecordError
-from fedshield.flower.client_tools import DH, DRAG_C, EXTRA_PREFIX, REF, H
+from fedshield.flower.arrays import ModelLayout, RecordError, decode_tensor, encode_tensor
+from fedshield.flower.client_tools import (
+    COUNTS_RECORD,
+    DH,
+    DRAG_C,
+    EXTRA_PREFIX,
+    HEAD_SHAPE_RECORD,
+    PROTO_HEAD_RECORD,
+    PROTOTYPES_RECORD,
+    REF,
+    H,
+)
 
 # The purposes the simulator mixes into the root-data seeds (fedshield.sim.engine), so a
 # Flower run with root_data= draws the same mini-batches as `fedshield run` with that seed.
@@ -96,10 +117,16 @@ from fedshield.sim.engine import _ROOT, _TORCH
 log = logging.getLogger("fedshield")
 
 #: extras each server algorithm must broadcast for its client part
-_BROADCAST = {"scaffold": ("h",)}
+_BROADCAST = {"scaffold": ("h",), "fedcart": (PROTO_HEAD,)}
 #: extras each server algorithm's client part uploads (checked by the upload screen)
-_UPLOADS = {"scaffold": ("dh",)}
-_RECORD_OF = {"h": H, "ref": REF, "dh": DH}
+_UPLOADS = {"scaffold": ("dh",), "fedcart": (PROTOTYPES, COUNTS, HEAD_SHAPE)}
+_RECORD_OF = {
+    "h": H, "ref": REF, "dh": DH, PROTO_HEAD: PROTO_HEAD_RECORD,
+    PROTOTYPES: PROTOTYPES_RECORD, COUNTS: COUNTS_RECORD, HEAD_SHAPE: HEAD_SHAPE_RECORD,
+}  # fmt: skip
+_NAME_OF = {record: name for name, record in _RECORD_OF.items()}
+#: extras keyed like the model's parameters (the others are one-array tensor records)
+_PARAM_SHAPED = {"h", "ref", "dh"}
 
 
 class RootTrainParams(Params):
@@ -294,6 +321,15 @@ class FedshieldRule(FlowerFedAvg):
 
         self.broadcast_extras = _BROADCAST.get(server, ())
         self.upload_extras = _UPLOADS.get(server, ())
+        #: shapes of the uploaded extras that are not parameter-shaped (FedCART's)
+        self.extra_fields: dict[str, FieldSpec] = {}
+        if server == "fedcart":
+            if model_fn is None:
+                raise ConfigError(
+                    "server='fedcart' needs model_fn, a function building the clients' "
+                    "DualHead model (its head shape fixes the prototypes' shape)"
+                )
+            self.extra_fields = dict(upload_fields(model_fn()))
         self.local_server: ServerAlgorithm | None = None
         if client_calibration:
             if server != "drag" or agg_name != "drag":
@@ -399,7 +435,11 @@ class FedshieldRule(FlowerFedAvg):
             config[DRAG_C] = float(self.server.aggregator.c)  # type: ignore[attr-defined]
         messages = list(super().configure_train(server_round, send, config, grid))
         extras = {
-            _RECORD_OF[name]: layout.encode_params(p.extras[name])
+            _RECORD_OF[name]: (
+                layout.encode_params(p.extras[name])
+                if name in _PARAM_SHAPED
+                else encode_tensor(p.extras[name])
+            )
             for name in self.broadcast_extras
             if name in p.extras
         }
@@ -434,11 +474,15 @@ class FedshieldRule(FlowerFedAvg):
         for key, record in records.items():
             if not key.startswith(EXTRA_PREFIX):
                 continue
-            name = key[len(EXTRA_PREFIX) :]
+            name = _NAME_OF.get(key, key[len(EXTRA_PREFIX) :])
             if name not in self.upload_extras:
                 raise RecordError("extra_unexpected", f"record {key!r}")
             try:
-                extras[name] = layout.decode_params(record).to(self.device)
+                if name in _PARAM_SHAPED:
+                    value = layout.decode_params(record)
+                else:
+                    value = decode_tensor(record, self.extra_fields[name].shape, f"extra_{name}")
+                extras[name] = value.to(self.device)
             except RecordError as err:
                 raise RecordError(f"extra_{name}", str(err)) from None
         n = self._count(content)
@@ -468,7 +512,10 @@ class FedshieldRule(FlowerFedAvg):
             dtype=layout.dtype,
             num_buffers=layout.num_buffers,
             buffer_min=layout.buffer_lower_bounds(),
-            extras={name: FieldSpec((layout.num_params,)) for name in self.upload_extras},
+            extras={
+                name: self.extra_fields.get(name) or FieldSpec((layout.num_params,))
+                for name in self.upload_extras
+            },
             max_num_examples=self.max_num_examples,
         )
 
@@ -630,6 +677,18 @@ class SCAFFOLD(FedshieldRule):
         super().__init__(server="scaffold", **kwargs)
 
 
+class FedCART(FedshieldRule):
+    """FedCART's server (SPEC §7): the configured rule on Δθ and, class by class, on the
+    clients' gradient prototypes, then the CART step (virtual features matched to the
+    prototypes, h' re-trained on them). ``model_fn`` builds the clients' ``DualHead``
+    model; clients train with :class:`fedshield.flower.client_tools.FedCARTTrainer`.
+    ``server_args``: the FedCART server parameters (``match_iters``, ``retrain_steps``,
+    ``num_virtual``, ``cart``, ``aux_head``, ...)."""
+
+    def __init__(self, model_fn: Callable[[], nn.Module], **kwargs: Any) -> None:
+        super().__init__(server="fedcart", model_fn=model_fn, **kwargs)
+
+
 class Krum(FedshieldRule):
     """Krum (Blanchard et al. 2017): the update closest to its S − f − 2 neighbours."""
 
@@ -723,6 +782,7 @@ __all__ = [
     "CenteredClipping",
     "FLTrust",
     "FedACG",
+    "FedCART",
     "FedExP",
     "FedshieldRule",
     "GeoMed",

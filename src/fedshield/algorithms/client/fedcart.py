@@ -163,15 +163,7 @@ class FedCARTClient(AdversarialClient):
         return super().local_update(model, payload, data, ctx, state)
 
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
-        """Prototypes [C, C·D + C], class counts [C] (non-negative integers) and the head
-        shape (C, D), which must match the server's own model."""
-        net = _dual(model)
-        c, d = net.head.out_features, net.num_features
-        return {
-            PROTOTYPES: FieldSpec((c, c * d + c)),
-            COUNTS: FieldSpec((c,), min=0.0, integral=True),
-            HEAD_SHAPE: FieldSpec((2,), dtype=torch.float32, equals=torch.tensor([c, d]).float()),
-        }
+        return upload_fields(model)
 
     # -- local loss ------------------------------------------------------------------
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
@@ -251,6 +243,19 @@ class FedCARTClient(AdversarialClient):
         return None if self.params.at_loss == "taet" else FedCARTForm(self)  # type: ignore[attr-defined]
 
 
+def upload_fields(model: nn.Module) -> dict[str, FieldSpec]:
+    """What a FedCART client may upload besides Δθ: prototypes [C, C·D + C], class counts
+    [C] (non-negative integers) and the head shape (C, D), which must match the server's own
+    model (the simulator's and the Flower-native strategy's upload checks)."""
+    net = _dual(model)
+    c, d = net.head.out_features, net.num_features
+    return {
+        PROTOTYPES: FieldSpec((c, c * d + c)),
+        COUNTS: FieldSpec((c,), min=0.0, integral=True),
+        HEAD_SHAPE: FieldSpec((2,), dtype=torch.float32, equals=torch.tensor([c, d]).float()),
+    }
+
+
 def _dual(model: nn.Module) -> DualHead:
     if not isinstance(model, DualHead):
         raise ConfigError(
@@ -260,4 +265,12 @@ def _dual(model: nn.Module) -> DualHead:
     return model
 
 
-__all__ = ["COUNTS", "HEAD_SHAPE", "PROTOTYPES", "PROTO_HEAD", "FedCARTClient", "FedCARTParams"]
+__all__ = [
+    "COUNTS",
+    "HEAD_SHAPE",
+    "PROTOTYPES",
+    "PROTO_HEAD",
+    "FedCARTClient",
+    "FedCARTParams",
+    "upload_fields",
+]
