@@ -32,6 +32,7 @@ HEADLINE = (
     r"groups/(majority|medium|minority)/(natural|pgd20)",
     r"route/[a-z_]+/(acc|depth_saving)",
     r"route_local/[a-z_]+/(mean_acc|worst_acc)",
+    r"route_adv/(fgsm|pgd)/[0-9.e+-]+/(fixed|robust|full)/acc",
     r"client/(mean_acc|worst_acc)",
     r"privacy/epsilon",
     r"comm/cum_gib",
