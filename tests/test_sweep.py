@@ -71,3 +71,29 @@ def test_bundled_grids_expand(grid):
     spec, where = read_grid(grid=grid)
     _, runs = expand(spec, where)
     assert runs
+
+
+def test_parallel_runs_get_their_share_of_the_cores(tmp_path, small_cfg, monkeypatch):
+    """A preset's run.threads = 2 under `sweep -j 2` on 2 cores would oversubscribe them:
+    each parallel run is capped at its share, and its config.toml says so."""
+    import tomllib
+
+    import torch
+
+    from fedshield import config
+    from fedshield.sweep import run_one
+
+    raw = tomllib.loads(config.dump(config.validate(small_cfg | {"rounds": 1})))
+    raw["run"]["threads"] = 2
+    before = torch.get_num_threads()
+    try:
+        run_one(raw, str(tmp_path / "capped"), 1, cap_threads=True)
+        assert torch.get_num_threads() == 1
+        run_one(raw, str(tmp_path / "alone"), 1)  # one run at a time: run.threads wins
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    saved = tomllib.loads((tmp_path / "capped" / "config.toml").read_text())
+    assert saved["run"]["threads"] == 1
+    alone = tomllib.loads((tmp_path / "alone" / "config.toml").read_text())
+    assert alone["run"]["threads"] == 2

@@ -176,12 +176,19 @@ def finished_summary(raw: dict[str, Any], out: str) -> dict[str, Any] | None:
     return summary
 
 
-def run_one(raw: dict[str, Any], out: str, threads: int) -> dict[str, Any]:
-    """Run (or finish, from its checkpoint) one experiment in this process."""
+def run_one(
+    raw: dict[str, Any], out: str, threads: int, cap_threads: bool = False
+) -> dict[str, Any]:
+    """Run (or finish, from its checkpoint) one experiment in this process. With
+    ``cap_threads`` (parallel local runs) ``run.threads`` is lowered to this run's share of
+    the cores: two 2-thread runs on 2 cores oversubscribe them (measured 3-16x slower per
+    round for the early-exit ViT preset); the run's config.toml records the value used."""
     import torch
 
     from fedshield.cli import run_config
 
+    if cap_threads and int((raw.get("run") or {}).get("threads") or 1) > threads:
+        raw = {**raw, "run": {**raw["run"], "threads": threads}}
     torch.set_num_threads(threads)
     done = finished_summary(raw, out)
     if done is not None:
@@ -205,7 +212,7 @@ class LocalBackend:
         import multiprocessing as mp
 
         with ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(run_one, t.raw, t.out, threads): t.name for t in tasks}
+            futs = {pool.submit(run_one, t.raw, t.out, threads, True): t.name for t in tasks}
             for fut in as_completed(futs):
                 yield futs[fut], fut.result()
 
