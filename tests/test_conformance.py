@@ -1,6 +1,7 @@
 """Conformance over the component registries (timm's habit): every package entry of the
-attack, model, dataset, partitioner and evaluation-attack registries is checked here, so a
-new entry gets these tests for free.
+attack, model, dataset, partitioner, evaluation-attack, aggregator, client- and
+server-algorithm, evaluator and routing-policy registries is checked here, so a new entry
+gets these tests for free (aggregator maths: tests/test_aggregators.py).
 
 * every entry declares a schema whose fields are described, tags from the vocabulary and a
   one-sentence description; its defaults validate; a misspelt key or name is a ConfigError
@@ -11,7 +12,10 @@ new entry gets these tests for free.
 * every partitioner returns a partition (disjoint, covering, no empty client);
 * every update attack leaves benign rows untouched and returns finite rows; every data
   attack keeps shapes; every evaluation attack stays inside its ε-ball and [0, 1];
-* ``fedshield list`` shows every entry with its parameters and tags.
+* ``fedshield list`` shows every entry with its parameters and tags;
+* every client algorithm × every model family it declares runs a local update that is
+  finite, seeded-deterministic and accepted by the server's upload checks (its extras and
+  the coverage mask the server predicts).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from torch import nn
 
 from fedshield import attacks
 from fedshield.adversarial import EVAL_ATTACKS
+from fedshield.aggregators import AGGREGATORS
+from fedshield.algorithms.client import CLIENT_ALGORITHMS
+from fedshield.algorithms.server import SERVER_ALGORITHMS
 from fedshield.attacks import ATTACKS
 from fedshield.cli import LIST_KINDS, main
 from fedshield.data import (
@@ -40,8 +47,10 @@ from fedshield.data import (
     partitioner_params,
 )
 from fedshield.errors import ConfigError, DataError
+from fedshield.eval.base import EVALUATORS
 from fedshield.models import MODELS, build_model, model_tags, parse_model_params
 from fedshield.registry import TAGS, Registry, tags_of
+from fedshield.routing import POLICIES
 
 #: The tag vocabulary (fedshield.registry.TAGS).
 VOCAB = TAGS
@@ -53,6 +62,11 @@ REGISTRIES: dict[str, tuple[Registry[Any], str, str]] = {
     "dataset": (DATASETS, "data.params", "data.dataset"),
     "partitioner": (PARTITIONERS, "data", "data.partition"),
     "eval_attack": (EVAL_ATTACKS, "eval.params", "eval attack"),
+    "aggregator": (AGGREGATORS, "server.aggregator_args", "server.aggregator"),
+    "client_algorithm": (CLIENT_ALGORITHMS, "client.params", "client.algorithm"),
+    "server_algorithm": (SERVER_ALGORITHMS, "server.params", "server.algorithm"),
+    "evaluator": (EVALUATORS, "eval.params", "eval.metrics"),
+    "routing_policy": (POLICIES, "policies", "policy"),
 }
 
 
@@ -157,6 +171,8 @@ def test_unknown_names_get_a_did_you_mean_naming_the_key(kind):
         "partitioner": lambda: partitioner_params(typo, {}),
         "eval_attack": lambda: EVAL_ATTACKS.build(typo, where=key),
     }
+    if kind not in entry_points:  # the config schema checks these names (test_config.py)
+        return
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}: unknown .*did you mean"):
         entry_points[kind]()
 
@@ -341,11 +357,10 @@ def test_eval_attack_stays_in_its_ball_and_the_unit_box(kind, entry):
 @pytest.mark.parametrize("kind", [k for k in LIST_KINDS if k not in ("presets", "grids")])
 def test_list_shows_every_entry_with_params_and_tags(kind, capsys, monkeypatch):
     from rich.cells import cell_len
-    from rich.console import Console
 
     from fedshield import cli
 
-    monkeypatch.setattr(cli, "console", Console(width=100))
+    monkeypatch.setenv("COLUMNS", "100")  # the CLI's console reads the width per command
     assert main(["list", kind]) == 0
     out = capsys.readouterr().out
     assert max(cell_len(line) for line in out.splitlines()) <= 100
@@ -355,3 +370,95 @@ def test_list_shows_every_entry_with_params_and_tags(kind, capsys, monkeypatch):
     with_params = [e for e in reg.entries() if e.schema.model_fields]
     assert out.count("params: ") == len(with_params)
     assert out.count("tags: ") == sum(1 for e in reg.entries() if e.tags)
+
+
+# --- client algorithms × the model families they declare ----------------------------------
+
+#: a small model of every family (input 1×8×8, 10 classes)
+_FAMILY = {
+    "mlp": ("mlp", {"hidden": 16}),
+    "cnn_small": ("cnn_small", {}),  # BatchNorm: buffers travel with the update
+    "dual_head": ("dual_head", {"backbone": "mlp", "hidden": 16}),
+    "multi_exit": ("eevit", {"patch_size": 4, "embed_dim": 16, "num_heads": 2, "depth": 3}),
+}
+#: the server algorithm whose broadcast a client needs (its extras), by client algorithm
+_SERVER_OF = {"scaffold": "scaffold", "fedcart": "fedcart"}
+#: model options a baseline requires (its builder says so with a ConfigError otherwise)
+_MODEL_OPTIONS = {"depthfl": {"exit_bottleneck": "depthfl"}, "reefl": {"exit_mode": "recurrent"}}
+
+
+def _client_cases() -> list[Any]:
+    out = []
+    for entry in CLIENT_ALGORITHMS.entries():
+        if not _module(entry.obj).startswith("fedshield."):
+            continue
+        needs = entry.tag_values("needs_model")
+        if "multi_exit" in needs:
+            families = ["multi_exit"]
+        elif "dual_head" in needs:
+            families = ["dual_head"]
+        else:  # any classifier, the dual-head one included (FedCART's AT baselines)
+            families = ["mlp", "cnn_small", "dual_head"]
+        for fam in families:
+            out.append(pytest.param(entry, fam, id=f"{entry.name}:{fam}"))
+    return out
+
+
+def _local_update(entry, family: str, client_id: int):  # noqa: ANN001, ANN202
+    from fedshield.algorithms.client import LocalSpec
+    from fedshield.algorithms.client.base import ClientContext
+    from fedshield.core.context import RoundContext, make_generator, seed_global_rng
+    from fedshield.core.flat import get_buffers, get_params
+    from fedshield.data.bundle import TensorData
+
+    name, params = _FAMILY[family]
+    if family == "multi_exit":
+        params = params | _MODEL_OPTIONS.get(entry.name, {})
+    torch.manual_seed(0)
+    model = build_model(name, (1, 8, 8), 10, **params)
+    g = torch.Generator().manual_seed(1)
+    data = TensorData(torch.rand(48, 1, 8, 8, generator=g), torch.arange(48) % 10)
+    algo = entry.obj(
+        LocalSpec(lr=0.05, batch_size=16, steps=3),
+        CLIENT_ALGORITHMS.parse(entry.name, {}, "client.params"),
+    )
+    server_entry = SERVER_ALGORITHMS.entry(_SERVER_OF.get(entry.name, "fedavg"))
+    server = server_entry.obj(
+        AGGREGATORS.entry("mean").obj(), lr=1.0, weighting="samples",
+        params=server_entry.parse({}, "server.params"),
+    )  # fmt: skip
+    theta, bufs = get_params(model), get_buffers(model)
+    rctx = RoundContext(1, (client_id,), (), 0, 4, torch.device("cpu"))
+    payload = server.broadcast(theta, bufs, server.init_state(theta), rctx)
+    seed_global_rng(7, torch.device("cpu"))
+    ctx = ClientContext(client_id, 1, make_generator(0, 1, client_id), torch.device("cpu"))
+    update = algo.local_update(model, payload, data, ctx, {})
+    return algo, model, data, theta, bufs, update
+
+
+@pytest.mark.parametrize(("entry", "family"), _client_cases())
+def test_client_update_is_finite_deterministic_and_passes_the_servers_checks(entry, family):
+    """Every client algorithm, on every model family it declares, returns a finite,
+    seeded-deterministic update that the server's upload checks accept as it is (its
+    declared extras, and the coverage mask the server predicts for the client's tier)."""
+    from fedshield.core.flat import buffer_lower_bounds
+    from fedshield.core.integrity import UploadSpec, check_upload
+
+    torch.set_num_threads(1)
+    for client_id in (0, 1):  # two tiers for depth/width-limited clients
+        algo, model, data, theta, bufs, u = _local_update(entry, family, client_id)
+        again = _local_update(entry, family, client_id)[-1]
+        assert u.delta.shape == theta.shape and u.buffers.shape == bufs.shape
+        assert bool(torch.isfinite(u.delta).all()) and bool(torch.isfinite(u.buffers).all())
+        assert torch.equal(u.delta, again.delta) and torch.equal(u.buffers, again.buffers)
+        assert set(u.extras) == set(again.extras)
+        for k in u.extras:
+            assert torch.equal(u.extras[k], again.extras[k]), k
+        assert float(u.delta.abs().max()) > 0, "the update did not move θ"
+        counts = data.class_counts(10)
+        spec = UploadSpec(
+            num_params=theta.numel(), dtype=theta.dtype, num_buffers=bufs.numel(),
+            buffer_min=buffer_lower_bounds(model), extras=algo.upload_spec(model),
+            masks={client_id: algo.expected_mask(client_id, model, counts)},
+        )  # fmt: skip
+        assert check_upload(u, spec) is None, check_upload(u, spec)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
@@ -26,7 +27,11 @@ from fedshield.data.bundle import TensorData
 
 
 class ScaffoldParams(Params):
-    variant: Literal["seed", "option2"] = "seed"
+    variant: Literal["seed", "option2"] = Field(
+        "seed",
+        description="h_m⁺: 'seed' = first mini-batch gradient at θ^t (seed 000); 'option2' = "
+        "h_m − h + (θ^t − θ_m)/(Uη) (Karimireddy et al. 2020, option II)",
+    )
 
 
 @CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh", "vectorizable"])
