@@ -75,3 +75,32 @@ def test_rendering_worst_cases_over_several_sources(tmp_path) -> None:  # noqa: 
         "| fedavg | 0.500 (noise) | 0.200 (noise) |",
         "| brdrag | 0.900 (noise) | 0.700 (ipm) |",
     ]
+
+
+def test_the_readme_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> None:  # noqa: ANN001
+    """The README's "Your own components" code, as printed there, used from a TOML config."""
+    import re
+    import tomllib
+
+    import tomli_w
+
+    from fedshield.cli import main
+
+    text = (ROOT / "README.md").read_text()
+    module = re.search(r"```python\n(# my_rules\.py\n.*?)```", text, re.S)
+    toml = re.search(r'```toml\n(plugins = \["my_rules\.py"\].*?)```', text, re.S)
+    assert module and toml, "the README's plugin example moved"
+    (tmp_path / "my_rules.py").write_text(module.group(1))
+    snippet = tomllib.loads(toml.group(1))
+    cfg = small_cfg | {"rounds": 2, "plugins": snippet["plugins"]}
+    cfg["server"] = {**cfg["server"], **snippet["server"]}
+    path = tmp_path / "exp.toml"
+    path.write_text(tomli_w.dumps(cfg))
+    assert main(["run", str(path), "--out", str(tmp_path / "run"), "-q"]) == 0
+    saved = tomllib.loads((tmp_path / "run" / "config.toml").read_text())
+    assert saved["server"]["aggregator"] == "half_mean"
+    assert saved["server"]["aggregator_args"] == {"factor": 0.25}
+    bad = tmp_path / "bad.toml"
+    cfg["server"]["aggregator_args"] = {"facter": 0.25}
+    bad.write_text(tomli_w.dumps(cfg))
+    assert main(["run", str(bad), "--out", str(tmp_path / "bad")]) == 2  # did-you-mean
