@@ -151,9 +151,19 @@ def _is_float(v: str | None) -> bool:
     return True
 
 
-def render_document(text: str) -> str:
+def render_document(text: str, missing: list[str] | None = None) -> str:
+    """Every block re-rendered. With ``missing`` (a list), a block whose result file is not
+    there yet keeps its body and the file is appended to ``missing``; without, it raises."""
+
     def repl(m: re.Match[str]) -> str:
-        return m.group(1) + render(parse_opts(m.group("opts"))) + m.group(4)
+        try:
+            body = render(parse_opts(m.group("opts")))
+        except SystemExit as err:
+            if missing is None:
+                raise
+            missing.append(str(err))
+            body = m.group("body")
+        return m.group(1) + body + m.group(4)
 
     return BLOCK.sub(repl, text)
 
@@ -184,10 +194,11 @@ def main() -> int:
             print(f"collected {p.relative_to(ROOT)}")
     if args.collect:  # collecting only copies; the documents render once all data is in
         return 0
-    stale = []
+    stale: list[Path] = []
+    missing: list[str] = []
     for doc in documents():
         text = doc.read_text()
-        new = render_document(text)
+        new = render_document(text, missing)
         if new != text:
             stale.append(doc)
             if not args.check:
@@ -197,7 +208,9 @@ def main() -> int:
         return 1
     for p in stale:
         print(f"rendered {p.relative_to(ROOT)}")
-    return 0
+    for line in dict.fromkeys(missing):
+        print(f"not rendered: {line}")
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
