@@ -52,7 +52,7 @@ def raw_config(rounds: int = 2) -> dict:
     }  # fmt: skip
 
 
-def flower_run(sim: Simulator, rounds: int, forge=None):  # noqa: ANN001, ANN201
+def flower_run(sim: Simulator, rounds: int, forge=None, **strategy_kwargs):  # noqa: ANN001, ANN003, ANN201
     """The simulator's data and initial model, trained by FedCART on Flower's side."""
     model0 = copy.deepcopy(sim.model)
     trainer = FedCARTTrainer(**CLIENT, seed=0, **CLIENT_PARAMS)
@@ -74,6 +74,7 @@ def flower_run(sim: Simulator, rounds: int, forge=None):  # noqa: ANN001, ANN201
         server_args=SERVER_PARAMS,
         seed=0,
         fraction_evaluate=0.0,
+        **strategy_kwargs,
     )
     result = strategy.start(LocalGrid(3, app), ArrayRecord(model0.state_dict()), num_rounds=rounds)
     return strategy, result
@@ -124,3 +125,24 @@ def test_fedcart_strategy_needs_the_dual_head_model():
         S.FedshieldRule(server="fedcart")
     with pytest.raises(ConfigError, match="dual_head"):
         S.FedCART(model_fn=lambda: torch.nn.Linear(4, 2))
+
+
+def test_a_huge_prototype_is_kept_out_of_the_cart_step_by_a_robust_rule():
+    """One of three clients uploads finite prototypes scaled by 1e30 (they pass the checks):
+    the median keeps them out class by class, so the prototypes the CART step matches stay
+    at the honest clients' scale (the mean would carry 1e30 / 3), and nothing is
+    non-finite."""
+    sim = Simulator(build(config.validate(raw_config(1))))
+
+    def forge(k: int, content: RecordDict) -> None:
+        if k == 0:
+            arr = content.array_records[PROTOTYPES_RECORD]["value"].numpy() * np.float32(1e30)
+            content[PROTOTYPES_RECORD] = ArrayRecord({"value": Array(arr)})
+
+    clean, _ = flower_run(sim, 1, aggregator="median")
+    attacked, result = flower_run(sim, 1, forge, aggregator="median")
+    honest_scale = float(clean.state["proto"].abs().max())
+    assert float(attacked.state["proto"].abs().max()) <= 2 * honest_scale
+    final = result.arrays.to_torch_state_dict()
+    assert all(bool(torch.isfinite(v).all()) for v in final.values() if v.is_floating_point())
+    assert result.train_metrics_clientapp[1]["sys/rejected"] == 0
