@@ -48,11 +48,31 @@ from torch import Tensor, nn
 
 from fedshield.aggregators.drag import drag_calibrate
 from fedshield.algorithms.client.base import ClientContext, LocalSpec
+from fedshield.algorithms.client.fedcart import (
+    COUNTS,
+    HEAD_SHAPE,
+    PROTO_HEAD,
+    PROTOTYPES,
+    FedCARTClient,
+    FedCARTParams,
+)
 from fedshield.algorithms.client.scaffold import ScaffoldClient as _FedshieldScaffold
 from fedshield.algorithms.client.scaffold import ScaffoldParams
-from fedshield.core.context import ClientUpdate, Payload
-from fedshield.core.flat import get_params, set_params
+from fedshield.core.context import (
+    ClientUpdate,
+    Payload,
+    derive_seed,
+    make_generator,
+    seed_global_rng,
+)
+from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.params import parse_params
 from fedshield.data.bundle import TensorData
+from fedshield.flower.arrays import decode_tensor, encode_tensor
+
+# The purposes the simulator mixes into a client's seeds (fedshield.sim.engine), so the
+# FedCART trainer draws the simulator's mini-batches and PGD starts for the same seed.
+from fedshield.sim.engine import _BATCH, _TORCH
 
 #: prefix of the records fedshield's Flower-native strategies add to a message
 EXTRA_PREFIX = "fs."
@@ -208,9 +228,6 @@ class FedCARTTrainer:
         seed: int = 0,
         **params: object,
     ) -> None:
-        from fedshield.algorithms.client.fedcart import FedCARTClient, FedCARTParams
-        from fedshield.core.params import parse_params
-
         steps = None if local_epochs is not None else local_steps
         spec = LocalSpec(lr, batch_size, steps, local_epochs, momentum, weight_decay)
         self.algo = FedCARTClient(spec, parse_params(FedCARTParams, dict(params), "fedcart"))
@@ -227,12 +244,6 @@ class FedCARTTrainer:
     ) -> RecordDict:
         """Train ``model`` (already holding the received θ^t) on (x, y) and return the
         reply's content; the model ends with the locally trained weights."""
-        from fedshield.algorithms.client.fedcart import COUNTS, HEAD_SHAPE, PROTO_HEAD, PROTOTYPES
-        from fedshield.core.context import derive_seed, make_generator, seed_global_rng
-        from fedshield.core.flat import get_buffers, set_buffers
-        from fedshield.flower.arrays import decode_tensor, encode_tensor
-        from fedshield.sim.engine import _BATCH, _TORCH
-
         rnd = 1
         for record in msg.content.config_records.values():
             if "server-round" in record:
