@@ -37,13 +37,10 @@ else
   done
   # FedCART grids: robust evaluation (PGD-20, CW∞ on 500 images) at the last round only;
   # it does not change training, and it is most of a run's CPU time at every 5 rounds.
-  # Three seeds for the method comparison, two for the ablations and the rho sweeps, one
-  # for the FedAvg-style baselines (CPU budget of one session: about 80 min on 2 cores).
-  run_grid fedcart-methods-cpu 0,1,2 --set eval.every=20
-  for g in fedcart-ablations-cpu fedcart-rho-cpu fedcart-rho-calfat-cpu; do
-    run_grid "$g" 0,1 --set eval.every=20
+  for g in fedcart-methods-cpu fedcart-ablations-cpu fedcart-rho-cpu fedcart-rho-calfat-cpu \
+           fedcart-baselines-cpu; do
+    run_grid "$g" 0,1,2 --set eval.every=20
   done
-  run_grid fedcart-baselines-cpu 0 --set eval.every=20
   # Hyper-parameter sweeps and the early-exit baselines: one seed.
   run_grid eevit-baselines-cpu 0
   run_grid drag-c-cpu 0
