@@ -135,3 +135,22 @@ class HalfMean(Aggregator):
     small_cfg["server"]["aggregator_args"] = {"factr": 0.25}
     argv = ["run", _cfg(tmp_path, small_cfg, "bad.toml"), "--out", str(tmp_path / "p")]
     one_line_error(capsys, argv, "server.aggregator_args.factr", "did you mean 'factor'")
+
+
+def test_plugin_files_of_the_same_name_in_two_places_both_load(tmp_path) -> None:  # noqa: ANN001
+    """A module per plugin *path*: `a/my_rules.py` and `b/my_rules.py` register different
+    components in one process (a sweep, a test session), and loading one twice is a no-op."""
+    from fedshield.aggregators.base import AGGREGATORS
+    from fedshield.plugins import load_plugins
+
+    for sub, name in (("a", "same_stem_rule_a"), ("b", "same_stem_rule_b")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "my_rules.py").write_text(
+            "from fedshield.aggregators.base import AGGREGATORS\n"
+            "from fedshield.aggregators.mean import Mean\n"
+            f"AGGREGATORS.register({name!r}, tags=['uses_weights', 'reference_free'])"
+            "(type('R', (Mean,), {'__doc__': 'A test rule.'}))\n"
+        )
+        load_plugins([str(tmp_path / sub / "my_rules.py")])
+        load_plugins([str(tmp_path / sub / "my_rules.py")])
+    assert {"same_stem_rule_a", "same_stem_rule_b"} <= set(AGGREGATORS.names())

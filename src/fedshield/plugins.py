@@ -34,6 +34,7 @@ carries the list to every Flower node, which must have the module installed).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -64,7 +65,10 @@ _BUILTIN = (
 
 
 def _import_file(path: Path) -> None:
-    name = f"fedshield_plugin_{path.stem}"
+    # One module per file *path*: two configs whose plugins are different files of the same
+    # name (my_rules.py next to each) must both load in one process (sweeps, tests).
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"fedshield_plugin_{path.stem}_{digest}"
     if name in sys.modules:
         return
     spec = importlib.util.spec_from_file_location(name, path)
