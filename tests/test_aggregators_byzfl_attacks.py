@@ -89,7 +89,7 @@ def test_byzfl_attacks_against_every_defense(attack: str) -> None:
     honest, ref, centre = benign()
     n_finite = N - F if attack == "Inf" else N
     compared = 0
-    for name in agg.names():
+    for name in agg.AGGREGATORS.package_names():
         rule = ours(name, n_finite)
         extra = ref if rule.needs_reference else centre if name == "centered_clipping" else None
 

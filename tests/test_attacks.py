@@ -13,7 +13,7 @@ from fedshield.attacks import ATTACKS, DataAttack, UpdateAttack, find_gamma, hal
 from fedshield.attacks.minmax import perturbation
 from fedshield.errors import ConfigError
 
-UPDATE_ATTACKS = [n for n in attacks.names() if ATTACKS.get(n).kind == "update"]
+UPDATE_ATTACKS = [n for n in ATTACKS.package_names() if ATTACKS.get(n).kind == "update"]
 
 
 def _cohort(s: int = 7, d: int = 13, f: int = 2, dtype=torch.float64, seed: int = 0):

@@ -154,3 +154,6 @@ def test_plugin_files_of_the_same_name_in_two_places_both_load(tmp_path) -> None
         load_plugins([str(tmp_path / sub / "my_rules.py")])
         load_plugins([str(tmp_path / sub / "my_rules.py")])
     assert {"same_stem_rule_a", "same_stem_rule_b"} <= set(AGGREGATORS.names())
+    # they are the user's, not the package's (grids over "every built-in rule" skip them)
+    assert not {"same_stem_rule_a", "same_stem_rule_b"} & set(AGGREGATORS.package_names())
+    assert "median" in AGGREGATORS.package_names()

@@ -70,10 +70,6 @@ REGISTRIES: dict[str, tuple[Registry[Any], str, str]] = {
 }
 
 
-def _module(obj: Any) -> str:
-    return getattr(obj, "__module__", "") or ""
-
-
 def _entries(*kinds: str) -> list[Any]:
     """One pytest param per package entry (test-local plugins registered by other test
     modules, e.g. a NaN attack, are not the package's and are left out)."""
@@ -81,7 +77,7 @@ def _entries(*kinds: str) -> list[Any]:
     for kind in kinds:
         reg = REGISTRIES[kind][0]
         for entry in reg.entries():
-            if _module(entry.obj).startswith("fedshield."):
+            if entry.is_package:
                 out.append(pytest.param(kind, entry, id=f"{kind}:{entry.name}"))
     return out
 
@@ -390,7 +386,7 @@ _MODEL_OPTIONS = {"depthfl": {"exit_bottleneck": "depthfl"}, "reefl": {"exit_mod
 def _client_cases() -> list[Any]:
     out = []
     for entry in CLIENT_ALGORITHMS.entries():
-        if not _module(entry.obj).startswith("fedshield."):
+        if not entry.is_package:
             continue
         needs = entry.tag_values("needs_model")
         if "multi_exit" in needs:

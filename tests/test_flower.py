@@ -143,7 +143,7 @@ def test_task_roundtrip():
 
 def test_attack_placement():
     load_plugins()
-    placement = {name: runs_on_client(ATTACKS.build(name)) for name in ATTACKS.names()}
+    placement = {name: runs_on_client(ATTACKS.build(name)) for name in ATTACKS.package_names()}
     # Data and own-update attacks on the malicious SuperNode; omniscient ones in the strategy.
     assert placement["label_flip"] and placement["sign_flip"] and placement["scaling"]
     for name in ("min_max", "min_sum", "alie", "ipm", "noise"):

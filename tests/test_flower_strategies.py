@@ -244,10 +244,10 @@ def test_strategy_equals_the_fedshield_server_algorithm(name):
 def test_every_server_algorithm_and_rule_is_offered_or_refused_clearly():
     """Every aggregator under FedAvg and every server algorithm builds (FedCART with the
     clients' model, tests/test_flower_fedcart.py)."""
-    for name in AGGREGATORS.names():
+    for name in AGGREGATORS.package_names():
         kwargs = ROOT if AGGREGATORS.entry(name).obj.needs_reference else {}
         S.FedshieldRule(aggregator=name, **kwargs)
-    for name in SERVER_ALGORITHMS.names():
+    for name in SERVER_ALGORITHMS.package_names():
         if name == "fedcart":
             with pytest.raises(ConfigError, match="needs model_fn"):
                 S.FedshieldRule(server=name)

@@ -103,6 +103,11 @@ class Entry(Generic[T]):
     def has(self, tag: str) -> bool:
         return tag in self.tags
 
+    @property
+    def is_package(self) -> bool:
+        """True for fedshield's own entries (plugin modules live outside ``fedshield.``)."""
+        return (getattr(self.obj, "__module__", "") or "").startswith("fedshield.")
+
     def tag_values(self, key: str) -> frozenset[str]:
         """``{"a", "b"}`` for the tag ``key=a|b``; empty when absent or a bare word."""
         return self.tags.get(key, frozenset())
@@ -188,6 +193,11 @@ class Registry(Generic[T]):
 
     def entries(self) -> list[Entry[T]]:
         return [self._entries[n] for n in self.names()]
+
+    def package_names(self) -> list[str]:
+        """The names the package itself registers (plugins loaded into this process, from
+        a config, an entry point or a test, are left out)."""
+        return [e.name for e in self.entries() if e.is_package]
 
     def help(self, name: str) -> str:
         return self._entries[name].help if name in self._entries else ""

@@ -278,14 +278,15 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
 
 
 def pairs(masks: bool = False) -> Iterator[tuple[str, str]]:
-    """Every (server, aggregator) name pair of the registries."""
+    """Every (server, aggregator) name pair of the package's registries; plugins that other
+    code registered in this process are left out, so the grid is the same everywhere."""
     from fedshield.aggregators.base import AGGREGATORS
     from fedshield.algorithms.server import SERVER_ALGORITHMS
 
-    for s in SERVER_ALGORITHMS.names():
+    for s in SERVER_ALGORITHMS.package_names():
         if masks and s in ("scaffold", "fedcart"):  # their clients upload no masks
             continue
-        for a in AGGREGATORS.names():
+        for a in AGGREGATORS.package_names():
             yield s, a
 
 
