@@ -8,12 +8,18 @@ repetition so all see the same machine load:
 * ``vec``  — the simulator with ``run.vectorize=true`` (one batched computation);
 * ``seq``  — the simulator with ``run.vectorize=false`` (client by client);
 * ``loop`` — a hand-written sequential loop: per client, copy θ, then U steps of
-  ``torch.optim.SGD`` on random batches of the same size (the sequential ceiling).
+  ``torch.optim.SGD`` on random batches of the same size (the sequential ceiling);
+* ``bare`` — the batching ceiling: per step one ``vmap(grad(cross-entropy))`` call over
+  all S clients with batches of one size, then θ ← θ − η∇ on the stacked parameters — no
+  per-client index streams, size groups, momentum, client state or uploads (the
+  measurement behind the issue's 5× goal).
 
 Printed: min and median milliseconds, and the ratios loop/vec (the speed-up; goal ≥ 5 at
-S = 100 on CPU), seq/vec and seq/loop. Then FedPGD clients (PGD-5) at S = 20, and the
-memory peak of one batched round at S = 1000 for several ``run.vectorize_chunk`` values
-(each in a fresh process: peak RSS growth on CPU, ``max_memory_allocated`` on CUDA).
+S = 100 on CPU), seq/vec, seq/loop and loop/bare (what batching alone can give on this
+machine, so loop/vec ÷ loop/bare is the share of it the engine keeps). Then FedPGD
+clients (PGD-5) at S = 20, and the memory peak of one batched round at S = 1000 for
+several ``run.vectorize_chunk`` values (each in a fresh process: peak RSS growth on CPU,
+``max_memory_allocated`` on CUDA).
 
     PYTHONPATH=src python bench/bench_vectorized.py [--device cpu] [--dataset mnist5k]
         [--sizes 10,100,1000] [--steps 1,5] [--repeats 3] [--save docs/results/...]
@@ -101,6 +107,45 @@ def hand_loop(sim: Simulator, pgd_steps: int = 0) -> Callable[[int], None]:
     return run
 
 
+def bare_vmap(sim: Simulator) -> Callable[[int], None]:
+    """The batching ceiling (module docstring): U steps of one ``vmap(grad)`` call over the
+    S clients' stacked parameters, batches of the most common client batch size drawn at
+    random from the pooled training data (which rows does not change the cost)."""
+    from torch.func import functional_call, grad, vmap
+
+    model, spec, device = sim.model, sim.comp.client.spec, sim.device
+    clients = sim.exp.clients
+    s = len(clients)
+    b = statistics.mode(min(spec.batch_size, len(d)) for d in clients)
+    steps = max(spec.num_steps(len(d)) for d in clients)
+    pool_x = torch.cat([d.x for d in clients]).to(device)
+    pool_y = torch.cat([d.y for d in clients]).to(device)
+    start = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(model, (p, buffers), (x,)), y)
+
+    step = vmap(grad(loss), randomness="different")
+
+    def run(rnd: int) -> None:
+        g = torch.Generator(device=device).manual_seed(rnd)
+        model.train()
+        params = {k: v.unsqueeze(0).expand(s, *v.shape).clone() for k, v in start.items()}
+        for _ in range(steps):
+            idx = torch.randint(len(pool_y), (s * b,), generator=g, device=device)
+            x = pool_x[idx]
+            if x.dtype == torch.uint8:
+                x = x.float().div_(255.0)
+            grads = step(params, x.view(s, b, *x.shape[1:]), pool_y[idx].view(s, b))
+            with torch.no_grad():
+                for k, p in params.items():
+                    p.sub_(grads[k], alpha=spec.lr)
+        _sync(device)
+
+    return run
+
+
 def cohort_round(sim: Simulator) -> Callable[[int], None]:
     def run(rnd: int) -> None:
         sim.train_cohort(sim.begin_round(rnd))
@@ -131,7 +176,7 @@ def report(label: str, times: dict[str, list[float]]) -> str:
     med = {k: statistics.median(v) for k, v in times.items()}
     cols = "  ".join(f"{k} {lo[k] * 1e3:8.1f}/{med[k] * 1e3:8.1f}" for k in times)
     ratios = []
-    for a, b in (("loop", "vec"), ("seq", "vec"), ("seq", "loop")):
+    for a, b in (("loop", "vec"), ("seq", "vec"), ("seq", "loop"), ("loop", "bare")):
         if a in lo and b in lo:
             ratios.append(f"{a}/{b} {lo[a] / lo[b]:5.2f}/{med[a] / med[b]:5.2f}")
     return f"{label:<28} {cols}  |  {'  '.join(ratios)}"
@@ -232,6 +277,7 @@ def main() -> None:
                     seq = simulator(raw, False)
                     runs["seq"] = cohort_round(seq)
                     runs["loop"] = hand_loop(seq)
+                    runs["bare"] = bare_vmap(seq)
                 emit(report(f"{model:<9} S={s:<4} U={u}", measure(runs, args.repeats)))
 
     s = args.pgd_clients
