@@ -1,4 +1,4 @@
-"""Render the results tables of README.md and docs/results/*.md from committed result files.
+"""Render the results tables of README.md and docs/**/*.md from committed result files.
 
 Tables are never typed by hand: a document holds marker blocks
 
@@ -169,7 +169,7 @@ def render_document(text: str, missing: list[str] | None = None) -> str:
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs" / "results").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def collect(sweep_dir: Path) -> list[Path]:
