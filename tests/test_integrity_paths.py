@@ -253,3 +253,77 @@ def test_aggregate_covered_with_all_rows_full_equals_the_plain_rule() -> None:
     rule = agg_build("median")
     full = torch.ones_like(x, dtype=torch.bool)
     assert torch.allclose(aggregate_covered(rule, x, None, full, None).delta, rule(x))
+
+
+@pytest.mark.parametrize("count", [10**400, 10**39, 2**53 + 1], ids=["1e400", "1e39", "2^53+1"])
+def test_a_count_beyond_float64s_exact_range_is_rejected_even_when_counts_are_trusted(
+    count: int,
+) -> None:
+    """Trusted counts with no cap: a count of 1e39 or 1e400 used to abort the round
+    (OverflowError / non-finite weights); it is rejected and the round goes on."""
+    raw = fuzz.base_config("fedavg", "mean")
+    raw["server"] |= {"trust_counts": True}
+    sim = Simulator(build(config.validate(raw)))
+    plan = sim.begin_round(1)
+    ups = sim.train_cohort(plan)
+    ups[0].num_examples = count
+    m = sim.end_round(plan, ups)
+    assert m["sys/rejected/num_examples"] == 1 and finite(sim)
+
+
+def test_a_short_all_true_mask_from_a_full_depth_client_is_rejected() -> None:
+    """A full-coverage client may omit its mask or send an all-True one of θ's length;
+    a one-entry all-True mask used to pass and abort the round in the server's stack."""
+    pair = fuzz.make_pair("fedavg", "median", masks=True)
+    full = next(i for i, u in enumerate(pair.honest) if u.mask is None or bool(u.mask.all()))
+
+    def short(ups):  # noqa: ANN001
+        ups[full].mask = torch.ones(1, dtype=torch.bool)
+
+    m = replay(pair, short)
+    assert m["sys/rejected/mask"] == 1 and finite(pair.sim)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("metrics", None, "metrics"),
+        ("extras", None, "extras"),
+        ("delta", "sparse", "delta_shape"),
+    ],
+)
+def test_malformed_upload_objects_are_rejected_not_raised(field, value, reason) -> None:  # noqa: ANN001
+    pair = fuzz.make_pair("fedavg", "median")
+
+    def edit(ups):  # noqa: ANN001
+        setattr(ups[0], field, ups[0].delta.to_sparse() if value == "sparse" else value)
+
+    m = replay(pair, edit)
+    assert m[f"sys/rejected/{reason}"] == 1 and finite(pair.sim)
+
+
+def test_untrusted_client_metrics_and_a_grad_tracking_delta_do_not_leak_into_the_round() -> None:
+    pair = fuzz.make_pair("fedavg", "median")
+
+    def edit(ups):  # noqa: ANN001
+        ups[0].metrics = {"train/loss": "x", "comm/bytes": [1, 2]}
+        ups[1].metrics = {"train/loss": float("nan")}
+        ups[2].delta = ups[2].delta.clone().requires_grad_(True)
+
+    m = replay(pair, edit)
+    assert m["sys/rejected"] == 0 and m["train/loss"] == m["train/loss"]  # finite, from 8
+    assert not pair.sim.state.params.requires_grad and finite(pair.sim)
+
+
+def test_nan_batchnorm_buffers_under_the_median_are_rejected() -> None:
+    """The issue's first reproducer: a client's NaN BatchNorm running statistics, which the
+    median passed through to the global buffers."""
+    raw = fuzz.base_config("fedavg", "median")
+    raw["model"] = {"name": "mlp", "params": {"batchnorm": True}}
+    sim = Simulator(build(config.validate(raw)))
+    plan = sim.begin_round(1)
+    ups = sim.train_cohort(plan)
+    assert ups[0].buffers.numel() > 0
+    ups[0].buffers = torch.full_like(ups[0].buffers, float("nan"))
+    m = sim.end_round(plan, ups)
+    assert m["sys/rejected/buffers_nonfinite"] == 1 and finite(sim)

@@ -12,13 +12,18 @@ with one reason; the reasons are counted into the round's metrics as
 
 Sample counts: when ``trusted_counts`` is given (the simulator knows every partition's size)
 they replace the self-reported ``num_examples``; otherwise the reported count must be an
-integer in ``[0, max_num_examples]``.
+integer in ``[0, max_num_examples]``, and never above :data:`COUNT_CEILING` (2⁵³, the
+largest integer float64 weights hold exactly), so a count cannot overflow the weights.
+
+Tensors must be dense (strided) and are kept detached from any autograd graph; ``extras``
+and ``metrics`` must be mappings (a client's metrics are only logged, never trusted).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +34,9 @@ from torch import Tensor
 from fedshield.core.context import ClientUpdate
 
 log = logging.getLogger("fedshield")
+
+#: The largest sample count accepted from a client whatever ``max_num_examples`` says.
+COUNT_CEILING = 2**53
 
 
 @dataclass(frozen=True)
@@ -68,8 +76,12 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all()) if t.is_floating_point() else True
 
 
+def _dense(t: object) -> bool:
+    return isinstance(t, Tensor) and t.layout == torch.strided
+
+
 def _check_field(name: str, t: object, spec: FieldSpec, dtype: torch.dtype) -> str | None:
-    if not isinstance(t, Tensor):
+    if not isinstance(t, Tensor) or not _dense(t):
         return f"extra_{name}"
     want = spec.dtype or dtype
     if tuple(t.shape) != spec.shape or t.dtype != want or not _finite(t):
@@ -96,7 +108,7 @@ def _valid_count(n: object, cap: int | None) -> bool:
         if not math.isfinite(n) or n != int(n):
             return False
         n = int(n)
-    if not isinstance(n, int) or n < 0:
+    if not isinstance(n, int) or n < 0 or n > COUNT_CEILING:
         return False
     return cap is None or n <= cap
 
@@ -104,14 +116,14 @@ def _valid_count(n: object, cap: int | None) -> bool:
 def check_upload(u: ClientUpdate, spec: UploadSpec) -> str | None:
     """The reason ``u`` must be rejected, or None when every field is valid."""
     d = u.delta
-    if not isinstance(d, Tensor) or tuple(d.shape) != (spec.num_params,):
+    if not _dense(d) or tuple(d.shape) != (spec.num_params,):
         return "delta_shape"
     if d.dtype != spec.dtype:
         return "delta_dtype"
     if not _finite(d):
         return "delta_nonfinite"
     b = u.buffers
-    if not isinstance(b, Tensor) or tuple(b.shape) != (spec.num_buffers,):
+    if not _dense(b) or tuple(b.shape) != (spec.num_buffers,):
         return "buffers_shape"
     if b.dtype != spec.dtype:
         return "buffers_dtype"
@@ -127,16 +139,25 @@ def check_upload(u: ClientUpdate, spec: UploadSpec) -> str | None:
     else:
         want = spec.masks.get(u.client_id)
         got = u.mask
-        if want is None:
-            if got is not None and not (got.dtype == torch.bool and bool(got.all())):
+        if want is None:  # full coverage: no mask, or an all-True one of θ's length
+            if got is not None and not (
+                _dense(got)
+                and got.dtype == torch.bool
+                and tuple(got.shape) == (spec.num_params,)
+                and bool(got.all())
+            ):
                 return "mask"
         elif (
-            not isinstance(got, Tensor)
+            not _dense(got)
             or got.dtype != torch.bool
             or tuple(got.shape) != (spec.num_params,)
             or not torch.equal(got, want.to(got.device))
         ):
             return "mask"
+    if not isinstance(u.extras, Mapping):
+        return "extras"
+    if not isinstance(u.metrics, Mapping):
+        return "metrics"
     for name, t in u.extras.items():
         fs = spec.extras.get(name)
         if fs is None:
@@ -164,6 +185,38 @@ class ScreenResult:
         return out
 
 
+def _detached(u: ClientUpdate) -> ClientUpdate:
+    """``u`` with its tensors cut from any autograd graph (a delta that requires grad would
+    otherwise make θ require grad); views of the same storage, no copy."""
+    if not (
+        u.delta.requires_grad
+        or u.buffers.requires_grad
+        or any(t.requires_grad for t in u.extras.values())
+    ):
+        return u
+    return replace(
+        u,
+        delta=u.delta.detach(),
+        buffers=u.buffers.detach(),
+        extras={k: t.detach() for k, t in u.extras.items()},
+    )
+
+
+def finite_metric(u: ClientUpdate, key: str) -> float | None:
+    """A client-reported metric as a finite float, or None (they are untrusted, only
+    logged: a string, a list or a NaN in them must not abort a round)."""
+    metrics = u.metrics if isinstance(u.metrics, Mapping) else {}
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Tensor)):
+        return None
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            return None
+        value = value.item()
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 def screen(updates: Sequence[ClientUpdate], spec: UploadSpec) -> ScreenResult:
     """Check every upload (:func:`check_upload`); keep the valid ones, with their sample
     count replaced by the trusted one when the spec has them. Inputs are not modified."""
@@ -184,8 +237,16 @@ def screen(updates: Sequence[ClientUpdate], spec: UploadSpec) -> ScreenResult:
             u = replace(u, num_examples=int(n))
         else:
             u = replace(u, num_examples=int(u.num_examples))
-        kept.append(u)
+        kept.append(_detached(u))
     return ScreenResult(kept, rejected)
 
 
-__all__ = ["FieldSpec", "ScreenResult", "UploadSpec", "check_upload", "screen"]
+__all__ = [
+    "COUNT_CEILING",
+    "FieldSpec",
+    "ScreenResult",
+    "UploadSpec",
+    "check_upload",
+    "finite_metric",
+    "screen",
+]

@@ -43,7 +43,7 @@ from fedshield.core.flat import (
     set_params,
     stack_rows,
 )
-from fedshield.core.integrity import UploadSpec, screen
+from fedshield.core.integrity import UploadSpec, finite_metric, screen
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
@@ -346,7 +346,7 @@ class Simulator:
         server, attack = self.comp.server, self.comp.attack
         metrics: dict[str, Any] = {"round": rnd, "byz/count": len(byz)}
         benign = [u for u in updates if u.client_id not in byz]
-        losses = [u.metrics["train/loss"] for u in benign if "train/loss" in u.metrics]
+        losses = [v for u in benign if (v := finite_metric(u, "train/loss")) is not None]
         if losses:
             metrics["train/loss"] = float(np.mean(losses))
         if byz and isinstance(attack, UpdateAttack) and apply_update_attack:
@@ -389,7 +389,9 @@ class Simulator:
         ok = [
             i
             for i, u in enumerate(updates)
-            if isinstance(u.delta, Tensor) and u.delta.shape == (d,)
+            if isinstance(u.delta, Tensor)
+            and u.delta.layout == torch.strided
+            and u.delta.shape == (d,)
         ]
         if not ok:
             return
@@ -487,11 +489,8 @@ class Simulator:
 
 def _comm_bytes(u: ClientUpdate, default: int) -> int:
     """The bytes a client reports for its active prefix (SPEC §8), within [0, default]."""
-    try:
-        value = float(u.metrics.get("comm/bytes", default))
-    except (TypeError, ValueError):
-        return default
-    return int(min(max(value, 0.0), default)) if value == value else default
+    value = finite_metric(u, "comm/bytes")
+    return default if value is None else int(min(max(value, 0.0), default))
 
 
 def trusts_counts(cfg: Any, comp: Any) -> bool:
