@@ -793,3 +793,20 @@ def test_user_rule_helpers_keep_their_contract() -> None:
     assert check_updates(x, w).dtype == x.dtype and repr(rule) == "Scaled()"
     assert rule.adapted(S) is rule
     torch.testing.assert_close(rule(x, w), 0.5 * (w / w.sum()) @ x)
+
+
+@pytest.mark.parametrize("name", ["geomed", "rfa", "raga"])
+def test_geometric_median_with_one_row_at_1e30_lands_on_the_honest_rows(name: str) -> None:
+    """Six rows of a coverage group from the round-loop fuzz (tests/data): five honest of
+    norm 0.03-0.09 and one at ±1e30 per entry. Weiszfeld from the mean stopped 4.3e8 away
+    (float64 cancellation outran the Gram re-centring); far rows are now shrunk first."""
+    from pathlib import Path
+
+    x = torch.load(Path(__file__).parent / "data" / "geomed_far_outlier.pt")["x"]
+    honest = torch.cat([x[:1], x[2:]]).double()
+    z, diag = agg.build(name).aggregate(x)
+    assert diag["agg/shrunk"] == 1
+    assert float(z.double().norm()) <= float(honest.norm(dim=1).max())
+    # the honest rows' own geometric median, up to the 1e-6 the shrunk row can move it
+    ref, _ = agg.build(name).aggregate(torch.cat([x[:1], x[2:]]))
+    assert float((z - ref).norm()) < 0.5 * float(honest.norm(dim=1).min())

@@ -228,7 +228,7 @@ def test_rfa_with_a_huge_scaling_attack_from_the_cli(tmp_path) -> None:  # noqa:
     import json
 
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["final_test_acc"] > 0.3  # 10 classes: a NaN model scores ~0.1
+    assert summary["final_test_acc"] > 0.2  # 10 classes: a NaN model scores ~0.1
 
 
 def test_the_engine_never_writes_a_non_finite_theta() -> None:
@@ -327,3 +327,86 @@ def test_nan_batchnorm_buffers_under_the_median_are_rejected() -> None:
     ups[0].buffers = torch.full_like(ups[0].buffers, float("nan"))
     m = sim.end_round(plan, ups)
     assert m["sys/rejected/buffers_nonfinite"] == 1 and finite(sim)
+
+
+@pytest.mark.parametrize("agg", ["median", "geomed", "raga"])
+def test_a_two_client_depth_tier_under_an_honest_majority_rule_moves_no_further_than_honest(
+    agg: str,
+) -> None:
+    """Depths [1, 2, 3, 4] over 10 clients: block 4 is held by clients 3 and 7 only, where
+    the median of two rows is their mean. Client 3 uploading 1e30 on its own coverage
+    moved θ by ~1e31; the two-row group's rows are now clipped to the round's median row
+    norm first (sys/degraded), so the step stays at the honest scale."""
+    raw = fuzz.base_config("fedavg", agg, masks=True)
+    raw["client"]["params"]["depths"] = [1, 2, 3, 4]
+    raw["model"]["params"]["depth"] = 4
+    sim = Simulator(build(config.validate(raw)))
+    plan = sim.begin_round(1)
+    ups = sim.train_cohort(plan)
+    honest_scale = max(float(u.delta.double().norm()) for u in ups)
+    start = sim.state.params.clone()
+    bad = ups[list(plan.ctx.cohort).index(3)]
+    huge = torch.full_like(bad.delta, 1e30)  # a full-depth client: no mask, all of θ
+    bad.delta = huge if bad.mask is None else torch.where(bad.mask, huge, 0.0)
+    m = sim.end_round(plan, ups, apply_update_attack=False)
+    step = float((sim.state.params.double() - start.double()).norm())
+    assert m["sys/rejected"] == 0 and m["sys/degraded"] >= 1
+    assert finite(sim) and step <= 2 * honest_scale
+
+
+@pytest.mark.parametrize(("agg", "left"), [("multikrum", 3), ("trimmed_mean", 2)])
+def test_a_rule_degraded_to_f_0_does_not_let_one_row_through(agg: str, left: int) -> None:
+    """Screening leaves fewer rows than an f = 1 rule needs (Multi-Krum 2f + 3, Trimmed
+    Mean 2f + 1): it runs at f = 0 — the mean — on clipped rows, so a huge finite row
+    moves θ no further than an honest row could."""
+    pair = fuzz.make_pair("fedavg", agg)
+    pair.sim.comp.aggregator._configure(f=1)
+    honest_scale = max(float(u.delta.double().norm()) for u in pair.honest)
+
+    def edit(ups):  # noqa: ANN001
+        for u in ups[left:]:
+            u.delta = torch.full_like(u.delta, float("nan"))  # rejected
+        ups[0].delta = torch.full_like(ups[0].delta, 1e30)
+
+    m = replay(pair, edit)
+    step = float((pair.sim.state.params.double() - pair.start.params.double()).norm())
+    assert m["sys/rejected"] == 10 - left and m["sys/degraded"] == 1
+    assert finite(pair.sim) and step <= 2 * honest_scale
+
+
+@pytest.mark.parametrize("agg", ["geomed", "rfa"])
+def test_fedcart_class_counts_are_the_servers_not_the_clients(agg: str) -> None:
+    """One client claiming 1e30 samples of every class made every global prototype its
+    own row under a weighted robust rule; the simulator now uses the label counts it
+    knows, so the lie changes nothing."""
+    from fedshield.algorithms.client.fedcart import COUNTS, PROTOTYPES
+
+    pair = fuzz.make_pair("fedcart", agg)
+    replay(pair, lambda ups: None)
+    clean = pair.sim.state.server_state["proto"].clone()
+    evil = torch.full_like(pair.honest[0].extras[PROTOTYPES], 1e4)
+
+    def lie(ups):  # noqa: ANN001
+        counts = torch.full_like(ups[0].extras[COUNTS], 1e30)
+        ups[0].extras = dict(ups[0].extras, **{COUNTS: counts, PROTOTYPES: evil.clone()})
+
+    replay(pair, lie)
+    proto = pair.sim.state.server_state["proto"]
+    assert float(proto.norm()) < 2 * float(clean.norm())
+
+
+def test_prototype_votes_under_a_robust_rule_ignore_self_reported_counts() -> None:
+    """The Flower-native path cannot check counts: a robust rule weighs holders alike."""
+    from fedshield.aggregators import build as build_rule
+    from fedshield.algorithms.client.fedcart import COUNTS, PROTOTYPES
+    from fedshield.algorithms.server.fedcart import aggregate_prototypes
+    from fedshield.core.context import ClientUpdate
+
+    rows = [torch.zeros(2, 3) + 0.01 * i for i in range(4)] + [torch.full((2, 3), 1e4)]
+    counts = [torch.tensor([10.0, 10.0])] * 4 + [torch.tensor([1e30, 1e30])]
+    ups = [
+        ClientUpdate(i, torch.zeros(1), 1, torch.zeros(0), extras={PROTOTYPES: p, COUNTS: c})
+        for i, (p, c) in enumerate(zip(rows, counts))
+    ]
+    mean, _ = aggregate_prototypes(ups, build_rule("geomed"), (2, 3))
+    assert float(mean.abs().max()) < 1.0  # the honest cluster's median, not the liar's row

@@ -75,7 +75,8 @@ def main() -> None:
         f"- wall time: {time.perf_counter() - t0:.0f} s on one thread",
         "",
         "B is the largest of the honest rows' norms, the root reference's norm and the "
-        "clipping radius τ. Bad rows are the first 1, 5 or 10 of the cohort's 10.",
+        "clipping radius τ. Bad rows are 1, 5 or 10 of the cohort's 10: the widest-coverage "
+        "clients first (with masks, the smallest coverage groups), else the first rows.",
         "",
         "## Rejections by reason (rows)",
         "",

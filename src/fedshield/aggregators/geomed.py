@@ -32,6 +32,10 @@ current z (``agg/recentred``, at most 4 times), which makes those distances exac
   ``max_iter=T`` this reproduces ByzFL's fixed T iterations exactly. Not translation
   equivariant, so not the RFA default.
 * Rows holding NaN/Inf are dropped (``agg/nonfinite``), the others' weights renormalised.
+* With ``tol > 0``, finite rows beyond 1e6 × the weighted-median row norm are first shrunk
+  onto that radius (``agg/shrunk``; see :func:`_shrink_far_rows`): the minimiser barely
+  moves, and Weiszfeld no longer has to descend from an iterate at 1e29 in float64.
+  ``tol = 0`` (ByzFL's fixed T iterations) is left exact.
 """
 
 from __future__ import annotations
@@ -77,6 +81,33 @@ class GeoMedParams(Params):
     )
 
 
+#: Rows beyond this many times the weighted-median row norm are shrunk onto that radius.
+_FAR = 1e6
+
+
+def _shrink_far_rows(updates: Tensor, alpha: Tensor) -> tuple[Tensor, int]:
+    """Rows (finite) farther from 0 than ``_FAR`` × the α-weighted median row norm, scaled
+    back onto that radius. A far row pulls the geometric median only through its direction
+    (the gradient of ‖z − x‖ is a unit vector), so this changes the minimiser by about
+    1/_FAR of the honest scale, while an outlier at 1e30 next to rows of norm 1e-1 would
+    leave Weiszfeld, started at the mean, 30 orders of magnitude to descend through float64
+    cancellation (the round-loop fuzz: the iterate stopped 4e8 from the honest rows)."""
+    norms = row_norms(updates)
+    finite = torch.isfinite(norms)
+    if int(finite.sum()) < 2:
+        return updates, 0
+    ref = float(weighted_median(norms[finite], alpha[finite]))
+    far = finite & (norms > _FAR * ref) if ref > 0 else torch.zeros_like(finite)
+    n = int(far.sum())
+    if not n:
+        return updates, 0
+    out = updates.clone()
+    idx = far.nonzero().squeeze(1)
+    scale = (_FAR * ref) / norms[idx]
+    out[idx] = (updates[idx].double() * scale[:, None]).to(updates.dtype)
+    return out, n
+
+
 def geometric_median(
     updates: Tensor,
     alpha: Tensor,
@@ -90,6 +121,7 @@ def geometric_median(
     """Smoothed Weiszfeld with weights ``alpha`` (float64, summing to 1) over the finite
     rows: ``(z [d] in the input dtype, diagnostics)`` (iterations, objective, recentred,
     nonfinite)."""
+    updates, shrunk = _shrink_far_rows(updates, alpha) if tol > 0 else (updates, 0)
     g, ok = centered_gram(updates)
     dropped = int((~ok).sum())
     a_full = kept_weights(owner, alpha, ok) if dropped else alpha
@@ -150,6 +182,7 @@ def geometric_median(
         "agg/objective": obj,
         "agg/recentred": float(recentred),
         "agg/nonfinite": float(dropped),
+        "agg/shrunk": float(shrunk),
     }
     if beta is None:  # init="zeros" with max_iter=0
         return updates.new_zeros(updates.shape[1]), diag

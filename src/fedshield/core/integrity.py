@@ -70,6 +70,8 @@ class UploadSpec:
     max_num_examples: int | None = None
     #: client id → the sample count the server knows (replaces the reported one)
     trusted_counts: Mapping[int, int] | None = None
+    #: client id → extras the server knows (per-class counts): replace the reported ones
+    trusted_extras: Mapping[int, Mapping[str, Tensor]] | None = None
 
 
 def _finite(t: Tensor) -> bool:
@@ -235,6 +237,13 @@ def screen(updates: Sequence[ClientUpdate], spec: UploadSpec) -> ScreenResult:
                 log.warning("rejected the upload of unknown client %s", u.client_id)
                 continue
             u = replace(u, num_examples=int(n))
+            known = (spec.trusted_extras or {}).get(u.client_id, {})
+            if any(k in u.extras for k in known):
+                extras = {
+                    k: known[k].to(t.device, t.dtype) if k in known else t
+                    for k, t in u.extras.items()
+                }
+                u = replace(u, extras=extras)
         else:
             u = replace(u, num_examples=int(u.num_examples))
         kept.append(_detached(u))

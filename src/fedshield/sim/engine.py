@@ -330,10 +330,11 @@ class Simulator:
                 k: client.expected_mask(k, self.model, self.class_counts(k))
                 for k in plan.ctx.cohort
             }
-        trusted = None
-        if not self.trust_counts:  # the simulator knows every partition's size
+        trusted = known = None
+        if not self.trust_counts:  # the simulator knows every partition's size and labels
             trusted = {k: len(self.exp.clients[k]) for k in plan.ctx.cohort}
-        return replace(self._spec, masks=masks, trusted_counts=trusted)
+            known = {k: client.known_extras(self.class_counts(k)) for k in plan.ctx.cohort}
+        return replace(self._spec, masks=masks, trusted_counts=trusted, trusted_extras=known)
 
     def end_round(
         self, plan: RoundPlan, updates: list[ClientUpdate], apply_update_attack: bool = True

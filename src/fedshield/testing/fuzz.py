@@ -110,11 +110,15 @@ CORRUPTIONS: dict[str, Corruption] = {
     "count_1e9": _set("num_examples", 10**9),
     "count_negative": _set("num_examples", -5),
     "count_fraction": _set("num_examples", 2.5),
+    "count_1e400": _set("num_examples", 10**400),  # beyond float64: must not overflow weights
     "buffers_nan": _buffers_nan,
     "buffers_negative": _buffers_negative,
     "extra_nan": _extra("nan"),
     "extra_huge": _extra("huge"),
     "mask_forged": _mask_forged,
+    "mask_short": lambda u, g: _set("mask", torch.ones(1, dtype=torch.bool))(u, g),
+    "extras_none": _set("extras", None),
+    "metrics_garbage": _set("metrics", {"train/loss": "x", "comm/bytes": [1]}),
 }
 
 #: Bad rows per case, out of the cohort's S = 10.
@@ -235,6 +239,10 @@ def _clone(u: ClientUpdate) -> ClientUpdate:
     )
 
 
+def _coverage(u: ClientUpdate) -> int:
+    return u.delta.numel() if u.mask is None else int(u.mask.sum())
+
+
 def _state_finite(sim: Simulator) -> bool:
     st = sim.state
     tensors = [st.params, st.buffers, *st.server_state.values()]
@@ -242,7 +250,8 @@ def _state_finite(sim: Simulator) -> bool:
 
 
 def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseResult:
-    """Replay the pair's round with ``corruption`` applied to its first ``bad_rows`` rows."""
+    """Replay the pair's round with ``corruption`` applied to ``bad_rows`` rows: those of
+    the widest coverage (the smallest coverage groups) first, else the first rows."""
     sim = pair.sim
     sim.state = copy.deepcopy(pair.start)
     sim.records = []
@@ -251,7 +260,10 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
     res = CaseResult(
         pair.server, pair.aggregator, pair.masks, corruption, bad_rows, True, pair.robust
     )
-    applied = [CORRUPTIONS[corruption](u, g) for u in ups[:bad_rows]]
+    # The widest-coverage clients first: with masks they form the smallest coverage groups
+    # (the deepest tier), where one bad row weighs most; without masks, cohort order.
+    order = sorted(range(len(ups)), key=lambda i: -_coverage(ups[i]))
+    applied = [CORRUPTIONS[corruption](ups[i], g) for i in order[:bad_rows]]
     if not any(applied):
         res.skipped = True
         return res

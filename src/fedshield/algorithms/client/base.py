@@ -95,6 +95,12 @@ class ClientAlgorithm:
         upload carrying any other extra is rejected."""
         return {}
 
+    def known_extras(self, class_counts: Tensor) -> dict[str, Tensor]:
+        """Extras whose true value the server knows from the partition (e.g. per-class
+        sample counts, from the client's label counts ``class_counts``): where self-reported
+        counts are not trusted they replace what the client uploads (SPEC §12)."""
+        return {}
+
     def expected_mask(
         self, client_id: int, model: nn.Module, class_counts: Tensor | None = None
     ) -> Tensor | None:

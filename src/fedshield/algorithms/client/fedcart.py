@@ -165,6 +165,10 @@ class FedCARTClient(AdversarialClient):
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
         return upload_fields(model)
 
+    def known_extras(self, class_counts: Tensor) -> dict[str, Tensor]:
+        # n_{k,c} are the client's label counts: a lie would pick which prototypes vote.
+        return {COUNTS: class_counts.to(torch.float32)}
+
     # -- local loss ------------------------------------------------------------------
     def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
         p: FedCARTParams = self.params  # type: ignore[assignment]

@@ -10,6 +10,14 @@ When a group (or the whole cohort) has fewer rows than the rule needs — e.g. s
 fewer than Krum's 2f + 3 — :func:`apply_rule` runs the rule with the largest feasible f
 (``Aggregator.adapted``), or, when nothing can run, leaves those parameters unchanged for
 the round. Both are counted in the round's metrics (``sys/degraded``, ``sys/skipped``).
+
+A degraded rule is weaker than the configured one (at f = 0 Multi-Krum and Trimmed Mean
+are the mean), and so is an honest-majority rule (tagged ``robust`` and
+``reference_free``: Median, GeoMed, Krum, ...) on fewer than 3 rows, where it cannot
+outvote a single bad row. Such a group's rows are first clipped to the median norm of all
+of the round's rows (:func:`clip_rows`): with an honest majority in the cohort that radius
+is an honest row's scale, so one client of a two-client depth tier moves its parameters
+no further than an honest client could (``sys/degraded`` counts these groups too).
 """
 
 from __future__ import annotations
@@ -20,9 +28,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from fedshield.aggregators._ops import row_norms
 from fedshield.aggregators.base import Aggregator
 from fedshield.aggregators.fields import to_finite
 from fedshield.errors import ConfigError
+from fedshield.registry import tags_of
 
 log = logging.getLogger("fedshield")
 
@@ -51,15 +61,52 @@ class RuleOutcome:
     covered: Tensor | None = None  #: [d] bool: coordinates that received an aggregate
 
 
+#: Rows below which an honest-majority rule cannot outvote one bad row (median of 2 = mean).
+MAJORITY_ROWS = 3
+
+
+def needs_majority(rule: Aggregator) -> bool:
+    """An honest-majority rule: robust without a trusted reference (Median, GeoMed, RFA,
+    RAGA, Krum, Multi-Krum, Trimmed Mean, Bulyan). FLTrust/BR-DRAG are bounded by their
+    root reference and the clipping rules by their radius, whatever the row count."""
+    tags = tags_of(rule)
+    return "robust" in tags and "reference_free" in tags
+
+
+def clip_rows(x: Tensor, radius: float) -> Tensor:
+    """Rows of ``x`` scaled down to norm ≤ ``radius`` (float64 norms: no overflow)."""
+    norms = row_norms(x)
+    scale = torch.where(norms > radius, radius / norms.clamp_min(1e-300), 1.0)
+    return (x.double() * scale.unsqueeze(1)).to(x.dtype)
+
+
 def apply_rule(
-    rule: Aggregator, x: Tensor, weights: Tensor | None, reference: Tensor | None
+    rule: Aggregator,
+    x: Tensor,
+    weights: Tensor | None,
+    reference: Tensor | None,
+    radius: float | None = None,
 ) -> tuple[Tensor | None, dict[str, float], bool]:
-    """``(aggregate or None, diagnostics, degraded)`` of ``rule`` on the rows ``x``."""
+    """``(aggregate or None, diagnostics, degraded)`` of ``rule`` on the rows ``x``.
+    ``radius``: the clip radius of a degraded run (module docstring); None: no clip."""
     run = adapted_rule(rule, x.shape[0])
     if run is None:
         return None, {}, False
+    weak = run is not rule or (needs_majority(rule) and x.shape[0] < MAJORITY_ROWS)
+    if weak and radius is not None:
+        x = clip_rows(x, radius)
     agg, diag = run.aggregate(x, weights, reference=reference)
-    return to_finite(agg, x.dtype), diag, run is not rule
+    return to_finite(agg, x.dtype), diag, weak
+
+
+def safe_radius(rule: Aggregator, deltas: Tensor) -> float | None:
+    """The clip radius of degraded groups: the median of the round's row norms (lower
+    median), for an honest-majority or reduced rule; None for the mean and non-robust
+    rules (nothing is configured to defend)."""
+    if "robust" not in tags_of(rule) or deltas.shape[0] == 0:
+        return None
+    norms = row_norms(deltas)
+    return float(norms.sort().values[(norms.numel() - 1) // 2])
 
 
 def coverage_groups(masks: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -93,8 +140,9 @@ def aggregate_covered(
 ) -> RuleOutcome:
     """The configured rule on the whole cohort (``masks`` None) or per coverage group.
     Coordinates that no group could aggregate keep a zero update (θ unchanged there)."""
+    radius = safe_radius(rule, deltas)
     if masks is None:
-        agg, diag, degraded = apply_rule(rule, deltas, weights, reference)
+        agg, diag, degraded = apply_rule(rule, deltas, weights, reference, radius)
         if agg is None:
             return RuleOutcome(deltas.new_zeros(deltas.shape[1]), {}, 0, 1)
         return RuleOutcome(agg, diag, int(degraded), 0)
@@ -108,7 +156,7 @@ def aggregate_covered(
         x = deltas.index_select(0, rows).index_select(1, cols)
         w = None if weights is None else weights.index_select(0, rows)
         ref = None if reference is None else reference.index_select(0, cols)
-        agg, diag, red = apply_rule(rule, x, w, ref)
+        agg, diag, red = apply_rule(rule, x, w, ref, radius)
         if agg is None:
             skipped += 1
             continue

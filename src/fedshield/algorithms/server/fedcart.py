@@ -44,7 +44,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
-from fedshield.aggregators.fields import aggregate_field
+from fedshield.aggregators.fields import aggregate_field, is_robust
 from fedshield.algorithms.client.base import batch_indices
 from fedshield.algorithms.client.fedcart import COUNTS, HEAD_SHAPE, PROTO_HEAD, PROTOTYPES
 from fedshield.algorithms.server.base import (
@@ -158,10 +158,12 @@ def aggregate_prototypes(
     Class by class over the clients that hold the class (n_{k,c} > 0), ḡ_c is
     :func:`~fedshield.aggregators.fields.aggregate_field` of their rows with their counts
     as weights: the count-weighted mean ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c} under a
-    non-robust rule (``rule = None`` too), the configured robust rule or the coordinate-wise
-    median otherwise (SPEC §12). A class nobody holds gets a zero row and a zero total.
-    Rows whose shape is not ``shape`` ([C, C·D + C]; unset: the shape most rows have) or
-    that hold non-finite values are left out."""
+    non-robust rule (``rule = None`` too), the configured robust rule (holders weighted
+    alike: a self-reported count cannot buy a class) or the coordinate-wise median otherwise
+    (SPEC §12); the simulator also replaces the counts by the label counts it knows. A
+    class nobody holds gets a zero row and a zero total. Rows whose shape is not ``shape``
+    ([C, C·D + C]; unset: the shape most rows have) or that hold non-finite values are left
+    out."""
     rows = [u for u in updates if PROTOTYPES in u.extras]
     if not rows:
         return None
@@ -183,8 +185,9 @@ def aggregate_prototypes(
         if rule is None:
             w = counts[holders, k]
             mean[k] = (w / w.sum()) @ protos[holders, k]
-        else:
-            mean[k], _ = aggregate_field(protos[holders, k], counts[holders, k], rule)
+        else:  # a robust rule weighs the holders alike: counts are self-reported on Flower
+            w = None if is_robust(rule) else counts[holders, k]
+            mean[k], _ = aggregate_field(protos[holders, k], w, rule)
     return mean, counts.sum(0)
 
 
