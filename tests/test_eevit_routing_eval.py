@@ -135,3 +135,26 @@ def test_profile_is_taken_on_the_initial_model_by_default() -> None:
     assert deficits != [before[f"profile/{k}/confidence_deficit"] for k in (0, 1)]
     with pytest.raises(ConfigError, match="profile_on = 'final'"):
         routing_eval(model, _inputs(bundle, clients), **args)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("routing.policies", '["robsut"]', "did you mean 'robust'"),
+        ("routing_adv.policies", '["client_robust"]', "client-local"),
+    ],
+)
+def test_a_routing_policy_typo_fails_before_any_work(tmp_path, capsys, key, value, message) -> None:  # noqa: ANN001
+    """Issue #10's reproducer: the typo used to surface after the last round's training."""
+    from fedshield.cli import main
+
+    out = tmp_path / "run"
+    metric = key.split(".")[0]
+    argv = [
+        "run", "--preset", "eevit-digits-cpu", "--out", str(out), "-q",
+        "--set", f'eval.metrics=["{metric}"]', "--set", f"eval.params.{key}={value}",
+    ]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"eval.params.{key}" in err[0] and message in err[0]
+    assert not out.exists()

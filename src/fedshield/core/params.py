@@ -61,7 +61,8 @@ def format_validation_error(err: ValidationError, where: str, fields: list[str])
             parts.append(f"{key}: required")
         else:
             got = f" (got {_describe(e['input'])})" if "input" in e and e["loc"] else ""
-            parts.append(f"{key}: {e['msg']}{got}")
+            msg = e["msg"].removeprefix("Value error, ")  # a schema validator's own wording
+            parts.append(f"{key}: {msg}{got}")
     return "; ".join(parts)
 
 

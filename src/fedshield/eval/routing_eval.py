@@ -31,13 +31,14 @@ instead. PGD's step is
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 from torch import Tensor, nn
 
 from fedshield.adversarial import fgsm, pgd
@@ -143,10 +144,31 @@ def _check_policies(names: Sequence[str]) -> list[str]:
     return list(names)
 
 
+def _registered_policies(names: list[str], global_only: bool = False) -> list[str]:
+    """A schema validator: every name a registered routing policy (did-you-mean), so a typo
+    fails when the config is built, before data, not after the last round's training."""
+    for name in names:
+        if name not in POLICIES:
+            close = difflib.get_close_matches(name, POLICIES.names(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"unknown routing policy {name!r}{hint}; known: {', '.join(POLICIES.names())}"
+            )
+        if global_only and POLICIES.build(name).client_aware:
+            raise ValueError(f"{name!r} is client-local: use global policies (a = 0)")
+    return names
+
+
 class RoutingParams(Params):
     policies: list[str] = Field(
         list(ALL_POLICIES), description="registered routing policies to evaluate"
     )
+
+    @field_validator("policies")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        return _registered_policies(v)
+
     client_test_size: int = Field(
         200, ge=1, description="samples in each client-local test set (drawn from the test set)"
     )
@@ -169,6 +191,12 @@ class RoutingAdvParams(Params):
     policies: list[str] = Field(
         list(GLOBAL_POLICIES), description="global routing policies (a = 0) to attack"
     )
+
+    @field_validator("policies")
+    @classmethod
+    def _known_global(cls, v: list[str]) -> list[str]:
+        return _registered_policies(v, global_only=True)
+
     attacks: list[Literal["fgsm", "pgd"]] = Field(
         ["fgsm", "pgd"], description="attacks generated against the deepest exit"
     )
