@@ -118,3 +118,23 @@ def test_report_and_console_show_evaluator_metrics(
     assert "client/worst_acc" in table.splitlines()[0]
     assert str(tmp_path / "a") in table and str(tmp_path / "b") in table  # names clash: dirs
     assert "worst_acc" in capsys.readouterr().out
+
+
+def test_a_runs_own_report_and_summary_hold_its_evaluators_headline_metrics(
+    tmp_path, small_cfg, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    """`fedshield run` itself (not only `fedshield report`): report.md, summary.json and
+    the console table show the evaluator's headline metrics, from the round it ran in."""
+    monkeypatch.setenv("COLUMNS", "250")
+    small_cfg |= {"rounds": 2}
+    small_cfg["eval"] = {"every": 2, "metrics": ["robust"], "params": {"robust": {
+        "max_samples": 50, "cw": False, "autoattack": False, "pgd_steps": 2}}}  # fmt: skip
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps(small_cfg))
+    out = tmp_path / "a"
+    assert main(["run", str(cfg), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0.0 <= summary["robust/natural"] <= 1.0 and "robust/fgsm" in summary
+    report = (out / "report.md").read_text()
+    assert f"- **robust/natural**: {summary['robust/natural']:.4f}" in report
+    assert "robust/natural" in capsys.readouterr().out

@@ -24,8 +24,20 @@ def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -
             best_round=best["round"],
         )
     summary["final"] = records[-1] if records else {}
+    summary.update(headline_values(records))
     summary.update(extra)
     return summary
+
+
+def headline_values(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The evaluators' headline metrics (``report.HEADLINE``) of a run: each from the last
+    record holding it, since an evaluator appears only in the rounds it ran."""
+    from fedshield.report import headline_keys
+
+    latest: dict[str, Any] = {}
+    for r in records:
+        latest.update({k: v for k, v in r.items() if _num(v)})
+    return {k: latest[k] for k in headline_keys([latest])}
 
 
 def rounds_to(records: list[dict[str, Any]], target: float) -> int | None:
@@ -65,7 +77,10 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
 
 def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
     lines = [f"# {summary['name']}", ""]
-    for key in ("rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target"):
+    from fedshield.report import headline_keys
+
+    keys = ("rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target")
+    for key in (*keys, *headline_keys([summary])):
         if key in summary:
             val = summary[key]
             lines.append(
