@@ -810,3 +810,26 @@ def test_geometric_median_with_one_row_at_1e30_lands_on_the_honest_rows(name: st
     # the honest rows' own geometric median, up to the 1e-6 the shrunk row can move it
     ref, _ = agg.build(name).aggregate(torch.cat([x[:1], x[2:]]))
     assert float((z - ref).norm()) < 0.5 * float(honest.norm(dim=1).min())
+
+
+def test_a_plugin_rule_without_a_schema_takes_its_options_from_its_signature() -> None:
+    """A subclass of Aggregator with its own ``__init__(alpha=...)`` and no params_schema
+    inherited the base's empty schema, so ``alpha`` was refused as an unknown key."""
+    from fedshield.registry import Registry
+
+    reg: Registry[type[agg.Aggregator]] = Registry("aggregator")
+
+    @reg.register("scaled_mean_test", tags=["uses_weights", "reference_free"])
+    class ScaledMean(agg.Aggregator):
+        """The mean times alpha."""
+
+        def __init__(self, alpha: float = 0.5) -> None:
+            self.alpha = alpha
+
+        def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001, ANN201
+            return self.alpha * updates.mean(0), {}
+
+    rule = reg.build("scaled_mean_test", alpha=0.25)
+    assert rule.alpha == 0.25 and not reg.entry("scaled_mean_test").declared
+    with pytest.raises(ConfigError, match="alph"):
+        reg.build("scaled_mean_test", where="server.aggregator_args", alph=0.25)

@@ -122,6 +122,22 @@ class Entry(Generic[T]):
         )
 
 
+def _own_keyword_init(obj: Any, context: tuple[str, ...]) -> bool:
+    """A class that declares no schema but its own ``__init__`` taking only options with
+    defaults (a plugin rule ``MyRule(alpha=0.5)``): its signature is its schema, not the
+    empty one inherited from the base class."""
+    if not isinstance(obj, type) or "params_schema" in vars(obj) or "__init__" not in vars(obj):
+        return False
+    params = [
+        p
+        for p in inspect.signature(obj.__init__).parameters.values()
+        if p.name != "self"
+        and p.name not in context
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    return bool(params) and all(p.default is not p.empty for p in params)
+
+
 class Registry(Generic[T]):
     """``context``: the factory arguments the caller supplies itself (a model's input shape,
     an evaluator's model), left out of a schema derived from the signature."""
@@ -144,6 +160,9 @@ class Registry(Generic[T]):
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             sch = schema or getattr(obj, "params_schema", None)
             declared = sch is not None
+            if sch is NoParams and schema is None and _own_keyword_init(obj, self.context):
+                sch = None  # the base class's empty default, not the plugin's own word
+                declared = False
             if sch is None:
                 sch = schema_from_signature(obj, self.context) if callable(obj) else NoParams
             if not (isinstance(sch, type) and issubclass(sch, Params)):
