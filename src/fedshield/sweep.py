@@ -50,13 +50,71 @@ def grid_names() -> list[str]:
 
 
 def read_grid(path: str | None = None, grid: str | None = None) -> tuple[dict[str, Any], Path]:
+    """A grid file's table and the folder its relative paths start from: a bundled grid
+    (``--grid NAME``, with a did-you-mean) or a file, which must not be empty."""
     if grid is not None:
+        names = grid_names()
+        if grid not in names:  # also keeps NAME inside the grids folder ("../demo")
+            import difflib
+
+            close = difflib.get_close_matches(grid, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"--grid: unknown grid {grid!r}{hint}; known: {', '.join(names)}")
         res = resources.files(cfgmod.PRESET_PACKAGE).joinpath("grids", f"{grid}.toml")
-        if not res.is_file():
-            raise ConfigError(f"unknown grid {grid!r}; known: {', '.join(grid_names())}")
         return tomllib.loads(res.read_text()), Path(".")
     assert path is not None
-    return cfgmod.read_toml(path), Path(path).parent
+    spec = cfgmod.read_toml(path)
+    if not spec:
+        raise ConfigError(
+            f'{path}: the grid file is empty; set base = "<preset>" or file = "<config>.toml" '
+            f"and a [grid] or [[variant]] (or run a bundled one: --grid demo)"
+        )
+    return spec, Path(path).parent
+
+
+def _read_base_file(path: Path) -> dict[str, Any]:
+    """A grid's ``file`` as :func:`fedshield.config.load` reads a config file: plugin files
+    relative to the config file, and an empty file refused."""
+    from fedshield.plugins import resolve_plugin_paths
+
+    raw = cfgmod.read_toml(path)
+    plugins = raw.get("plugins")
+    if isinstance(plugins, list) and all(isinstance(x, str) for x in plugins):
+        raw["plugins"] = resolve_plugin_paths(plugins, path.parent)
+    if not raw:
+        raise ConfigError(
+            f"{path} (grid.file): the config is empty; set at least name, rounds, [data] "
+            f"dataset and [model] name"
+        )
+    return raw
+
+
+def _base(spec: dict[str, Any], where: Path) -> dict[str, Any]:
+    """The raw config every run starts from: ``file`` (a config file) or ``base`` (a
+    preset, default ``demo``), never both."""
+    if "file" in spec and "base" in spec:
+        raise ConfigError(
+            f"grid: both base ({spec['base']!r}) and file ({spec['file']!r}) are set; "
+            f"keep one: base names a preset, file a config file"
+        )
+    for key in ("file", "base"):
+        if key in spec and not (isinstance(spec[key], str) and spec[key].strip()):
+            raise ConfigError(f"grid.{key}: expected a non-empty string, got {spec[key]!r}")
+    if "file" in spec:
+        return _read_base_file(where / spec["file"])
+    return cfgmod.read_preset(spec.get("base", "demo"))
+
+
+def check_run(cfg: cfgmod.ExperimentConfig, label: str) -> None:
+    """The checks ``fedshield run`` does before it loads any data (every component's name,
+    parameters, tags and feasibility, the plugins, the device), for one run of a grid."""
+    from fedshield.errors import FedshieldError
+    from fedshield.sim.builder import build_components
+
+    try:
+        build_components(cfg)
+    except FedshieldError as err:
+        raise type(err)(f"grid run {label}: {err}") from None
 
 
 def _overrides(value: Any, key: str) -> list[str]:
@@ -89,7 +147,9 @@ def _seeds(value: Any) -> list[int]:
 def expand(
     spec: dict[str, Any], where: Path, seeds: list[int] | None = None
 ) -> tuple[str, list[RunSpec]]:
-    """The runs of a grid file: variants × cartesian grid (× seeds), each a validated config.
+    """The runs of a grid file: variants × cartesian grid (× seeds), each a config checked
+    as ``fedshield run`` checks one before loading data (:func:`check_run`), so a bad cell
+    fails here, naming its run, and not after the runs before it have trained.
     ``seeds`` (``--seeds``) overrides the grid's ``seeds`` key; with seeds every run is
     repeated per seed, named ``<run>_seed=<s>``, and tables report mean ± std and a 95 %
     interval per cell."""
@@ -108,12 +168,20 @@ def expand(
     elif seeds is not None:
         seeds = _seeds(seeds)
     name = spec.get("name", "sweep")
-    if "file" in spec:
-        base = cfgmod.read_toml(where / spec["file"])
-    else:
-        base = cfgmod.read_preset(spec.get("base", "demo"))
+    if not (isinstance(name, str) and name.strip()):
+        raise ConfigError(f"grid.name: expected a non-empty string, got {name!r}")
+    base = _base(spec, where)
     common = _overrides(spec.get("set", []), "grid.set")
     variants = spec.get("variant", [{"name": ""}])
+    if not (
+        isinstance(variants, list)
+        and variants
+        and all(isinstance(v, dict) and isinstance(v.get("name", ""), str) for v in variants)
+    ):
+        raise ConfigError(
+            f"grid.variant: expected one or more [[variant]] tables with a string name, "
+            f"got {variants!r}"
+        )
     grid = spec.get("grid", {})
     if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
         raise ConfigError("grid.grid: every entry must be a non-empty list of values")
@@ -139,7 +207,7 @@ def expand(
                 if seed is not None:
                     sets.append(f"seed={seed}")
                 raw = cfgmod.apply_overrides(base, sets)
-                cfgmod.validate(raw, f"grid run {run_label}")
+                check_run(cfgmod.validate(raw, f"grid run {run_label}"), run_label)
                 run_params = params if seed is None else params | {"seed": seed}
                 runs.append(RunSpec(run_label, raw, run_params))
     names = [r.name for r in runs]
@@ -196,12 +264,20 @@ def run_one(
     return run_config(cfgmod.validate(raw), Path(out), resume=True, quiet=True)
 
 
+def check_jobs(jobs: Any) -> int:
+    """``-j/--jobs``: a number of parallel local runs, at least 1 (0 or -3 is refused, not
+    quietly run as 1)."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"-j/--jobs {jobs!r}: expected a number of parallel runs >= 1")
+    return jobs
+
+
 class LocalBackend:
     """This machine: in process (``jobs == 1``) or in ``jobs`` spawned processes, the
     cores split evenly between them."""
 
     def __init__(self, jobs: int = 1) -> None:
-        self.jobs = max(1, jobs)
+        self.jobs = check_jobs(jobs)
 
     def map(self, tasks: Sequence[RunTask]) -> Iterator[tuple[str, dict[str, Any]]]:
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
@@ -228,6 +304,8 @@ def run_sweep(
     comparison files to ``out``. Runs finished earlier are kept and not run again."""
     from fedshield.report import compare_runs
 
+    if backend is None:
+        check_jobs(jobs)  # before the output folder or any run
     out.mkdir(parents=True, exist_ok=True)
     backend = backend if backend is not None else LocalBackend(jobs)
     results: dict[str, dict[str, Any]] = {}

@@ -1,0 +1,147 @@
+"""Bad sweep input (grid files, --grid, -j) is one clear line, exit 2, before any run."""
+
+from __future__ import annotations
+
+import pytest
+import tomli_w
+
+from fedshield.cli import main
+from fedshield.errors import ConfigError
+from fedshield.sweep import LocalBackend, expand, read_grid
+
+
+def one_line_error(capsys, argv: list[str], *expected: str) -> str:  # noqa: ANN001
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1, err
+    assert err[0].startswith("error: "), err[0]
+    for e in expected:
+        assert e in err[0], err[0]
+    return err[0]
+
+
+def _write(path, data: dict) -> str:  # noqa: ANN001
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(data))
+    return str(path)
+
+
+def _grid(tmp_path, small_cfg, **spec) -> str:  # noqa: ANN001
+    """A one-run grid on a one-round base config (a few seconds if it does run)."""
+    _write(tmp_path / "base.toml", small_cfg | {"rounds": 1})
+    return _write(tmp_path / "grid.toml", {"name": "g", "file": "base.toml", **spec})
+
+
+def test_every_variant_is_checked_before_the_first_run(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+    """Krum with f=9 on 10 clients per round is impossible: the second variant's error
+    comes before the first variant trains, naming that variant."""
+    small_cfg["data"]["num_clients"] = 10
+    small_cfg["server"]["clients_per_round"] = 10
+    variants = [
+        {"name": "mean"},
+        {"name": "krum", "set": ['server.aggregator="krum"', "server.aggregator_args.f=9"]},
+    ]
+    grid = _grid(tmp_path, small_cfg, variant=variants)
+    out = tmp_path / "out"
+    one_line_error(
+        capsys, ["sweep", grid, "--out", str(out), "-q"], "grid run krum", "server.aggregator"
+    )
+    assert not out.exists()  # nothing trained, no folder written
+
+
+def test_every_cell_and_seed_is_checked(tmp_path, small_cfg) -> None:  # noqa: ANN001
+    small_cfg["server"] |= {"aggregator": "krum", "aggregator_args": {"f": 0}}
+    _write(tmp_path / "base.toml", small_cfg)
+    spec = {"file": "base.toml", "grid": {"server.aggregator_args.f": [0, 5]}}
+    with pytest.raises(ConfigError, match=r"grid run f=5_seed=0: server\.aggregator='krum'"):
+        expand(spec, tmp_path, seeds=[0, 1])
+    spec["grid"]["data.dataset"] = ["digitz"]  # a name checked only by the registries
+    spec["grid"]["server.aggregator_args.f"] = [0]
+    with pytest.raises(ConfigError, match=r"grid run f=0_dataset=digitz: .*data\.dataset"):
+        expand(spec, tmp_path)
+
+
+def test_plugin_files_are_relative_to_the_base_config(tmp_path, small_cfg, monkeypatch) -> None:  # noqa: ANN001
+    """`plugins = ["my_rules.py"]` in a grid's base config means the file next to that
+    config, as for `fedshield run cfg.toml`, wherever the sweep is started from."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "my_rules.py").write_text(
+        "from fedshield.aggregators.base import AGGREGATORS\n"
+        "from fedshield.aggregators.mean import Mean\n"
+        "AGGREGATORS.register('sweep_inputs_rule', tags=['uses_weights', 'reference_free'])"
+        "(type('R', (Mean,), {'__doc__': 'A test rule.'}))\n"
+    )
+    small_cfg |= {"plugins": ["my_rules.py"], "rounds": 1}
+    small_cfg["server"]["aggregator"] = "sweep_inputs_rule"
+    _write(conf / "cfg.toml", small_cfg)
+    grid = _write(tmp_path / "grid.toml", {"name": "g", "file": "conf/cfg.toml"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    _, runs = expand(*read_grid(grid))
+    assert runs[0].raw["plugins"] == [str((conf / "my_rules.py").resolve())]
+    assert main(["sweep", grid, "--out", str(tmp_path / "out"), "-q"]) == 0
+    assert (tmp_path / "out" / "g" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n\n"])
+def test_an_empty_grid_file_is_an_error(tmp_path, capsys, text) -> None:  # noqa: ANN001
+    empty = tmp_path / "g.toml"
+    empty.write_text(text)
+    with pytest.raises(ConfigError, match="g.toml: the grid file is empty"):
+        read_grid(str(empty))
+    out = tmp_path / "out"
+    argv = ["sweep", str(empty), "--out", str(out), "-q", "--set", "rounds=1"]
+    one_line_error(capsys, argv, str(empty), "empty")  # not the demo
+    assert not out.exists()
+
+
+def test_an_empty_base_config_file_is_an_error(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "base.toml").write_text("# nothing\n")
+    with pytest.raises(ConfigError, match=r"base\.toml \(grid\.file\): the config is empty"):
+        expand({"file": "base.toml"}, tmp_path)
+
+
+def test_a_grid_name_typo_suggests(capsys) -> None:  # noqa: ANN001
+    argv = ["sweep", "--grid", "brdrag-attacks-20-cp"]
+    line = one_line_error(capsys, argv, "did you mean 'brdrag-attacks-20-cpu'", "known: ")
+    assert "'brdrag-attacks-20-cp'" in line
+    one_line_error(capsys, ["sweep", "--grid", "../demo"], "unknown grid '../demo'")
+
+
+@pytest.mark.parametrize("jobs", ["0", "-3"])
+def test_jobs_below_one_are_refused(tmp_path, capsys, small_cfg, jobs) -> None:  # noqa: ANN001
+    grid = _grid(tmp_path, small_cfg)
+    out = tmp_path / "out"
+    one_line_error(capsys, ["sweep", grid, "--out", str(out), "-q", "-j", jobs], "-j", jobs)
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="-j/--jobs"):
+        LocalBackend(int(jobs))
+
+
+def test_base_and_file_together_are_refused(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+    grid = _grid(tmp_path, small_cfg, base="demo")
+    out = tmp_path / "out"
+    one_line_error(capsys, ["sweep", grid, "--out", str(out), "-q"], "base", "file", "grid")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"file": 3}, "grid.file"),
+        ({"base": ["demo"]}, "grid.base"),
+        ({"name": 7}, "grid.name"),
+        ({"variant": []}, "grid.variant"),
+        ({"variant": ["a"]}, "grid.variant"),
+    ],
+)
+def test_grid_keys_of_the_wrong_type(tmp_path, small_cfg, extra, expected) -> None:  # noqa: ANN001
+    _write(tmp_path / "base.toml", small_cfg)
+    spec = {"file": "base.toml", **extra}
+    if "base" in extra:
+        del spec["file"]
+    with pytest.raises(ConfigError, match=expected.replace(".", r"\.")):
+        expand(spec, tmp_path)
