@@ -643,3 +643,29 @@ def test_baseline_grid_variants_build_every_client_subnet() -> None:
         counts = torch.ones(10)  # every class present: the tier alone decides
         masks = [client.expected_mask(k, model, counts) for k in range(cfg.data.num_clients)]
         assert (run.name == "ours_all_depth6") == all(m is None for m in masks), run.name
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["client.params.depths=[10]"], "outside 1..6 exits"),
+        (['client.algorithm="reefl"'], "exit_mode = 'recurrent'"),
+        (['client.algorithm="depthfl"'], "bottleneck"),
+        (['client.algorithm="heterofl"', 'model.params.exit_mode="recurrent"'], "'stage'"),
+        (['client.algorithm="heterofl"', "client.params.widths=[1.5]"], "outside (0, 1]"),
+    ],
+)
+def test_a_tier_or_exit_layout_the_model_lacks_fails_before_any_data(
+    tmp_path, capsys, sets, message
+) -> None:  # noqa: ANN001
+    """These were found at the first local update, after data, model and config.toml."""
+    from fedshield.cli import main
+
+    out = tmp_path / "run"
+    argv = ["run", "--preset", "eevit-digits-cpu", "--out", str(out), "-q"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not out.exists()

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from fedshield.errors import FedshieldError
+from fedshield.errors import ConfigError, FedshieldError
 from fedshield.progress import round_columns
 
 console = Console(stderr=False)
@@ -34,14 +34,34 @@ def _out_dir(requested: str | None, name: str, resume: bool) -> Path:
     return base.parent / f"{name}-{i}"
 
 
+def check_set_keys(items: list[str]) -> None:
+    """``--set KEY=VALUE``: a KEY with an empty part (``=3``, ``.=3``, ``data..beta``) is
+    refused quoting the item, instead of reaching the schema as a key named ""."""
+    for item in items:
+        if "=" not in item:
+            continue  # config.apply_overrides says "expected KEY=VALUE"
+        key = item.split("=", 1)[0].strip()
+        if not key or any(not part or part != part.strip() for part in key.split(".")):
+            raise ConfigError(
+                f"--set {item!r}: malformed key {key!r}; expected dotted names, "
+                f"e.g. server.aggregator=krum"
+            )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
+    from fedshield.runner import check_out_dir, check_resume
 
+    check_set_keys(args.set or [])
+    if args.config is not None and Path(args.config).is_dir():
+        raise ConfigError(f"{args.config}: is a directory; give an experiment TOML file")
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
+    check_out_dir(_out_dir(args.out, cfg.name, args.resume), "--out" if args.out else None)
     if args.resume:
         target = _out_dir(args.out, cfg.name, True)
         if not ((target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()):
             raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
+        check_resume(target)  # a corrupt checkpoint is an error before the data is loaded
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
         from fedshield.progress import RoundProgress
@@ -203,7 +223,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from fedshield.report import compare_runs
+    from fedshield.runner import check_out_dir
 
+    check_out_dir(Path(args.out), "--out")
     summaries, png = compare_runs([Path(d) for d in args.dirs], Path(args.out))
     print_summaries(summaries)
     console.print(f"curves: {png}")
@@ -215,6 +237,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if (args.grid_file is None) == (args.grid is None):
         raise FedshieldError("give a grid file or --grid NAME (see `fedshield list grids`)")
+    check_set_keys(args.set or [])
     spec, where = read_grid(args.grid_file, args.grid)
     for item in args.set or []:
         spec.setdefault("set", []).append(item)

@@ -198,7 +198,9 @@ class ExperimentConfig(Section):
     plugins: list[str] = Field(
         [], description="modules imported before the config is checked (user components)"
     )
-    seed: int = Field(0, ge=0)
+    seed: int = Field(
+        0, ge=0, lt=2**63, description="0 <= seed < 2**63 (the range of a TOML integer)"
+    )
     rounds: int = Field(20, ge=1)
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()

@@ -106,6 +106,26 @@ def load_plugins(modules: Iterable[str] = ()) -> None:
                 importlib.import_module(name)
         except ModuleNotFoundError as err:
             raise ConfigError(f"plugins: cannot import {name!r} ({err})") from None
+        except ConfigError as err:
+            if str(err).startswith("plugins: "):
+                raise
+            raise ConfigError(f"plugins: {name!r} failed to load: {_one_line(err)}") from None
+        except SyntaxError as err:  # also IndentationError, TabError
+            same = err.filename is not None and Path(err.filename) == Path(name)
+            where = "" if same or not err.filename else f" in {err.filename}"
+            where += f" at line {err.lineno}" if err.lineno else ""
+            raise ConfigError(f"plugins: {name!r}: syntax error{where}: {err.msg}") from None
+        except Exception as err:  # noqa: BLE001 - the plugin's own code failed
+            hint = ""
+            if "registered twice" in str(err):  # Registry.register: the name is taken
+                hint = " (the name is taken, by fedshield or another plugin: choose another)"
+            raise ConfigError(
+                f"plugins: {name!r} failed to load: {type(err).__name__}: {_one_line(err)}{hint}"
+            ) from None
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or "(no message)"
 
 
 def resolve_plugin_paths(plugins: list[str], config_dir: Path) -> list[str]:

@@ -61,9 +61,14 @@ def load_run(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if not metrics.exists():
         raise DataError(f"{d}: not a fedshield run directory (no metrics.jsonl)")
     records = JsonlLog(metrics).read()
+    for i, r in enumerate(records, 1):
+        if not isinstance(r, dict) or isinstance(r.get("round"), bool):
+            raise DataError(f"{metrics}: line {i} is not a round record (a JSON object)")
+        if not isinstance(r.get("round"), int):
+            raise DataError(f"{metrics}: line {i} has no integer 'round'")
     summary_path = d / "summary.json"
     if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
+        summary = _read_summary(summary_path)
     else:  # an unfinished run: summarise what is there
         from fedshield.sim.outputs import summarize
 
@@ -77,6 +82,26 @@ def load_run(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     for k in headline_keys([latest, final]):
         summary[k] = final.get(k, latest.get(k))
     return summary, records
+
+
+def _read_summary(path: Path) -> dict[str, Any]:
+    """A run's ``summary.json``, checked: a JSON object with a string ``name`` (and a
+    ``final`` record, when there is one, that is an object)."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: malformed JSON ({err})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not a JSON text file (it is not UTF-8 text)") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read the summary ({err.strerror})") from None
+    if not isinstance(summary, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(summary).__name__}")
+    if not isinstance(summary.get("name"), str):
+        raise DataError(f"{path}: not a run summary (no string 'name')")
+    if not isinstance(summary.get("final") or {}, dict):
+        raise DataError(f"{path}: 'final' is not a JSON object")
+    return summary
 
 
 def fmt(v: Any) -> str:
@@ -224,6 +249,9 @@ def compare_runs(
     """Write comparison.md/.csv and accuracy.png for ``dirs`` (plus cells.md with seed
     intervals, and pivot.md for two varying keys). ``extra`` adds per-run columns (a
     sweep's parameters)."""
+    from fedshield.runner import check_out_dir
+
+    check_out_dir(out)
     loaded = [load_run(d) for d in dirs]
     out.mkdir(parents=True, exist_ok=True)
     summaries = [s for s, _ in loaded]

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
+from fedshield.errors import ConfigError
 from fedshield.progress import RoundProgress
 
 
@@ -23,6 +24,31 @@ def set_threads(cfg: Any) -> None:
     import torch
 
     torch.set_num_threads(cfg.run.threads or 1)
+
+
+def check_out_dir(out: Path, flag: str | None = None) -> None:
+    """Refuse, before any work, an output directory that cannot be one: ``out`` or a
+    folder above it is an existing file (``flag``, e.g. ``--out``, names the option)."""
+    where = f"{flag} {out}" if flag else str(out)
+    for p in (out, *out.parents):
+        if p.is_dir():
+            return
+        if p.exists() or p.is_symlink():
+            what = "it is" if p == out else f"{p} is"
+            raise ConfigError(
+                f"{where}: {what} an existing file, not a directory; "
+                f"choose another {flag or 'output directory'}"
+            )
+
+
+def check_resume(out: Path) -> None:
+    """With ``--resume``: load and check ``out/checkpoint.pt`` now, so a corrupt or foreign
+    checkpoint is one clear error before the data is loaded (the engine reuses the load)."""
+    from fedshield.sim.checkpoint import check_checkpoint
+
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists() or ckpt.is_symlink():
+        check_checkpoint(ckpt)
 
 
 def run(
@@ -38,6 +64,10 @@ def run(
     from fedshield.sim.builder import build
     from fedshield.sim.engine import Simulator
 
+    if out is not None:
+        check_out_dir(out)
+        if resume:
+            check_resume(out)
     set_threads(cfg)
     sim = Simulator(build(cfg), out, resume=resume)
     show = cfg.run.progress and not quiet
@@ -47,4 +77,4 @@ def run(
     return summary
 
 
-__all__ = ["run", "set_threads"]
+__all__ = ["check_out_dir", "check_resume", "run", "set_threads"]

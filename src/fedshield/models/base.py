@@ -98,9 +98,19 @@ def check_model(
     ViT-S in 0.2 s) to check the whole ``model`` section against the input shape and class
     count before any data is loaded (e.g. from :func:`fedshield.data.dataset_info`); returns
     the model's tags. Also consumes no random numbers of the CPU generator."""
+    return tags_of(meta_model(name, input_shape, num_classes, params))
+
+
+def meta_model(
+    name: str,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    params: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """Model ``name`` built on the meta device (see :func:`check_model`): its structure,
+    for checks before data, without memory or random numbers."""
     with torch.device("meta"):
-        model = build_model(name, input_shape, num_classes, **dict(params or {}))
-    return tags_of(model)
+        return build_model(name, input_shape, num_classes, **dict(params or {}))
 
 
 def build_model(

@@ -101,18 +101,22 @@ def build_components(cfg: ExperimentConfig) -> Components:
     loaded: names (did-you-mean), nested parameters, compatibility, device."""
     from fedshield.data import PARTITIONERS, dataset_info
     from fedshield.eval import EVALUATORS
-    from fedshield.models import check_model, model_tags
+    from fedshield.models import model_tags
+    from fedshield.models.base import meta_model
+    from fedshield.registry import tags_of
 
     load_plugins(cfg.plugins)
     c, s, d = cfg.client, cfg.server, cfg.data
     info = dataset_info(d.dataset, d.params)
     PARTITIONERS.entry(d.partition, "data.partition").parse(partition_params(d), "data")
     tags = model_tags(cfg.model.name, cfg.model.params)
+    meta = None
     if info.input_shape is not None and info.num_classes is not None:
         # The whole model section against the data's shape, on the meta device (no memory);
         # pretrained weights are files, checked when the model is really built.
         arch = {k: v for k, v in cfg.model.params.items() if not k.startswith("pretrained")}
-        tags = check_model(cfg.model.name, info.input_shape, info.num_classes, arch)
+        meta = meta_model(cfg.model.name, info.input_shape, info.num_classes, arch)
+        tags = tags_of(meta)
     entries: dict[str, Entry[Any]] = {}
     for name in cfg.eval.metrics:
         entries[name] = EVALUATORS.entry(name, "eval.metrics")
@@ -143,6 +147,8 @@ def build_components(cfg: ExperimentConfig) -> Components:
     except ConfigError as err:
         raise ConfigError(f"server.aggregator={s.aggregator!r}: {err}") from None
     _check_tags(cfg, entries, tags)
+    if meta is not None:
+        client.check_model(meta)  # tiers and exit layout against the model, before data
     server = server_cls(
         aggregator,
         lr=s.lr,

@@ -12,11 +12,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
+import re
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from fedshield.errors import DataError
 
 
 def atomic_write_bytes(path: Path, write: Any) -> None:
@@ -45,8 +50,116 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write_bytes(path, lambda f: torch.save(state, f))
 
 
+#: A loaded and checked checkpoint kept for the next :func:`load_checkpoint` of the same
+#: unchanged file (see :func:`check_checkpoint`): the CLI checks it before any work, the
+#: engine loads it after the build, and a large file is read once.
+_checked: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+
+def _stat_key(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def check_checkpoint(path: Path) -> None:
+    """Load and check ``path`` now (:func:`load_checkpoint`'s errors, before any work);
+    the next :func:`load_checkpoint` of the unchanged file returns it without reading it."""
+    key = path.resolve()
+    try:
+        stat = _stat_key(path)
+    except OSError:
+        stat = None  # load_checkpoint says what is wrong
+    if stat is not None and key in _checked and _checked[key][0] == stat:
+        return
+    _checked.clear()
+    obj = load_checkpoint(path)
+    if stat is not None:
+        _checked[key] = (stat, obj)
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """The engine's checkpoint ``{"version", "config", "state"}`` in ``path``, checked.
+
+    Loaded with ``weights_only=True``: a checkpoint holds only tensors, numbers, strings and
+    dicts, so a file that asks the unpickler for anything else (a planted ``os.system``) is
+    refused instead of run. A missing, unreadable, truncated or foreign file raises
+    :class:`~fedshield.errors.DataError` naming it and what is wrong."""
+    key = path.resolve()
+    cached = _checked.pop(key, None)
+    if cached is not None and path.exists() and cached[0] == _stat_key(path):
+        return cached[1]
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise DataError(f"{path}: checkpoint not found") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: checkpoint is a directory, not a file") from None
+    except pickle.UnpicklingError as err:
+        text = str(err)
+        unsafe = re.search(r"unsupported GLOBAL (\S+)", text)
+        if unsafe:
+            raise DataError(
+                f"{path}: refused: the checkpoint asks to load {unsafe.group(1)}, which a "
+                f"fedshield checkpoint never holds (unpickling it could run code)"
+            ) from None
+        detail = re.search(r"WeightsUnpickler error: \s*(.+?)\n", text)
+        cause = f": {detail.group(1).strip()}" if detail else ""
+        raise DataError(f"{path}: corrupt checkpoint (not a torch file{cause})") from None
+    except EOFError:
+        raise DataError(f"{path}: corrupt checkpoint (empty or cut short)") from None
+    except Exception as err:  # noqa: BLE001 - whatever torch makes of a torn or foreign file
+        cause = " ".join(str(err).split())[:200]
+        raise DataError(
+            f"{path}: corrupt checkpoint (damaged or cut short: {type(err).__name__}: {cause})"
+        ) from None
+    problem = _checkpoint_problem(obj)
+    if problem:
+        raise DataError(f"{path}: not a fedshield checkpoint ({problem})")
+    return obj
+
+
+def _checkpoint_problem(obj: Any) -> str | None:
+    """What is wrong with a loaded checkpoint's layout (see ``Simulator.save``), or None."""
+    if not isinstance(obj, dict):
+        return f"holds a {type(obj).__name__}, expected a dict"
+    missing = [k for k in ("config", "state") if k not in obj]
+    if missing:
+        return f"no {' or '.join(repr(k) for k in missing)} entry"
+    if obj.get("version", 1) != 1:
+        return f"format version {obj['version']!r}; this fedshield reads version 1"
+    if not isinstance(obj["config"], str):
+        return "'config' is not the config text"
+    try:
+        tomllib.loads(obj["config"])
+    except tomllib.TOMLDecodeError as err:
+        return f"'config' is not valid TOML: {err}"
+    state = obj["state"]
+    if not isinstance(state, dict):
+        return "'state' is not a dict"
+    for key in ("round", "params", "buffers", "server_state", "client_states"):
+        if key not in state:
+            return f"no 'state.{key}' entry"
+    rnd = state["round"]
+    if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 1:
+        return f"state.round is {rnd!r}, expected a round number >= 1"
+    for key in ("params", "buffers"):
+        if not isinstance(state[key], torch.Tensor):
+            return f"state.{key} is not a tensor"
+    tables = {"state.server_state": state["server_state"]}
+    clients = state["client_states"]
+    if not isinstance(clients, dict):
+        return "state.client_states is not a dict"
+    for k, table in clients.items():
+        if isinstance(k, bool) or not isinstance(k, int | str) or not str(k).isdigit():
+            return f"state.client_states has a key {k!r} that is not a client id"
+        tables[f"state.client_states[{k}]"] = table
+    for where, table in tables.items():
+        if not isinstance(table, dict):
+            return f"{where} is not a dict"
+        for name, value in table.items():
+            if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+                return f"{where}[{name!r}] is not a named tensor"
+    return None
 
 
 def strict_json(obj: Any) -> Any:

@@ -95,6 +95,11 @@ class ClientAlgorithm:
         upload carrying any other extra is rejected."""
         return {}
 
+    def check_model(self, model: nn.Module) -> None:
+        """Raise :class:`ConfigError` when this algorithm cannot train ``model`` (its
+        family, tiers, exit layout). Called before any data is loaded, on the model built on
+        PyTorch's meta device (``build_components``), so the check reads structure only."""
+
     def known_extras(self, class_counts: Tensor) -> dict[str, Tensor]:
         """Extras whose true value the server knows from the partition (e.g. per-class
         sample counts, from the client's label counts ``class_counts``): where self-reported

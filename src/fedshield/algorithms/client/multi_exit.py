@@ -284,8 +284,19 @@ class MultiExit(ClientAlgorithm):
             raise ConfigError(f"client.params.depths: {m} is outside 1..{num_exits} exits")
         return m
 
+    def check_model(self, model: nn.Module) -> None:
+        net = as_multi_exit(model)
+        for k in range(len(self.p.depths)):  # every tier the cycle can hand out
+            self.depth_for(k, net.num_exits)
+        self.check_layout(net)
+
+    def check_layout(self, model: EarlyExitViT) -> None:
+        """What the method needs of the model's exits (default: nothing); checked before
+        data (:meth:`check_model`) and again by :meth:`make_subnet`."""
+
     # -- hooks --------------------------------------------------------------------------
     def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+        self.check_layout(model)
         m = self.depth_for(ctx.client_id, model.num_exits)
         params = self._trained(model, model.prefix_parameters(m), m)
         # A full-depth client sends no mask, so all-full-depth runs keep the configured
@@ -493,14 +504,13 @@ class DepthFL(MultiExit):
     params_schema = DepthFLParams
     kd_rampup_share = 0.3
 
-    def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+    def check_layout(self, model: EarlyExitViT) -> None:
         if self.params.require_bottlenecks and model.bottlenecks is None:  # type: ignore[attr-defined]
             raise ConfigError(
                 "client.algorithm = 'depthfl' needs its bottleneck classifiers: set "
                 "model.params.exit_bottleneck = 'depthfl' (or client.params."
                 "require_bottlenecks = false)"
             )
-        return super().make_subnet(model, ctx)
 
 
 # -- ReeFL --------------------------------------------------------------------------------
@@ -544,12 +554,11 @@ class ReeFL(MultiExit):
     def rp(self) -> ReeFLParams:
         return self.params  # type: ignore[return-value]
 
-    def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+    def check_layout(self, model: EarlyExitViT) -> None:
         if model.exit_mode != "recurrent":
             raise ConfigError(
                 "client.algorithm = 'reefl' needs model.params.exit_mode = 'recurrent'"
             )
-        return super().make_subnet(model, ctx)
 
     def split_data(
         self, net: Subnet, data: TensorData, ctx: ClientContext

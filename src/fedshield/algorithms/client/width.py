@@ -206,9 +206,15 @@ class WidthScaled(MultiExit):
     def wp(self) -> WidthParams:
         return self.params  # type: ignore[return-value]
 
-    def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+    def check_layout(self, model: EarlyExitViT) -> None:
         if model.exit_mode != "stage":
             raise ConfigError(f"client.algorithm = '{self.name}' needs exit_mode = 'stage'")
+        for rate in self.wp.widths:
+            if not 0 < rate <= 1:
+                raise ConfigError(f"client.params.widths: {rate} is outside (0, 1]")
+
+    def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+        self.check_layout(model)
         rate = float(cycled(self.wp.widths, ctx.client_id, 1.0))
         m = self.depth_for(ctx.client_id, model.num_exits)
         if rate == 1.0:
@@ -408,7 +414,8 @@ class ScaleFL(WidthScaled):
     rounding = staticmethod(math.floor)  # type: ignore[assignment]
     kd_warmup_share = 0.25
 
-    def make_subnet(self, model: EarlyExitViT, ctx: ClientContext) -> Subnet:
+    def check_layout(self, model: EarlyExitViT) -> None:
+        super().check_layout(model)
         want = self.params.exit_blocks or scalefl_exit_blocks(len(model.vit.blocks))  # type: ignore[attr-defined]
         if model.exit_blocks != list(want):
             raise ConfigError(
@@ -416,7 +423,6 @@ class ScaleFL(WidthScaled):
                 f"the model has them after {model.exit_blocks}: set model.params.exit_blocks "
                 f"= {list(want)} (or client.params.exit_blocks to the model's)"
             )
-        return super().make_subnet(model, ctx)
 
 
 __all__ = [
