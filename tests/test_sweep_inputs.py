@@ -145,3 +145,21 @@ def test_grid_keys_of_the_wrong_type(tmp_path, small_cfg, extra, expected) -> No
         del spec["file"]
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.")):
         expand(spec, tmp_path)
+
+
+def test_a_ray_sweep_leaves_the_device_check_to_its_workers() -> None:
+    """A GPU grid started from a CPU-only head: refused locally, accepted for Ray, whose
+    workers check run.device where the run goes."""
+    from pathlib import Path
+
+    import torch
+
+    from fedshield.errors import ConfigError
+    from fedshield.sweep import expand
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    spec = {"name": "g", "base": "demo", "set": ['run.device="cuda"', "rounds=1"]}
+    assert len(expand(spec, Path("."), local=False)[1]) == 1
+    with pytest.raises(ConfigError, match="run.device"):
+        expand(spec, Path("."))

@@ -247,7 +247,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
         except ValueError:
             raise FedshieldError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
-    name, runs = expand(spec, where, seeds)
+    name, runs = expand(spec, where, seeds, local=args.backend != "ray")
     out = Path(args.out) if args.out else Path("runs") / name
     backend = _sweep_backend(args)
     console.print(f"sweep {name}: {len(runs)} runs → {out}")

@@ -105,12 +105,16 @@ def _base(spec: dict[str, Any], where: Path) -> dict[str, Any]:
     return cfgmod.read_preset(spec.get("base", "demo"))
 
 
-def check_run(cfg: cfgmod.ExperimentConfig, label: str) -> None:
+def check_run(cfg: cfgmod.ExperimentConfig, label: str, device: bool = True) -> None:
     """The checks ``fedshield run`` does before it loads any data (every component's name,
-    parameters, tags and feasibility, the plugins, the device), for one run of a grid."""
+    parameters, tags and feasibility, the plugins, the device), for one run of a grid.
+    ``device=False``: the run goes to other machines (Ray), whose devices this one may not
+    have, so ``run.device`` is left to the worker."""
     from fedshield.errors import FedshieldError
     from fedshield.sim.builder import build_components
 
+    if not device:
+        cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"device": "cpu"})})
     try:
         build_components(cfg)
     except FedshieldError as err:
@@ -145,14 +149,15 @@ def _seeds(value: Any) -> list[int]:
 
 
 def expand(
-    spec: dict[str, Any], where: Path, seeds: list[int] | None = None
+    spec: dict[str, Any], where: Path, seeds: list[int] | None = None, local: bool = True
 ) -> tuple[str, list[RunSpec]]:
     """The runs of a grid file: variants × cartesian grid (× seeds), each a config checked
     as ``fedshield run`` checks one before loading data (:func:`check_run`), so a bad cell
     fails here, naming its run, and not after the runs before it have trained.
     ``seeds`` (``--seeds``) overrides the grid's ``seeds`` key; with seeds every run is
     repeated per seed, named ``<run>_seed=<s>``, and tables report mean ± std and a 95 %
-    interval per cell."""
+    interval per cell. ``local=False`` (a Ray sweep): devices are checked by the workers.
+    """
     allowed = {"name", "description", "base", "file", "set", "grid", "variant", "seeds"}
     unknown = sorted(set(spec) - allowed)
     if unknown:
@@ -207,7 +212,7 @@ def expand(
                 if seed is not None:
                     sets.append(f"seed={seed}")
                 raw = cfgmod.apply_overrides(base, sets)
-                check_run(cfgmod.validate(raw, f"grid run {run_label}"), run_label)
+                check_run(cfgmod.validate(raw, f"grid run {run_label}"), run_label, local)
                 run_params = params if seed is None else params | {"seed": seed}
                 runs.append(RunSpec(run_label, raw, run_params))
     names = [r.name for r in runs]
