@@ -163,3 +163,19 @@ def test_a_ray_sweep_leaves_the_device_check_to_its_workers() -> None:
     assert len(expand(spec, Path("."), local=False)[1]) == 1
     with pytest.raises(ConfigError, match="run.device"):
         expand(spec, Path("."))
+
+
+def test_sweep_flag_errors_come_before_the_run_list_is_printed(tmp_path, capsys) -> None:  # noqa: ANN001
+    from fedshield.cli import main
+
+    grid = tmp_path / "g.toml"
+    grid.write_text('name = "g"\nbase = "demo"\nset = "rounds=1"\n')
+    cases = [
+        (["sweep", "--grid", "demo", "-j", "0"], "-j/--jobs 0"),
+        (["sweep", str(grid), "--set", "seed=1"], "grid.set: expected a list"),
+    ]
+    for argv, message in cases:
+        assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+        cap = capsys.readouterr()
+        assert message in cap.err and "runs →" not in cap.out
+    assert not (tmp_path / "o").exists()

@@ -239,9 +239,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise FedshieldError("give a grid file or --grid NAME (see `fedshield list grids`)")
     check_set_keys(args.set or [])
     spec, where = read_grid(args.grid_file, args.grid)
-    for item in args.set or []:
-        spec.setdefault("set", []).append(item)
+    if args.set:
+        given = spec.get("set", [])
+        if not isinstance(given, list):
+            raise FedshieldError(f"grid.set: expected a list of 'key=value' strings, got {given!r}")
+        spec["set"] = [*given, *args.set]
     seeds = None
+    # -j is checked before the runs are listed (and before anything is printed)
+    if args.backend == "local" and args.jobs is not None:
+        from fedshield.sweep import check_jobs
+
+        check_jobs(args.jobs)
     if args.seeds:
         try:
             seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
