@@ -8,23 +8,13 @@ import pytest
 import tomli_w
 
 from fedshield.cli import main
+from fedshield.testing.cli import one_line_error
 
 
 def _cfg(tmp_path, raw, name="c.toml") -> str:  # noqa: ANN001
     p = tmp_path / name
     p.write_text(tomli_w.dumps(raw))
     return str(p)
-
-
-def one_line_error(capsys, argv: list[str], *expected: str) -> str:  # noqa: ANN001
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, err
-    assert len(err) == 1, err
-    assert err[0].startswith("error: "), err[0]
-    for e in expected:
-        assert e in err[0], err[0]
-    return err[0]
 
 
 @pytest.mark.parametrize(

@@ -16,23 +16,13 @@ from fedshield import config
 from fedshield.cli import main
 from fedshield.errors import ConfigError, DataError
 from fedshield.sim import checkpoint
+from fedshield.testing.cli import one_line_error
 
 
 def _cfg(tmp_path: Path, raw: dict, name: str = "c.toml") -> str:
     p = tmp_path / name
     p.write_text(tomli_w.dumps(raw))
     return str(p)
-
-
-def one_line_error(capsys, argv: list[str], *expected: str) -> str:  # noqa: ANN001
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, err
-    assert len(err) == 1, err
-    assert err[0].startswith("error: "), err[0]
-    for e in expected:
-        assert e in err[0], err[0]
-    return err[0]
 
 
 @pytest.fixture

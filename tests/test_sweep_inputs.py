@@ -8,17 +8,7 @@ import tomli_w
 from fedshield.cli import main
 from fedshield.errors import ConfigError
 from fedshield.sweep import LocalBackend, expand, read_grid
-
-
-def one_line_error(capsys, argv: list[str], *expected: str) -> str:  # noqa: ANN001
-    code = main(argv)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2, err
-    assert len(err) == 1, err
-    assert err[0].startswith("error: "), err[0]
-    for e in expected:
-        assert e in err[0], err[0]
-    return err[0]
+from fedshield.testing.cli import one_line_error
 
 
 def _write(path, data: dict) -> str:  # noqa: ANN001
