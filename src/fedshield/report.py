@@ -73,14 +73,10 @@ def load_run(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         from fedshield.sim.outputs import summarize
 
         summary = summarize(d.name, records, {})
+    from fedshield.sim.outputs import headline_values
+
     summary["out"] = str(d)
-    final = summary.get("final") or (records[-1] if records else {})
-    # Evaluator metrics appear in the rounds they ran: take the latest value of each.
-    latest: dict[str, Any] = {}
-    for r in records:
-        latest.update({k: v for k, v in r.items() if _is_num(v)})
-    for k in headline_keys([latest, final]):
-        summary[k] = final.get(k, latest.get(k))
+    summary.update(headline_values(records))  # also for runs whose summary predates them
     return summary, records
 
 
