@@ -237,3 +237,26 @@ def test_config_path_is_a_directory(tmp_path, capsys) -> None:  # noqa: ANN001
 def test_malformed_set_key(tmp_path, capsys, small_cfg, no_build, item) -> None:  # noqa: ANN001
     argv = ["run", _cfg(tmp_path, small_cfg), "--set", item, "--out", str(tmp_path / "o")]
     one_line_error(capsys, argv, f"--set {item!r}", "malformed key")
+
+
+def test_a_run_already_there_or_a_resume_with_another_config_fails_before_the_build(
+    tmp_path, small_cfg, capsys, monkeypatch
+) -> None:  # noqa: ANN001
+    """Both were found after the data and model were built (6 s on a preset)."""
+    out = tmp_path / "run"
+    small_cfg |= {"rounds": 1}
+    cfg = _cfg(tmp_path, small_cfg)
+    assert main(["run", cfg, "--out", str(out), "-q"]) == 0
+    import fedshield.sim.builder as builder
+
+    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+        raise AssertionError("the experiment was built before the input was checked")
+
+    monkeypatch.setattr(builder, "build", refuse)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    one_line_error(capsys, ["run", cfg, "--out", str(out)], "already holds a run")
+    other = _cfg(tmp_path, small_cfg | {"seed": 3}, "other.toml")
+    for backend in ("sim", "flower"):
+        argv = ["run", other, "--out", str(out), "--resume", "--backend", backend]
+        one_line_error(capsys, argv, "--resume with a different config (changed: seed)")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

@@ -50,7 +50,7 @@ def check_set_keys(items: list[str]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
-    from fedshield.runner import check_out_dir, check_resume
+    from fedshield.runner import check_out_dir, check_run_dir
 
     check_set_keys(args.set or [])
     if args.config is not None and Path(args.config).is_dir():
@@ -61,7 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         target = _out_dir(args.out, cfg.name, True)
         if not ((target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()):
             raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
-        check_resume(target)  # a corrupt checkpoint is an error before the data is loaded
+    # A run already there, or a corrupt or different checkpoint: an error before the data.
+    check_run_dir(cfg, _out_dir(args.out, cfg.name, args.resume), args.resume)
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
         from fedshield.progress import RoundProgress

@@ -41,14 +41,14 @@ def check_out_dir(out: Path, flag: str | None = None) -> None:
             )
 
 
-def check_resume(out: Path) -> None:
-    """With ``--resume``: load and check ``out/checkpoint.pt`` now, so a corrupt or foreign
-    checkpoint is one clear error before the data is loaded (the engine reuses the load)."""
-    from fedshield.sim.checkpoint import check_checkpoint
+def check_run_dir(cfg: Any, out: Path, resume: bool) -> None:
+    """Before any work: ``out`` can hold this run (not a file; a run there needs
+    ``--resume``; a resumed checkpoint is readable and holds this config)."""
+    from fedshield import config as config_mod
+    from fedshield.sim import rundir
 
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists() or ckpt.is_symlink():
-        check_checkpoint(ckpt)
+    check_out_dir(out)
+    rundir.check_run_dir(out, resume, config_mod.dump(cfg))
 
 
 def run(
@@ -65,9 +65,7 @@ def run(
     from fedshield.sim.engine import Simulator
 
     if out is not None:
-        check_out_dir(out)
-        if resume:
-            check_resume(out)
+        check_run_dir(cfg, out, resume)
     set_threads(cfg)
     sim = Simulator(build(cfg), out, resume=resume)
     show = cfg.run.progress and not quiet
@@ -77,4 +75,4 @@ def run(
     return summary
 
 
-__all__ = ["check_out_dir", "check_resume", "run", "set_threads"]
+__all__ = ["check_out_dir", "check_run_dir", "run", "set_threads"]

@@ -77,6 +77,14 @@ def check_checkpoint(path: Path) -> None:
         _checked[key] = (stat, obj)
 
 
+def peek_checkpoint(path: Path) -> dict[str, Any]:
+    """The checked checkpoint in ``path`` (:func:`check_checkpoint`), kept for the engine's
+    :func:`load_checkpoint`, so reading it early costs no second read."""
+    check_checkpoint(path)
+    cached = _checked.get(path.resolve())
+    return cached[1] if cached is not None else load_checkpoint(path)
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """The engine's checkpoint ``{"version", "config", "state"}`` in ``path``, checked.
 

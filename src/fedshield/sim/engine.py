@@ -51,8 +51,14 @@ from fedshield.privacy.setup import attach_privacy
 from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
-from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
+from fedshield.sim.checkpoint import (
+    JsonlLog,
+    atomic_write_text,
+    load_checkpoint,
+    save_checkpoint,
+)
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
+from fedshield.sim.rundir import check_run_dir
 from fedshield.tracking import logger_callbacks
 
 log = logging.getLogger("fedshield")
@@ -167,17 +173,13 @@ class Simulator:
         out.mkdir(parents=True, exist_ok=True)
         ckpt = out / "checkpoint.pt"
         has_run = (out / "metrics.jsonl").exists() or ckpt.exists()
-        if has_run and not resume:
-            raise ConfigError(
-                f"{out} already holds a run; pass --resume to continue it or choose another --out"
-            )
+        check_run_dir(out, resume, self.config_text)
         if resume:
             # Temporary files of a write that a crash interrupted (atomic_write_bytes).
             for tmp in out.glob(".*.tmp"):
                 tmp.unlink(missing_ok=True)
         if resume and ckpt.exists():
             saved = load_checkpoint(ckpt)
-            self._check_same_config(saved["config"], out)
             self.state = RunState.from_dict(saved["state"], self.device)
             last = self.state.round - 1
             self.records = self.metrics.truncate_after(last)
@@ -188,21 +190,6 @@ class Simulator:
             self.metrics.truncate_after(0)
             self.timing.truncate_after(0)
         atomic_write_text(out / "config.toml", self.config_text)
-
-    def _check_same_config(self, saved_text: str, out: Path) -> None:
-        import tomllib
-
-        saved = tomllib.loads(saved_text)
-        now = tomllib.loads(self.config_text)
-        # Extending a run is allowed, and so is resuming on other hardware (run.*: device,
-        # threads, progress bar), which does not change what is computed.
-        for key in ("rounds", "run"):
-            saved.pop(key, None), now.pop(key, None)
-        if saved != now:
-            diff = sorted(_diff_keys(saved, now))
-            raise ConfigError(
-                f"{out}: --resume with a different config (changed: {', '.join(diff)})"
-            )
 
     # -- helpers ------------------------------------------------------------------------
     def _byzantine(self, rnd: int, cohort: tuple[int, ...]) -> tuple[int, ...]:
@@ -511,15 +498,3 @@ def _nonfinite_parts(step: Any) -> str:
 
 def _finite(t: Tensor) -> bool:
     return not t.is_floating_point() or bool(torch.isfinite(t).all())
-
-
-def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> set[str]:
-    keys = set()
-    for k in set(a) | set(b):
-        path = f"{prefix}{k}"
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            keys |= _diff_keys(va, vb, path + ".")
-        elif va != vb:
-            keys.add(path)
-    return keys
