@@ -342,9 +342,8 @@ def _raw(**over):
 def test_central_dp_refuses_what_it_cannot_cover(over, words):
     raw = _raw(**over)
     raw["privacy"] = {"central": {"noise_multiplier": 1.0}}
-    exp = build(config.validate(raw))
-    with pytest.raises(ConfigError) as err:
-        attach_privacy(exp)
+    with pytest.raises(ConfigError) as err:  # by build_components, before the data
+        build(config.validate(raw))
     for w in words:
         assert w in str(err.value)
 
@@ -573,3 +572,38 @@ def test_dp_run_with_attack_robust_rule_and_adversarial_training(tmp_path):
     report = json.loads((tmp_path / "run" / "privacy.json").read_text())
     assert report["central"]["epsilon"] == pytest.approx(rows[-1]["privacy/epsilon"])
     assert len(report["local"]["epsilon"]) == 6
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ["privacy.central.clip=0.5", "privacy.central.noise_multiplier=1",
+             'server.aggregator="bulyan"'],
+            "no known L2 sensitivity",
+        ),
+        (
+            ["privacy.local.clip=1.0", "privacy.local.noise_multiplier=1",
+             'client.algorithm="fedtaet"'],
+            "its own training loop",
+        ),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_private_is_refused_before_any_data(
+    tmp_path, capsys, monkeypatch, sets, message
+) -> None:  # noqa: ANN001
+    """These were refused by the Simulator, after the data was loaded and split."""
+    import fedshield.sim.builder as builder
+    from fedshield.testing.cli import one_line_error
+
+    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+        raise AssertionError("data was loaded before the privacy check")
+
+    monkeypatch.setattr(builder, "load_dataset", refuse)
+    out = tmp_path / "run"
+    argv = ["run", "--preset", "brdrag-digits-cpu", "--out", str(out), "-q",
+            "--set", 'server.algorithm="fedavg"']  # fmt: skip
+    for s in sets:
+        argv += ["--set", s]
+    one_line_error(capsys, argv, message)
+    assert not out.exists()

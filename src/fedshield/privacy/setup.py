@@ -28,6 +28,8 @@ from fedshield.privacy.sensitivity import bound_fn
 from fedshield.sim.callbacks import Callback
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from fedshield.sim.builder import Experiment
     from fedshield.sim.engine import Simulator
 
@@ -67,13 +69,27 @@ def _central_server_ok(server: Any) -> bool:
 
 def build_central(exp: Experiment) -> CentralDP:
     """DP-FedAvg for ``exp``, or a ConfigError naming what cannot be made private."""
+    cfg = exp.cfg
+    check_central(cfg, exp.components, exp.model)
+    pc = cfg.privacy.central  # type: ignore[union-attr]
+    assert pc is not None
+    q = cfg.server.clients_per_round / cfg.data.num_clients
+    z = pc.noise_multiplier
+    if z is None:
+        z = noise_multiplier_for(pc.target_epsilon, pc.delta, q, cfg.rounds, "privacy.central")
+    rule = exp.components.aggregator
+    return CentralDP(rule=rule, clip=pc.clip, noise_multiplier=z, delta=pc.delta, sample_rate=q)
+
+
+def check_central(cfg: Any, comp: Any, model: nn.Module) -> None:
+    """The ConfigError of a ``[privacy.central]`` that cannot hold for these components and
+    this model (structure only: run before data on the meta-device model)."""
     from fedshield.aggregators.drag import Drag
     from fedshield.aggregators.mean import Mean
     from fedshield.core.flat import get_buffers
     from fedshield.registry import tags_of
 
-    cfg, comp, model = exp.cfg, exp.components, exp.model
-    pc = cfg.privacy.central  # type: ignore[union-attr]
+    pc = cfg.privacy.central
     assert pc is not None
     key = "privacy.central"
     _need_opacus(key)
@@ -111,11 +127,6 @@ def build_central(exp: Experiment) -> CentralDP:
             f"weights make the sensitivity depend on the counts), got "
             f"{cfg.server.weighting!r}"
         )
-    q = cfg.server.clients_per_round / cfg.data.num_clients
-    z = pc.noise_multiplier
-    if z is None:
-        z = noise_multiplier_for(pc.target_epsilon, pc.delta, q, cfg.rounds, key)
-    return CentralDP(rule=rule, clip=pc.clip, noise_multiplier=z, delta=pc.delta, sample_rate=q)
 
 
 # -- sample-level local DP-SGD ----------------------------------------------------------
@@ -168,8 +179,33 @@ def _pareto(points: set[tuple[float, int]]) -> list[tuple[float, int]]:
 
 def build_local(exp: Experiment) -> LocalDPSGD:
     """DP-SGD for every client of ``exp``, or a ConfigError naming the combination."""
-    cfg, comp, model = exp.cfg, exp.components, exp.model
+    cfg = exp.cfg
+    check_local(cfg, exp.components, exp.model)
     pl = cfg.privacy.local  # type: ignore[union-attr]
+    assert pl is not None
+    key = "privacy.local"
+    z = pl.noise_multiplier
+    if z is None:
+        sizes = [len(c) for c in exp.clients]
+        counts = participations(cfg, cfg.rounds)
+        steps = local_steps(cfg, sizes)
+        points = {
+            (sample_rate(cfg.client.batch_size, n), int(u * r))
+            for n, u, r in zip(sizes, steps, counts)
+            if r > 0
+        }
+        # One z for every client: the largest that any client needs to stay within target.
+        needed = [
+            noise_multiplier_for(pl.target_epsilon, pl.delta, q, s, key) for q, s in _pareto(points)
+        ]
+        z = max(needed, default=0.0)
+    return LocalDPSGD(clip=pl.clip, noise_multiplier=z, delta=pl.delta)
+
+
+def check_local(cfg: Any, comp: Any, model: nn.Module) -> None:
+    """The ConfigError of a ``[privacy.local]`` that these components and this model cannot
+    run (structure only: run before data on the meta-device model)."""
+    pl = cfg.privacy.local
     assert pl is not None
     key = "privacy.local"
     _need_opacus(key)
@@ -198,22 +234,6 @@ def build_local(exp: Experiment) -> LocalDPSGD:
             f"{key}: Opacus cannot compute per-sample gradients of model.name="
             f"{cfg.model.name!r} with client.algorithm={name!r}: {'; '.join(problems)}"
         )
-    z = pl.noise_multiplier
-    if z is None:
-        sizes = [len(c) for c in exp.clients]
-        counts = participations(cfg, cfg.rounds)
-        steps = local_steps(cfg, sizes)
-        points = {
-            (sample_rate(cfg.client.batch_size, n), int(u * r))
-            for n, u, r in zip(sizes, steps, counts)
-            if r > 0
-        }
-        # One z for every client: the largest that any client needs to stay within target.
-        needed = [
-            noise_multiplier_for(pl.target_epsilon, pl.delta, q, s, key) for q, s in _pareto(points)
-        ]
-        z = max(needed, default=0.0)
-    return LocalDPSGD(clip=pl.clip, noise_multiplier=z, delta=pl.delta)
 
 
 # -- accounting --------------------------------------------------------------------------
@@ -365,6 +385,8 @@ __all__ = [
     "attach_privacy",
     "build_central",
     "build_local",
+    "check_central",
+    "check_local",
     "local_steps",
     "participations",
 ]

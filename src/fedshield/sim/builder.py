@@ -170,7 +170,15 @@ def build_components(cfg: ExperimentConfig) -> Components:
             f"server.aggregator={s.aggregator!r} needs a root dataset: set data.root_size > 0"
         )
     resolve_device(cfg.run.device)
-    return Components(client, server, aggregator, attack)
+    comp = Components(client, server, aggregator, attack)
+    if cfg.privacy is not None and meta is not None:  # what cannot be private, before data
+        from fedshield.privacy.setup import check_central, check_local
+
+        if cfg.privacy.central is not None:
+            check_central(cfg, comp, meta)
+        if cfg.privacy.local is not None:
+            check_local(cfg, comp, meta)
+    return comp
 
 
 @dataclass
