@@ -56,13 +56,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.config is not None and Path(args.config).is_dir():
         raise ConfigError(f"{args.config}: is a directory; give an experiment TOML file")
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
-    check_out_dir(_out_dir(args.out, cfg.name, args.resume), "--out" if args.out else None)
-    if args.resume:
-        target = _out_dir(args.out, cfg.name, True)
-        if not ((target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()):
-            raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
+    target = _out_dir(args.out, cfg.name, args.resume)
+    check_out_dir(target, "--out" if args.out else None)
+    if args.resume and not (
+        (target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()
+    ):
+        raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
     # A run already there, or a corrupt or different checkpoint: an error before the data.
-    check_run_dir(cfg, _out_dir(args.out, cfg.name, args.resume), args.resume)
+    check_run_dir(cfg, target, args.resume)
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
         from fedshield.progress import RoundProgress
@@ -247,7 +248,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec["set"] = [*given, *args.set]
     seeds = None
     # -j is checked before the runs are listed (and before anything is printed)
-    if args.backend == "local" and args.jobs is not None:
+    if args.backend == "local":
         from fedshield.sweep import check_jobs
 
         check_jobs(args.jobs)

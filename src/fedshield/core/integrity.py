@@ -78,12 +78,13 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all()) if t.is_floating_point() else True
 
 
-def _dense(t: object) -> bool:
+def is_dense(t: object) -> bool:
+    """A tensor with the ordinary strided layout (no sparse or other layouts)."""
     return isinstance(t, Tensor) and t.layout == torch.strided
 
 
 def _check_field(name: str, t: object, spec: FieldSpec, dtype: torch.dtype) -> str | None:
-    if not isinstance(t, Tensor) or not _dense(t):
+    if not is_dense(t):
         return f"extra_{name}"
     want = spec.dtype or dtype
     if tuple(t.shape) != spec.shape or t.dtype != want or not _finite(t):
@@ -118,14 +119,14 @@ def _valid_count(n: object, cap: int | None) -> bool:
 def check_upload(u: ClientUpdate, spec: UploadSpec) -> str | None:
     """The reason ``u`` must be rejected, or None when every field is valid."""
     d = u.delta
-    if not _dense(d) or tuple(d.shape) != (spec.num_params,):
+    if not is_dense(d) or tuple(d.shape) != (spec.num_params,):
         return "delta_shape"
     if d.dtype != spec.dtype:
         return "delta_dtype"
     if not _finite(d):
         return "delta_nonfinite"
     b = u.buffers
-    if not _dense(b) or tuple(b.shape) != (spec.num_buffers,):
+    if not is_dense(b) or tuple(b.shape) != (spec.num_buffers,):
         return "buffers_shape"
     if b.dtype != spec.dtype:
         return "buffers_dtype"
@@ -143,14 +144,14 @@ def check_upload(u: ClientUpdate, spec: UploadSpec) -> str | None:
         got = u.mask
         if want is None:  # full coverage: no mask, or an all-True one of θ's length
             if got is not None and not (
-                _dense(got)
+                is_dense(got)
                 and got.dtype == torch.bool
                 and tuple(got.shape) == (spec.num_params,)
                 and bool(got.all())
             ):
                 return "mask"
         elif (
-            not _dense(got)
+            not is_dense(got)
             or got.dtype != torch.bool
             or tuple(got.shape) != (spec.num_params,)
             or not torch.equal(got, want.to(got.device))
@@ -257,5 +258,6 @@ __all__ = [
     "UploadSpec",
     "check_upload",
     "finite_metric",
+    "is_dense",
     "screen",
 ]

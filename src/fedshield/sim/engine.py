@@ -43,7 +43,7 @@ from fedshield.core.flat import (
     set_params,
     stack_rows,
 )
-from fedshield.core.integrity import UploadSpec, finite_metric, screen
+from fedshield.core.integrity import UploadSpec, finite_metric, is_dense, screen
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
@@ -51,12 +51,7 @@ from fedshield.privacy.setup import attach_privacy
 from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
-from fedshield.sim.checkpoint import (
-    JsonlLog,
-    atomic_write_text,
-    load_checkpoint,
-    save_checkpoint,
-)
+from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
 from fedshield.sim.rundir import check_run_dir
 from fedshield.tracking import logger_callbacks
@@ -320,7 +315,8 @@ class Simulator:
         trusted = known = None
         if not self.trust_counts:  # the simulator knows every partition's size and labels
             trusted = {k: len(self.exp.clients[k]) for k in plan.ctx.cohort}
-            known = {k: client.known_extras(self.class_counts(k)) for k in plan.ctx.cohort}
+            if self._spec.extras:  # only algorithms that upload extras can declare known ones
+                known = {k: client.known_extras(self.class_counts(k)) for k in plan.ctx.cohort}
         return replace(self._spec, masks=masks, trusted_counts=trusted, trusted_extras=known)
 
     def end_round(
@@ -374,13 +370,7 @@ class Simulator:
         byz = set(plan.ctx.byzantine)
         d = self.state.params.numel()
         # A malformed row cannot be stacked; it is rejected by the upload checks anyway.
-        ok = [
-            i
-            for i, u in enumerate(updates)
-            if isinstance(u.delta, Tensor)
-            and u.delta.layout == torch.strided
-            and u.delta.shape == (d,)
-        ]
+        ok = [i for i, u in enumerate(updates) if is_dense(u.delta) and u.delta.shape == (d,)]
         if not ok:
             return
         matrix = stack_rows([updates[i].delta for i in ok])

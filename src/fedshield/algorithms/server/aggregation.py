@@ -22,7 +22,9 @@ no further than an honest client could (``sys/degraded`` counts these groups too
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -85,28 +87,35 @@ def apply_rule(
     x: Tensor,
     weights: Tensor | None,
     reference: Tensor | None,
-    radius: float | None = None,
+    radius: Callable[[], float | None] | None = None,
 ) -> tuple[Tensor | None, dict[str, float], bool]:
     """``(aggregate or None, diagnostics, degraded)`` of ``rule`` on the rows ``x``.
-    ``radius``: the clip radius of a degraded run (module docstring); None: no clip."""
+    ``radius``: gives the clip radius of a degraded run (module docstring), asked only when
+    the run is degraded; None or a None radius: no clip."""
     run = adapted_rule(rule, x.shape[0])
     if run is None:
         return None, {}, False
     weak = run is not rule or (needs_majority(rule) and x.shape[0] < MAJORITY_ROWS)
-    if weak and radius is not None:
-        x = clip_rows(x, radius)
+    r = radius() if weak and radius is not None else None
+    if r is not None:
+        x = clip_rows(x, r)
     agg, diag = run.aggregate(x, weights, reference=reference)
     return to_finite(agg, x.dtype), diag, weak
 
 
-def safe_radius(rule: Aggregator, deltas: Tensor) -> float | None:
-    """The clip radius of degraded groups: the median of the round's row norms (lower
-    median), for an honest-majority or reduced rule; None for the mean and non-robust
-    rules (nothing is configured to defend)."""
-    if "robust" not in tags_of(rule) or deltas.shape[0] == 0:
-        return None
-    norms = row_norms(deltas)
-    return float(norms.sort().values[(norms.numel() - 1) // 2])
+def safe_radius(rule: Aggregator, deltas: Tensor) -> Callable[[], float | None]:
+    """The clip radius of degraded groups, computed on first use (most rounds degrade
+    nothing) and once per round: the lower median of the round's row norms for a robust
+    rule; None for the mean and non-robust rules (nothing is configured to defend)."""
+
+    @functools.cache
+    def radius() -> float | None:
+        if "robust" not in tags_of(rule) or deltas.shape[0] == 0:
+            return None
+        norms = row_norms(deltas)
+        return float(norms.sort().values[(norms.numel() - 1) // 2])
+
+    return radius
 
 
 def coverage_groups(masks: Tensor) -> list[tuple[Tensor, Tensor]]:
