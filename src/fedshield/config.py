@@ -24,6 +24,12 @@ PRESET_PACKAGE = "fedshield.presets"
 #: Sanity bound on step sizes and weight decay: larger values overflow float32 models in
 #: one step (``client.lr = 1e308`` used to crash inside torch's SGD, ``inf`` to run on NaN).
 MAX_RATE = 1e4
+#: Ceilings of counts (SPEC §12: a config must be able to finish a round): more clients,
+#: local steps or epochs than this are a typo, not an experiment, on any machine.
+MAX_CLIENTS = 1_000_000
+MAX_STEPS = 1_000_000
+MAX_EPOCHS = 10_000
+MAX_ROUNDS = 1_000_000
 
 
 class Section(BaseModel):
@@ -43,7 +49,7 @@ class DataConfig(Section):
     dataset: str = "mnist5k"
     root: str = "~/.fedshield/data"
     download: bool = False
-    num_clients: int = Field(20, ge=1)
+    num_clients: int = Field(20, ge=1, le=MAX_CLIENTS)
     partition: str = "iid"
     beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration")
     shards_per_client: int = Field(2, ge=1)
@@ -66,8 +72,10 @@ class ClientConfig(Section):
     momentum: float = Field(0.0, ge=0.0, lt=1.0)
     weight_decay: float = Field(0.0, ge=0.0, le=MAX_RATE)
     batch_size: int = Field(32, ge=1)
-    local_steps: int | None = Field(10, ge=1, description="U local SGD steps")
-    local_epochs: int | None = Field(None, ge=1, description="E local epochs (overrides U)")
+    local_steps: int | None = Field(10, ge=1, le=MAX_STEPS, description="U local SGD steps")
+    local_epochs: int | None = Field(
+        None, ge=1, le=MAX_EPOCHS, description="E local epochs (overrides U)"
+    )
     params: dict[str, Any] = {}
 
 
@@ -88,6 +96,13 @@ class ServerConfig(Section):
     )
     max_num_examples: int | None = Field(
         None, ge=0, description="reject uploads reporting more samples than this"
+    )
+    count_cap: float = Field(
+        2.0,
+        ge=1.0,
+        le=1e6,
+        description="under a robust rule, a client's sample count (its weight) is capped at "
+        "count_cap x the cohort's median count, whatever trust_counts says",
     )
 
 
@@ -201,7 +216,7 @@ class ExperimentConfig(Section):
     seed: int = Field(
         0, ge=0, lt=2**63, description="0 <= seed < 2**63 (the range of a TOML integer)"
     )
-    rounds: int = Field(20, ge=1)
+    rounds: int = Field(20, ge=1, le=MAX_ROUNDS)
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     client: ClientConfig = ClientConfig()

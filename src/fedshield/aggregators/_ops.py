@@ -297,7 +297,10 @@ def _gram(x: Tensor, rows: Tensor | None, centre: Tensor | None) -> Tensor:
         c = xb.mean(0) if centre is None else centre[blk]
         xc = xb.sub_(c) if fresh else xb - c
         g.addmm_(xc, xc.T)
-    return g
+    # A GEMM kernel may round G_ij and G_ji differently (edge tiles, AVX-512 vs AVX2 paths);
+    # the mean of the two is exactly symmetric (float addition commutes), so D_ij = D_ji and
+    # Krum's ties between mutual nearest neighbours are exact ties on every CPU.
+    return g.add_(g.T.clone()).mul_(0.5)
 
 
 def centered_gram(
@@ -357,6 +360,7 @@ def _direct_sq_dists(x: Tensor, rows: Tensor) -> Tensor:
         xb = _block(x, blk, rows)
         for i in range(k):
             d2[i] += torch.linalg.vector_norm(xb - xb[i], dim=1).square()
+    d2 = 0.5 * (d2 + d2.T)  # exactly symmetric, whatever the reduction kernel did per row
     return d2.fill_diagonal_(0.0)
 
 

@@ -109,6 +109,41 @@ class Aggregator:
 
 AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregator")
 
+#: The schema text of a Byzantine count f left unset (SPEC §12: defaults are part of the
+#: defense, so a rule called robust is robust when named without arguments).
+F_DERIVED = (
+    "unset: derived — ceil(attack.fraction × S) in a simulation with an attack, else the "
+    "largest f the round's rows allow"
+)
+
+
+class ByzantineCountRule(Aggregator):
+    """A rule that tolerates ``f`` Byzantine rows (Krum, Multi-Krum, Trimmed Mean, Bulyan).
+
+    ``f = None`` is never a silent 0: the builder sets f from ``attack.fraction`` in a
+    simulation, and a rule still without f (a Flower-native strategy, library use) runs
+    with the largest f the rows it is given allow (:meth:`f_for`)."""
+
+    f: int | None
+
+    @staticmethod
+    def largest_f(num_rows: int) -> int | None:
+        """The largest f the rule can run with on ``num_rows`` rows (None: no f can)."""
+        raise NotImplementedError
+
+    def f_for(self, num_rows: int) -> int:
+        """The f used on ``num_rows`` rows: the configured one, else the largest feasible."""
+        if self.f is not None:
+            return self.f
+        largest = self.largest_f(num_rows)
+        return 0 if largest is None else largest
+
+    def _reduced(self, num_rows: int) -> Aggregator | None:
+        largest = self.largest_f(num_rows)
+        if largest is None:
+            return None
+        return self.replace(f=min(largest, self.f_for(num_rows)))
+
 
 def normalised_weights(updates: Tensor, weights: Tensor | None) -> Tensor:
     """Validate shapes; return float64 weights on the updates' device summing to 1 (uniform
@@ -183,7 +218,9 @@ def require_finite_rows(owner: str, kept: int, dropped: int) -> None:
 
 __all__ = [
     "AGGREGATORS",
+    "F_DERIVED",
     "Aggregator",
+    "ByzantineCountRule",
     "ConfigError",
     "Diagnostics",
     "check_reference",

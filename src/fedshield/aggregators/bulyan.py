@@ -29,7 +29,8 @@ from torch import Tensor
 from fedshield.aggregators._ops import W, column_blocks, pairwise_sq_dists, to_dtype
 from fedshield.aggregators.base import (
     AGGREGATORS,
-    Aggregator,
+    F_DERIVED,
+    ByzantineCountRule,
     ConfigError,
     Diagnostics,
     dropped_note,
@@ -40,7 +41,11 @@ from fedshield.core.params import Params
 
 
 class BulyanParams(Params):
-    f: int = Field(0, ge=0, description="number of Byzantine rows tolerated (needs S ≥ 4f + 3)")
+    f: int | None = Field(
+        None,
+        ge=0,
+        description="number of Byzantine rows tolerated (needs S ≥ 4f + 3); " + F_DERIVED,
+    )
 
 
 def _check_f(f: int, num_rows: int, dropped: int = 0) -> None:
@@ -84,20 +89,20 @@ def closest_to_median_mean(rows: Tensor, beta: int) -> Tensor:
 
 
 @AGGREGATORS.register("bulyan", tags=["robust", "reference_free", "min_clients"])
-class Bulyan(Aggregator):
+class Bulyan(ByzantineCountRule):
     """Bulyan (El Mhamdi 2018): repeated Krum selection, then a trimmed mean around the median."""
 
     params_schema = BulyanParams
-    f: int
 
-    def __init__(self, f: int = 0) -> None:
+    def __init__(self, f: int | None = None) -> None:
         self._configure(f=f)
 
-    def validate(self, num_rows: int) -> None:
-        _check_f(self.f, num_rows)
+    @staticmethod
+    def largest_f(num_rows: int) -> int | None:
+        return (num_rows - 3) // 4 if num_rows >= 3 else None
 
-    def _reduced(self, num_rows: int) -> Aggregator | None:
-        return None if num_rows < 3 else self.replace(f=min(self.f, (num_rows - 3) // 4))
+    def validate(self, num_rows: int) -> None:
+        _check_f(self.f_for(num_rows), num_rows)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -107,10 +112,11 @@ class Bulyan(Aggregator):
         n = keep.numel()
         dropped = updates.shape[0] - n
         require_finite_rows("bulyan", n, dropped)
-        _check_f(self.f, n, dropped)
-        theta = n - 2 * self.f
-        chosen = keep[torch.tensor(krum_selection(d2, self.f, theta), device=keep.device)]
-        out = closest_to_median_mean(updates[chosen], theta - 2 * self.f)
+        f = self.f_for(n)
+        _check_f(f, n, dropped)
+        theta = n - 2 * f
+        chosen = keep[torch.tensor(krum_selection(d2, f, theta), device=keep.device)]
+        out = closest_to_median_mean(updates[chosen], theta - 2 * f)
         return to_dtype(out, updates.dtype), {
             "agg/num_selected": float(theta),
             "agg/nonfinite": float(dropped),

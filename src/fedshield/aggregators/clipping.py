@@ -4,9 +4,13 @@
 
     v_{l+1} = v_l + Σ_i w_i · clip(g_i − v_l, τ),   clip(z, τ) = z · min(1, τ/‖z‖)
 
-with w uniform (the paper's 1/S) unless the caller passes weights. Defaults τ = 10,
-L = ``iters`` = 1: the paper reports that one clipping iteration suffices in practice
-(ByzFL's default τ is 100).
+with w uniform (the paper's 1/S) unless the caller passes weights. Default L = ``iters`` =
+1: the paper reports that one clipping iteration suffices in practice. Default τ: relative
+to the honest scale (SPEC §12: a rule called robust is robust without arguments), the lower
+median of the first iteration's distances ‖g_i − v_0‖ over the finite rows: with an honest
+majority that is an honest client's distance, so f < S/2 attackers move the aggregate by at
+most (f/S)·τ per iteration whatever their size. An absolute τ (the paper's form; ByzFL's
+default is 100) is set with ``tau``.
 
 **The centre is the ``reference`` argument**, and the server keeps it in its state: the
 paper clips around the previous round's aggregate (its momentum form), so the server passes
@@ -44,8 +48,15 @@ from fedshield.core.params import Params
 
 
 class CenteredClippingParams(Params):
-    tau: float = Field(10.0, gt=0.0, description="clipping radius τ around the centre")
-    iters: int = Field(1, ge=1, description="clipping iterations L (1 suffices, the paper)")
+    tau: float | None = Field(
+        None,
+        gt=0.0,
+        description="clipping radius τ around the centre; unset: the lower median of the "
+        "round's distances to the centre (relative to the honest scale)",
+    )
+    iters: int = Field(
+        1, ge=1, le=1000, description="clipping iterations L (1 suffices, the paper)"
+    )
 
 
 class NormClipParams(Params):
@@ -53,8 +64,9 @@ class NormClipParams(Params):
 
 
 def _clip_scale(dist: Tensor, tau: float, bad: Tensor) -> Tensor:
-    """min(1, τ/dist) in float64; τ/0 = inf → 1 (a row on the centre is kept as is)."""
-    return torch.where(bad, 0.0, (tau / dist).clamp_max(1.0))
+    """min(1, τ/dist) in float64; a row within τ (on the centre too) is kept as is."""
+    safe = torch.where(dist > tau, dist, torch.ones_like(dist))  # no 0/0 when τ = 0
+    return torch.where(bad, 0.0, torch.where(dist > tau, tau / safe, 1.0))
 
 
 @AGGREGATORS.register("centered_clipping", tags=["robust", "needs_center", "uses_weights"])
@@ -66,10 +78,10 @@ class CenteredClipping(Aggregator):
     """
 
     params_schema = CenteredClippingParams
-    tau: float
+    tau: float | None
     iters: int
 
-    def __init__(self, tau: float = 10.0, iters: int = 1) -> None:
+    def __init__(self, tau: float | None = None, iters: int = 1) -> None:
         self._configure(tau=tau, iters=iters)
 
     def aggregate(
@@ -83,18 +95,24 @@ class CenteredClipping(Aggregator):
         bad = ~torch.isfinite(dist)
         if bool(bad.any()):
             w = kept_weights("centered_clipping", w, ~bad)
+        tau = self.tau if self.tau is not None else _lower_median(dist[~bad])
         scale = w
         for it in range(self.iters):
             if it > 0:
                 dist = row_dists(updates, v)
-            scale = _clip_scale(dist, self.tau, bad)
+            scale = _clip_scale(dist, tau, bad)
             coef = w * scale
             # v + Σ c_i (g_i − v) = (1 − Σ c_i) v + Σ c_i g_i: one GEMV (float64 if needed).
             extra = None if v is None else (1.0 - coef.sum(), v)
             out = combine_rows(coef, updates, skip=bad, extra=extra)
             v = out
         clipped = ((scale < 1) & ~bad).sum() / (~bad).sum()
-        return out, {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}
+        diag = {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}
+        return out, diag | {"agg/tau": float(tau)}
+
+
+def _lower_median(values: Tensor) -> float:
+    return float(values.sort().values[(values.numel() - 1) // 2])
 
 
 @AGGREGATORS.register("norm_clip", tags=["robust", "uses_weights"])

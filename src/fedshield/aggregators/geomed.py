@@ -67,9 +67,16 @@ from fedshield.core.params import Params
 _MAX_RECENTRE = 4
 
 
+#: Ceiling of ``max_iter``: Weiszfeld converges linearly; 10⁴ iterations of an S × d
+#: pass is already minutes per round at d = 10⁷ (a round must end).
+MAX_ITER = 10_000
+
+
 class GeoMedParams(Params):
     nu: float = Field(1e-6, gt=0.0, description="smoothing ν: distances are floored at ν")
-    max_iter: int = Field(100, ge=0, description="at most this many Weiszfeld iterations")
+    max_iter: int = Field(
+        100, ge=0, le=MAX_ITER, description="at most this many Weiszfeld iterations"
+    )
     tol: float = Field(
         1e-6,
         ge=0.0,

@@ -21,7 +21,9 @@ from torch import Tensor
 from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists
 from fedshield.aggregators.base import (
     AGGREGATORS,
+    F_DERIVED,
     Aggregator,
+    ByzantineCountRule,
     ConfigError,
     Diagnostics,
     dropped_note,
@@ -31,15 +33,18 @@ from fedshield.aggregators.base import (
 )
 from fedshield.core.params import Params
 
-_F_HELP = "number of Byzantine rows tolerated: scores sum the S − f − 2 nearest (S > 2f + 2)"
+_F_HELP = (
+    "number of Byzantine rows tolerated: scores sum the S − f − 2 nearest (S > 2f + 2); "
+    + F_DERIVED
+)
 
 
 class KrumParams(Params):
-    f: int = Field(0, ge=0, description=_F_HELP)
+    f: int | None = Field(None, ge=0, description=_F_HELP)
 
 
 class MultiKrumParams(Params):
-    f: int = Field(0, ge=0, description=_F_HELP)
+    f: int | None = Field(None, ge=0, description=_F_HELP)
     m: int | None = Field(
         None, ge=1, description="rows averaged (the m best scores); None means S − f"
     )
@@ -68,21 +73,17 @@ def _krum_f(num_rows: int) -> int | None:
 
 
 @AGGREGATORS.register("krum", tags=["robust", "reference_free", "min_clients"])
-class Krum(Aggregator):
+class Krum(ByzantineCountRule):
     """Krum (Blanchard 2017): the update closest to its S − f − 2 nearest neighbours."""
 
     params_schema = KrumParams
-    f: int
+    largest_f = staticmethod(_krum_f)
 
-    def __init__(self, f: int = 0) -> None:
+    def __init__(self, f: int | None = None) -> None:
         self._configure(f=f)
 
     def validate(self, num_rows: int) -> None:
-        _check_f("krum", self.f, num_rows)
-
-    def _reduced(self, num_rows: int) -> Aggregator | None:
-        f = _krum_f(num_rows)
-        return None if f is None else self.replace(f=min(f, self.f))
+        _check_f("krum", self.f_for(num_rows), num_rows)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -91,28 +92,29 @@ class Krum(Aggregator):
         d2, keep = pairwise_sq_dists(updates)
         dropped = updates.shape[0] - keep.numel()
         require_finite_rows("krum", keep.numel(), dropped)
-        _check_f("krum", self.f, keep.numel(), dropped)
-        best = int(keep[krum_scores(d2, self.f).argmin()])
+        f = self.f_for(keep.numel())
+        _check_f("krum", f, keep.numel(), dropped)
+        best = int(keep[krum_scores(d2, f).argmin()])
         # clone: returning a view would let a caller write into its own input matrix
         return updates[best].clone(), {"agg/selected": float(best), "agg/nonfinite": float(dropped)}
 
 
 @AGGREGATORS.register("multikrum", tags=["robust", "reference_free", "uses_weights", "min_clients"])
-class MultiKrum(Aggregator):
+class MultiKrum(ByzantineCountRule):
     """Multi-Krum (Blanchard 2017): weighted mean of the m best Krum scores (m = S − f)."""
 
     params_schema = MultiKrumParams
-    f: int
+    largest_f = staticmethod(_krum_f)
     m: int | None
 
-    def __init__(self, f: int = 0, m: int | None = None) -> None:
+    def __init__(self, f: int | None = None, m: int | None = None) -> None:
         self._configure(f=f, m=m)
 
     def _m(self, num_rows: int) -> int:
-        return num_rows - self.f if self.m is None else self.m
+        return num_rows - self.f_for(num_rows) if self.m is None else self.m
 
     def _check(self, num_rows: int, dropped: int = 0) -> None:
-        _check_f("multikrum", self.f, num_rows, dropped)
+        _check_f("multikrum", self.f_for(num_rows), num_rows, dropped)
         if self._m(num_rows) > num_rows:
             after = dropped_note(dropped)
             raise ConfigError(
@@ -126,7 +128,8 @@ class MultiKrum(Aggregator):
         f = _krum_f(num_rows)
         if f is None:
             return None
-        return self.replace(f=min(f, self.f), m=None if self.m is None else min(self.m, num_rows))
+        m = None if self.m is None else min(self.m, num_rows)
+        return self.replace(f=min(f, self.f_for(num_rows)), m=m)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -138,7 +141,7 @@ class MultiKrum(Aggregator):
         require_finite_rows("multikrum", s, dropped)
         self._check(s, dropped)
         m = self._m(s)
-        chosen = keep[krum_scores(d2, self.f).topk(m, largest=False).indices]
+        chosen = keep[krum_scores(d2, self.f_for(s)).topk(m, largest=False).indices]
         # The selected rows keep their relative weights (uniform when weights is None, the
         # paper's form; sample counts give Flower's Multi-Krum). One GEMV, no row copies.
         mask = torch.zeros_like(w, dtype=torch.bool).index_fill_(0, chosen, True)

@@ -17,7 +17,8 @@ from torch import Tensor
 from fedshield.aggregators._ops import W, column_blocks, to_dtype
 from fedshield.aggregators.base import (
     AGGREGATORS,
-    Aggregator,
+    F_DERIVED,
+    ByzantineCountRule,
     ConfigError,
     Diagnostics,
     dropped_note,
@@ -29,7 +30,11 @@ from fedshield.core.params import Params
 
 
 class TrimmedMeanParams(Params):
-    f: int = Field(0, ge=0, description="values trimmed per side and coordinate (needs 2f < S)")
+    f: int | None = Field(
+        None,
+        ge=0,
+        description="values trimmed per side and coordinate (needs 2f < S); " + F_DERIVED,
+    )
 
 
 def trimmed_mean(updates: Tensor, f: int) -> Tensor:
@@ -56,25 +61,26 @@ def _check_f(f: int, num_rows: int, dropped: int = 0) -> None:
 
 
 @AGGREGATORS.register("trimmed_mean", tags=["robust", "reference_free", "min_clients"])
-class TrimmedMean(Aggregator):
+class TrimmedMean(ByzantineCountRule):
     """Coordinate-wise trimmed mean (Yin 2018): drop the f largest and f smallest values."""
 
     params_schema = TrimmedMeanParams
-    f: int
 
-    def __init__(self, f: int = 0) -> None:
+    def __init__(self, f: int | None = None) -> None:
         self._configure(f=f)
 
-    def validate(self, num_rows: int) -> None:
-        _check_f(self.f, num_rows)
+    @staticmethod
+    def largest_f(num_rows: int) -> int | None:
+        return (num_rows - 1) // 2 if num_rows >= 1 else None
 
-    def _reduced(self, num_rows: int) -> Aggregator | None:
-        return None if num_rows < 1 else self.replace(f=(num_rows - 1) // 2)
+    def validate(self, num_rows: int) -> None:
+        _check_f(self.f_for(num_rows), num_rows)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)
         x, dropped = finite_rows("trimmed_mean", updates)
-        _check_f(self.f, x.shape[0], dropped)
-        return trimmed_mean(x, self.f), {"agg/nonfinite": float(dropped)}
+        f = self.f_for(x.shape[0])
+        _check_f(f, x.shape[0], dropped)
+        return trimmed_mean(x, f), {"agg/nonfinite": float(dropped)}

@@ -67,23 +67,23 @@ from fedshield.core.context import (
 )
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.core.params import parse_params
-from fedshield.data.bundle import TensorData
-from fedshield.flower.arrays import decode_tensor, encode_tensor
 
 # The purposes the simulator mixes into a client's seeds (fedshield.sim.engine), so the
 # FedCART trainer draws the simulator's mini-batches and PGD starts for the same seed.
-from fedshield.sim.engine import _BATCH, _TORCH
+from fedshield.core.seeds import BATCH as _BATCH
+from fedshield.core.seeds import TORCH as _TORCH
+from fedshield.data.bundle import TensorData
+from fedshield.flower.arrays import decode_tensor, encode_tensor
+from fedshield.flower.keys import DRAG_C, EXTRA_PREFIX, record_key
 
-#: prefix of the records fedshield's Flower-native strategies add to a message
-EXTRA_PREFIX = "fs."
-H = "fs.h"  #: SCAFFOLD's server control variate h (broadcast)
-DH = "fs.dh"  #: SCAFFOLD's Δh_m (uploaded)
-REF = "fs.ref"  #: DRAG's reference r^t (broadcast with client_calibration=True)
-DRAG_C = "fs.drag-c"  #: DRAG's DoD scale c (train config, with REF)
-PROTO_HEAD_RECORD = "fs.proto-head"  #: FedCART: which head the prototypes are of (broadcast)
-PROTOTYPES_RECORD = "fs.prototypes"  #: FedCART's gradient prototypes [C, C·D + C] (uploaded)
-COUNTS_RECORD = "fs.counts"  #: FedCART's class counts [C] (uploaded)
-HEAD_SHAPE_RECORD = "fs.head-shape"  #: FedCART's (C, D) (uploaded)
+# Record keys derived from the algorithms' own names, as the strategies derive them.
+H = record_key("h")  #: SCAFFOLD's server control variate h (broadcast)
+DH = record_key("dh")  #: SCAFFOLD's Δh_m (uploaded)
+REF = record_key("ref")  #: DRAG's reference r^t (broadcast with client_calibration=True)
+PROTO_HEAD_RECORD = record_key(PROTO_HEAD)  #: FedCART: which head the prototypes are of
+PROTOTYPES_RECORD = record_key(PROTOTYPES)  #: FedCART's gradient prototypes [C, C·D + C]
+COUNTS_RECORD = record_key(COUNTS)  #: FedCART's class counts [C] (uploaded)
+HEAD_SHAPE_RECORD = record_key(HEAD_SHAPE)  #: FedCART's (C, D) (uploaded)
 SCAFFOLD_STATE = "fs.scaffold-h"  #: the client's h_m in ``context.state``
 
 

@@ -9,3 +9,17 @@ UPDATE, METRICS, INFO = "fs.update", "fs.metrics", "fs.info"
 CLIENT_STATE = "fs.client-state"
 HELLO, NODE = "fs.hello", "fs.node"  # discovery query / reply (partition id of a node)
 NUM_EXAMPLES = "num-examples"  # Flower's conventional weight key, kept for its tooling
+
+#: a DRAG client that calibrates locally receives the DoD scale c under this train-config key
+DRAG_C = "fs.drag-c"
+
+#: Prefix of every fedshield record in a Flower-native strategy's messages.
+EXTRA_PREFIX = "fs."
+
+
+def record_key(name: str) -> str:
+    """The record key of a server broadcast or client upload extra ``name``: ``fs.`` + its
+    last path part with ``_`` → ``-`` (``"h"`` → ``fs.h``, ``"fedcart/proto_head"`` →
+    ``fs.proto-head``), so the strategies derive their records from the algorithms' own
+    declarations instead of a table."""
+    return EXTRA_PREFIX + name.rsplit("/", 1)[-1].replace("_", "-")

@@ -59,6 +59,9 @@ class LocalGrid(Grid):
     ) -> Iterable[Message]:
         replies = []
         for msg in messages:
+            # An id per instruction, as Flower's grids assign on push: a reply carries it as
+            # reply_to_message_id, which the strategies check (fedshield.flower.replies).
+            msg.metadata.__dict__["_message_id"] = f"local-{len(self.sent)}"
             self.sent.append(msg)
             try:
                 replies.append(self.app(msg, self.contexts[msg.metadata.dst_node_id]))

@@ -28,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshield import config as config_mod
 from fedshield.config import ExperimentConfig
-from fedshield.flower.strategy import FedshieldStrategy, RoundCallback
+from fedshield.flower.experiment import FedshieldStrategy, RoundCallback
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
 

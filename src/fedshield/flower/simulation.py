@@ -23,8 +23,8 @@ from flwr.simulation import run_simulation as flwr_run_simulation
 from fedshield.config import ExperimentConfig
 from fedshield.errors import ConfigError
 from fedshield.flower import client_app
+from fedshield.flower.experiment import FlowerRunError, RoundCallback
 from fedshield.flower.server_app import prepare, serve
-from fedshield.flower.strategy import FlowerRunError, RoundCallback
 from fedshield.sim.builder import build_components
 
 

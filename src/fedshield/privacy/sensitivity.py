@@ -152,17 +152,22 @@ def _register_builtin() -> None:
     def ball(radius: Callable[[Aggregator], float]) -> BoundFn:
         return lambda rule, c, _s, _center: Sensitivity(2.0 * radius(rule) * c)
 
+    def trimmed(rule: Aggregator, c: float, s: int, _center: Tensor | None) -> Sensitivity:
+        f = rule.f_for(s)  # type: ignore[attr-defined]
+        return Sensitivity(2.0 * trimmed_mean_radius(f) * c)
+
     _BOUNDS.setdefault(Mean, fixed(lambda r: 1.0))
     _BOUNDS.setdefault(Drag, fixed(lambda r: drag_radius(r.c)))  # type: ignore[attr-defined]
     _BOUNDS.setdefault(BrDrag, fixed(lambda r: drag_radius(r.c)))  # type: ignore[attr-defined]
     for cls in (FLTrust, Krum, MultiKrum, GeoMed):
         _BOUNDS.setdefault(cls, ball(lambda r: 1.0))
     _BOUNDS.setdefault(Median, ball(lambda r: MEDIAN_RADIUS))
-    _BOUNDS.setdefault(TrimmedMean, ball(lambda r: trimmed_mean_radius(r.f)))  # type: ignore[attr-defined]
+    _BOUNDS.setdefault(TrimmedMean, trimmed)
 
     def centered(rule: Aggregator, c: float, _s: int, center: Tensor | None) -> Sensitivity:
         v0 = 0.0 if center is None else float(center.double().norm())
-        reach = 2.0 * rule.iters * rule.tau  # type: ignore[attr-defined]
+        tau = rule.tau  # type: ignore[attr-defined]
+        reach = math.inf if tau is None else 2.0 * rule.iters * tau  # None: relative radius
         return Sensitivity(min(reach, max(2.0 * c, v0 + c)))
 
     _BOUNDS.setdefault(CenteredClipping, centered)

@@ -163,7 +163,7 @@ def local_steps(cfg: Any, sizes: list[int]) -> list[int]:
 
 def participations(cfg: Any, upto: int) -> np.ndarray:
     """``[M]`` how many of rounds 1..upto each client was selected in (seeded cohorts)."""
-    from fedshield.sim.engine import sample_cohort
+    from fedshield.core.seeds import sample_cohort
 
     m, s = cfg.data.num_clients, cfg.server.clients_per_round
     counts = np.zeros(m, dtype=np.int64)
@@ -352,7 +352,7 @@ class PrivacyAccounting(Callback):
 
 
 def _cohort(cfg: Any, rnd: int) -> tuple[int, ...]:
-    from fedshield.sim.engine import sample_cohort
+    from fedshield.core.seeds import sample_cohort
 
     return sample_cohort(cfg.seed, rnd, cfg.data.num_clients, cfg.server.clients_per_round)
 

@@ -6,6 +6,8 @@ aggregator feasibility), so a bad config fails in milliseconds with the key it c
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,8 @@ from fedshield.data import DataBundle, TensorData, carve, load_dataset, make_lon
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.registry import Entry
+
+log = logging.getLogger("fedshield")
 
 
 def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
@@ -96,6 +100,33 @@ def _check_tags(
             )
 
 
+def derive_byzantine_count(
+    rule: Aggregator, entry: Entry[Any], cfg: ExperimentConfig
+) -> Aggregator:
+    """A rule whose schema has a Byzantine count ``f`` left unset gets it from the attack
+    budget: ceil(attack.fraction × S), within what S rows allow (logged). Without an attack
+    it stays unset and the rule uses the largest f its rows allow (never a silent 0)."""
+    if "f" not in entry.schema.model_fields or getattr(rule, "f", 0) is not None:
+        return rule
+    if cfg.attack.name == "none" or cfg.attack.fraction <= 0:
+        return rule
+    s = cfg.server.clients_per_round
+    f = math.ceil(cfg.attack.fraction * s - 1e-9)  # 0.2 × 10 is 2, not 3
+    largest = rule.largest_f(s) if hasattr(rule, "largest_f") else None
+    if largest is not None and f > largest:
+        log.warning(
+            "server.aggregator=%r: attack.fraction=%s means f=%d of S=%d, more than the rule "
+            "tolerates; using its largest f=%d",
+            entry.name,
+            cfg.attack.fraction,
+            f,
+            s,
+            largest,
+        )
+        f = largest
+    return rule.replace(f=f)
+
+
 def build_components(cfg: ExperimentConfig) -> Components:
     """Every component, validated against its registry schema and tags, before any data is
     loaded: names (did-you-mean), nested parameters, compatibility, device."""
@@ -141,7 +172,9 @@ def build_components(cfg: ExperimentConfig) -> Components:
         s.aggregator = server_cls.default_aggregator
     entries["aggregator"] = AGGREGATORS.entry(s.aggregator, "server.aggregator")
     agg_args = entries["aggregator"].parse(s.aggregator_args, "server.aggregator_args")
-    aggregator = entries["aggregator"].obj(**agg_args.kwargs())
+    aggregator = derive_byzantine_count(
+        entries["aggregator"].obj(**agg_args.kwargs()), entries["aggregator"], cfg
+    )
     try:
         aggregator.validate(s.clients_per_round)
     except ConfigError as err:

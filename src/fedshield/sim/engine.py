@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from torch import Tensor
 
 from fedshield import config as config_mod
 from fedshield.algorithms.client import ClientContext
+from fedshield.algorithms.server.step import RoundStart, server_round_step
 from fedshield.attacks.base import DataAttack, UpdateAttack
 from fedshield.core.context import (
     ClientUpdate,
@@ -43,7 +44,8 @@ from fedshield.core.flat import (
     set_params,
     stack_rows,
 )
-from fedshield.core.integrity import UploadSpec, finite_metric, is_dense, screen
+from fedshield.core.integrity import UploadSpec, finite_metric, is_dense
+from fedshield.core.seeds import ATTACK, BATCH, BYZ, ROOT, TORCH, sample_cohort
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
@@ -53,20 +55,11 @@ from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
 from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
+from fedshield.sim.resume import check_resumed, state_norm, theta_norm
 from fedshield.sim.rundir import check_run_dir
 from fedshield.tracking import logger_callbacks
 
 log = logging.getLogger("fedshield")
-
-# Purposes mixed into derived seeds, so streams never collide.
-_COHORT, _BYZ, _TORCH, _BATCH, _ATTACK, _ROOT = range(6)
-
-
-def sample_cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> tuple[int, ...]:
-    """S of M clients uniformly without replacement, seeded by (seed, round) (SPEC §1)."""
-    rng = np.random.default_rng([seed, rnd, _COHORT])
-    return tuple(sorted(int(k) for k in rng.choice(num_clients, per_round, replace=False)))
-
 
 @dataclass
 class RunState:
@@ -175,8 +168,18 @@ class Simulator:
                 tmp.unlink(missing_ok=True)
         if resume and ckpt.exists():
             saved = load_checkpoint(ckpt)
-            self.state = RunState.from_dict(saved["state"], self.device)
-            last = self.state.round - 1
+            state = RunState.from_dict(saved["state"], self.device)
+            last = state.round - 1
+            known = [r for r in self.metrics.read() if r.get("round") == last]
+            check_resumed(
+                ckpt,
+                state,
+                self.state,
+                self._spec.buffer_min,
+                self.comp.client.init_state(state.params.numel()),
+                known[-1] if known else None,
+            )
+            self.state = state
             self.records = self.metrics.truncate_after(last)
             self.timing.truncate_after(last)
             log.info("resuming %s from round %d", out, self.state.round)
@@ -195,7 +198,7 @@ class Simulator:
             chosen = set(self.exp.byzantine)
             return tuple(k for k in cohort if k in chosen)
         count = int(np.floor(a.fraction * len(cohort)))
-        rng = np.random.default_rng([self.cfg.seed, rnd, _BYZ])
+        rng = np.random.default_rng([self.cfg.seed, rnd, BYZ])
         return tuple(sorted(int(k) for k in rng.choice(cohort, count, replace=False)))
 
     def _client_data(self, k: int, byzantine: bool) -> TensorData:
@@ -212,11 +215,11 @@ class Simulator:
         self, data: TensorData, payload: Any, client_id: int, rnd: int, state: dict[str, Tensor]
     ) -> ClientUpdate:
         seed = self.cfg.seed
-        seed_global_rng(derive_seed(seed, rnd, client_id, _TORCH), self.device)  # dropout
+        seed_global_rng(derive_seed(seed, rnd, client_id, TORCH), self.device)  # dropout
         ctx = ClientContext(
             client_id=client_id,
             round=rnd,
-            generator=make_generator(seed, rnd, client_id, _BATCH),
+            generator=make_generator(seed, rnd, client_id, BATCH),
             device=self.device,
             amp=self.cfg.run.amp,
         )
@@ -231,9 +234,9 @@ class Simulator:
 
         trainer = LocalSGD(self.comp.client.spec)
         g = ClientContext(
-            -1, ctx.round, make_generator(self.cfg.seed, ctx.round, _ROOT), self.device
+            -1, ctx.round, make_generator(self.cfg.seed, ctx.round, ROOT), self.device
         )
-        seed_global_rng(derive_seed(self.cfg.seed, ctx.round, _ROOT, _TORCH), self.device)
+        seed_global_rng(derive_seed(self.cfg.seed, ctx.round, ROOT, TORCH), self.device)
         return trainer.local_update(self.model, Payload(params, buffers), self.exp.root, g, {})
 
     # -- one round -----------------------------------------------------------------------
@@ -262,11 +265,21 @@ class Simulator:
         """Client ``k``'s upload for ``plan`` (before update attacks), state kept in process."""
         st = self.state
         if not plan.trains(k):  # the attack overwrites this row; no need to train
-            return ClientUpdate(
-                k, torch.zeros_like(st.params), len(self.exp.clients[k]), st.buffers
-            )
+            return self.untrained_upload(k, torch.zeros_like(st.params))
         state = st.client_states.setdefault(k, self.comp.client.init_state(st.params.numel()))
         return self.train_client(k, plan.payload, plan.ctx.round, k in plan.ctx.byzantine, state)
+
+    def untrained_upload(self, k: int, delta: Tensor) -> ClientUpdate:
+        """The upload of an attacker whose row the update attack overwrites: ``delta`` and
+        every other field as its client would send them (its coverage mask too), so the
+        attack is screened like an honest upload instead of being rejected for a field
+        it never tried to forge."""
+        client = self.comp.client
+        mask = None
+        if "mask" in tags_of(client).get("uploads", ()):
+            mask = client.expected_mask(k, self.model, self.class_counts(k))
+        st = self.state
+        return ClientUpdate(k, delta, len(self.exp.clients[k]), st.buffers, mask=mask)
 
     def train_client(
         self, k: int, payload: Any, rnd: int, byzantine: bool, state: dict[str, Tensor]
@@ -320,11 +333,17 @@ class Simulator:
         return replace(self._spec, masks=masks, trusted_counts=trusted, trusted_extras=known)
 
     def end_round(
-        self, plan: RoundPlan, updates: list[ClientUpdate], apply_update_attack: bool = True
+        self,
+        plan: RoundPlan,
+        updates: list[ClientUpdate],
+        apply_update_attack: bool = True,
+        rejected_before: Mapping[str, int] | None = None,
     ) -> dict[str, Any]:
-        """Update attack, upload checks, server step, evaluation; returns the round's
-        metrics. ``updates`` are in cohort order; ``apply_update_attack=False`` when the
-        attackers already rewrote their own rows (row-local attacks on Flower SuperNodes)."""
+        """Update attack, then the one server round step (admit, upload checks, weights,
+        rule, guard: :func:`~fedshield.algorithms.server.step.server_round_step`); returns the
+        round's metrics. ``updates`` are in cohort order; ``apply_update_attack=False`` when
+        the attackers already rewrote their own rows (row-local attacks on Flower
+        SuperNodes); ``rejected_before``: replies the transport dropped, by reason."""
         st = self.state
         rnd, ctx, byz = plan.ctx.round, plan.ctx, plan.ctx.byzantine
         server, attack = self.comp.server, self.comp.attack
@@ -338,26 +357,22 @@ class Simulator:
         n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
         # One-way bytes per client: the active prefix a subnet client reports (SPEC §8).
         sent = sum(_comm_bytes(u, n_bytes) for u in updates)
-        screened = screen(updates, self.upload_spec(plan))
-        metrics.update(screened.metrics())
-        kept = screened.kept
-        new_state = RunState(rnd + 1, st.params, st.buffers, st.server_state, st.client_states)
-        if not kept:
-            log.warning("round %d: every update was rejected; θ unchanged", rnd)
-            metrics["sys/skipped"] = 1.0
-        else:
-            step = server.update(st.params, st.buffers, st.server_state, kept, ctx, self)
-            step = server.post_step(step, ctx, self)
-            metrics.update(step.metrics)
-            bad = _nonfinite_parts(step)
-            if bad:
-                # The engine never writes a non-finite θ: keep the round's start state.
-                log.warning("round %d: non-finite %s after the server step; θ unchanged", rnd, bad)
-                metrics["sys/nonfinite_step"] = 1.0
-            else:
-                new_state = RunState(
-                    rnd + 1, step.params, step.buffers, step.state, st.client_states
-                )
+        # The one server round step of every backend (admit, screen, weights, rule, guard).
+        out = server_round_step(
+            server,
+            RoundStart(st.params, st.buffers, st.server_state),
+            updates,
+            self.upload_spec(plan),
+            ctx,
+            self,
+            count_cap=self.cfg.server.count_cap,
+            rejected_before=rejected_before,
+        )
+        metrics.update(out.metrics)
+        # The scale a resume checks its checkpoint against (fedshield.sim.resume).
+        metrics["sys/theta_norm"] = theta_norm(out.params)
+        metrics["sys/state_norm"] = state_norm(out.state)
+        new_state = RunState(rnd + 1, out.params, out.buffers, out.state, st.client_states)
         metrics["comm/up_bytes"] = metrics["comm/down_bytes"] = sent
         prev = self.records[-1].get("comm/cum_gib", 0.0) if self.records else 0.0
         metrics["comm/cum_gib"] = prev + 2 * sent / 2**30  # both directions (eq. 16)
@@ -375,7 +390,7 @@ class Simulator:
             return
         matrix = stack_rows([updates[i].delta for i in ok])
         mask = torch.tensor([updates[i].client_id in byz for i in ok], device=matrix.device)
-        gen = make_generator(self.cfg.seed, plan.ctx.round, _ATTACK, device=self.device)
+        gen = make_generator(self.cfg.seed, plan.ctx.round, ATTACK, device=self.device)
         forged = self.comp.attack(matrix, mask, generator=gen)  # type: ignore[operator]
         for j, i in enumerate(ok):
             updates[i].delta = forged[j]
@@ -479,12 +494,3 @@ def trusts_counts(cfg: Any, comp: Any) -> bool:
     return comp.attack is None and "robust" not in tags_of(comp.aggregator)
 
 
-def _nonfinite_parts(step: Any) -> str:
-    """Names of the non-finite parts of a server step ("" when all are finite)."""
-    bad = [n for n, t in (("params", step.params), ("buffers", step.buffers)) if not _finite(t)]
-    bad += [f"state.{k}" for k, v in step.state.items() if isinstance(v, Tensor) and not _finite(v)]
-    return ", ".join(bad)
-
-
-def _finite(t: Tensor) -> bool:
-    return not t.is_floating_point() or bool(torch.isfinite(t).all())

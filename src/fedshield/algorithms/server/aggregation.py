@@ -112,10 +112,42 @@ def safe_radius(rule: Aggregator, deltas: Tensor) -> Callable[[], float | None]:
     def radius() -> float | None:
         if "robust" not in tags_of(rule) or deltas.shape[0] == 0:
             return None
-        norms = row_norms(deltas)
-        return float(norms.sort().values[(norms.numel() - 1) // 2])
+        return _lower_median(row_norms(deltas))
 
     return radius
+
+
+def _lower_median(values: Tensor) -> float:
+    return float(values.sort().values[(values.numel() - 1) // 2])
+
+
+#: κ of the per-block bound: a coverage group's rows are clipped to κ × ρ* × √|G| (see
+#: :func:`block_scale`). Honest rows of the deeper blocks measured at 0.2–1.6 × ρ* √|G| on
+#: the early-exit presets (docs/security.md), so κ = 3 leaves honest rows untouched.
+BLOCK_CLIP = 3.0
+
+
+def bounded_by_rows(rule: Aggregator) -> bool:
+    """A robust rule whose output is bounded by the rows it is given (Median, GeoMed, Krum,
+    Trimmed Mean, Bulyan, Centered Clipping with a relative τ, norm clipping): with masks, a
+    coverage group where attackers may be the majority needs its rows bounded. Rules with
+    a root-data reference (BR-DRAG, FLTrust) rescale every row to ‖r‖ already."""
+    tags = tags_of(rule)
+    return "robust" in tags and not getattr(rule, "needs_reference", False)
+
+
+def shared_group(groups: list[tuple[Tensor, Tensor]]) -> int:
+    """The index of the *shared* block: the columns every row covers (else the group held
+    by the most rows, then the widest)."""
+    return max(range(len(groups)), key=lambda i: (groups[i][0].numel(), groups[i][1].numel()))
+
+
+def block_scale(deltas: Tensor, rows: Tensor, cols: Tensor) -> float:
+    """ρ*: the lower median over the rows of their RMS per coordinate on the block
+    ``(rows, cols)``. On the shared block, with an honest majority of the cohort, it is an
+    honest client's scale, whatever the composition of the deeper tiers."""
+    x = deltas.index_select(0, rows).index_select(1, cols)
+    return _lower_median(row_norms(x) / float(cols.numel()) ** 0.5)
 
 
 def coverage_groups(masks: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -159,13 +191,26 @@ def aggregate_covered(
     covered = torch.zeros(deltas.shape[1], dtype=torch.bool, device=deltas.device)
     sums: dict[str, float] = {}
     width = 0
-    degraded = skipped = 0
+    degraded = skipped = clipped_groups = 0
     groups = coverage_groups(masks)
-    for rows, cols in groups:
+    # The per-block bound (SPEC §12): a Byzantine minority of the cohort may be the majority
+    # of a deeper tier, where the rule alone no longer bounds the aggregate. Every group but
+    # the shared one has its rows clipped to κ·ρ*·√|G| first, ρ* the cohort's honest
+    # per-coordinate scale on the shared block.
+    per_block = bounded_by_rows(rule) and len(groups) > 1
+    shared = shared_group(groups) if per_block else -1
+    rho = block_scale(deltas, *groups[shared]) if per_block else 0.0
+    for i, (rows, cols) in enumerate(groups):
         x = deltas.index_select(0, rows).index_select(1, cols)
         w = None if weights is None else weights.index_select(0, rows)
         ref = None if reference is None else reference.index_select(0, cols)
-        agg, diag, red = apply_rule(rule, x, w, ref, radius)
+        if per_block and i != shared:
+            bound = BLOCK_CLIP * rho * float(cols.numel()) ** 0.5
+            x = clip_rows(x, bound)
+            clipped_groups += 1
+            agg, diag, red = apply_rule(rule, x, w, ref, None)
+        else:
+            agg, diag, red = apply_rule(rule, x, w, ref, radius)
         if agg is None:
             skipped += 1
             continue
@@ -179,6 +224,9 @@ def aggregate_covered(
             sums[k] = sums.get(k, 0.0) + float(v) * n
     metrics = {k: v / width for k, v in sums.items()} if width else {}
     metrics["agg/coverage_groups"] = float(len(groups))
+    if per_block:
+        metrics["agg/block_scale"] = rho
+        metrics["agg/block_clipped_groups"] = float(clipped_groups)
     return RuleOutcome(out, metrics, degraded, skipped, covered)
 
 

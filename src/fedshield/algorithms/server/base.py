@@ -60,6 +60,9 @@ class ServerAlgorithm:
     params_schema: type[Params] = NoParams
     #: The aggregator used when the config leaves ``server.aggregator`` unset.
     default_aggregator: str = "mean"
+    #: Broadcast extras that only optional client parts read (DRAG's r: local calibration);
+    #: a Flower-native strategy sends them only to clients that use them.
+    optional_broadcast: tuple[str, ...] = ()
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ class DRAG(FedAvg):
 
     params_schema = DragParams
     default_aggregator = "drag"
+    optional_broadcast = ("ref",)
 
     def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
         super().__init__(aggregator, **kwargs)

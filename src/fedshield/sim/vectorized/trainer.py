@@ -229,7 +229,7 @@ class VectorizedTrainer:
         for i, k in enumerate(cohort):
             if not plan.trains(k):
                 deltas[i].zero_()
-                updates[i] = ClientUpdate(k, deltas[i], len(sim.exp.clients[k]), st.buffers)
+                updates[i] = sim.untrained_upload(k, deltas[i])
         # Clients of equal size step with equal batch sizes: chunks ordered by size keep
         # each step's groups few and contiguous (see Rows).
         byz = plan.ctx.byzantine
@@ -265,7 +265,8 @@ class VectorizedTrainer:
     ) -> list[ClientUpdate]:
         """Train clients ``ks``; on return ``params_out`` ([C, d]) holds their deltas and
         ``buffers_out`` ([C, b]) their final floating buffers."""
-        from fedshield.sim.engine import _BATCH, _TORCH
+        from fedshield.core.seeds import BATCH as _BATCH
+        from fedshield.core.seeds import TORCH as _TORCH
 
         cfg, st, algo, form = sim.cfg, sim.state, self.algo, self.form
         spec = algo.spec

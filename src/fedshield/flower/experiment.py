@@ -26,6 +26,7 @@ import inspect
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -36,6 +37,7 @@ from fedshield.core.context import ClientUpdate
 from fedshield.errors import FedshieldError
 from fedshield.flower import codec
 from fedshield.flower.byzantine import local_update_attack, runs_on_client
+from fedshield.flower.replies import match_replies
 from fedshield.sim.engine import RoundPlan, Simulator
 
 log = logging.getLogger("fedshield")
@@ -71,6 +73,7 @@ class FedshieldStrategy(Strategy):
         # share a federation (a sweep in one simulation, a resumed run) never mix states.
         self.run_key = uuid.uuid4().hex[:16]
         self._plan: RoundPlan | None = None
+        self._sent: list[Message] = []
         self._t0 = 0.0
 
     @property
@@ -158,6 +161,7 @@ class FedshieldStrategy(Strategy):
                     group_id=str(rnd),
                 )
             )
+        self._sent = msgs  # each reply must answer one of these (Flower sets their ids)
         return msgs
 
     def aggregate_train(
@@ -165,8 +169,10 @@ class FedshieldStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         plan = self._plan
         assert plan is not None and plan.ctx.round == self.round_of(server_round)
-        updates = self._decode(plan, replies)
-        m = self.sim.end_round(plan, updates, apply_update_attack=not self.local_attack)
+        updates, rejected = self._decode(plan, replies)
+        m = self.sim.end_round(
+            plan, updates, apply_update_attack=not self.local_attack, rejected_before=rejected
+        )
         if len(updates) < len(plan.ctx.cohort):
             m["sys/dropped"] = len(plan.ctx.cohort) - len(updates)
         wall_s = time.perf_counter() - self._t0
@@ -181,25 +187,41 @@ class FedshieldStrategy(Strategy):
         }
         return codec.global_model(st.params, st.buffers), MetricRecord(numeric)
 
-    def _decode(self, plan: RoundPlan, replies: Iterable[Message]) -> list[ClientUpdate]:
-        """Replies → updates in cohort order. A failing ClientApp fails the run (as it would
-        in the simulator); a node that never answers (timeout) is dropped and counted."""
+    def _decode(
+        self, plan: RoundPlan, replies: Iterable[Message]
+    ) -> tuple[list[ClientUpdate], Counter[str]]:
+        """Replies → updates in cohort order, one per sampled node answering its own
+        instruction (:func:`~fedshield.flower.replies.match_replies`); a reply that speaks
+        for another client, or cannot be decoded, is rejected and counted. A failing
+        ClientApp fails the run (as it would in the simulator); a node that never answers
+        (timeout) is dropped and counted."""
+        matched = match_replies(replies, self._sent)
+        rejected = matched.rejected
+        for msg in matched.failures:
+            node = msg.metadata.src_node_id
+            raise FlowerRunError(
+                f"round {plan.ctx.round}: client {self.client_of.get(node, -1)} (node {node}) "
+                f"failed: {msg.error.reason}"
+            )
         by_client: dict[int, ClientUpdate] = {}
-        for msg in replies:
+        for msg in matched.replies:
             node = msg.metadata.src_node_id
             k = self.client_of.get(node, -1)
-            if msg.has_error():
-                raise FlowerRunError(
-                    f"round {plan.ctx.round}: client {k} (node {node}) failed: {msg.error.reason}"
-                )
-            u = codec.decode_update(msg.content, self.sim.device)
+            try:
+                u = codec.decode_update(msg.content, self.sim.device)
+            except Exception as err:  # any decoding failure of untrusted bytes is a rejection
+                log.warning("rejected the reply of node %s (%s)", node, err)
+                rejected["malformed"] += 1
+                continue
             if u.client_id != k:
-                raise FlowerRunError(f"node {node} answered as client {u.client_id}, not {k}")
+                log.warning("rejected node %s answering as client %s, not %s", node, u.client_id, k)
+                rejected["wrong_client"] += 1
+                continue
             by_client[k] = u
         missing = [k for k in plan.ctx.cohort if k not in by_client]
         if missing:
-            log.warning("round %d: no reply from client(s) %s", plan.ctx.round, missing)
-        return [by_client[k] for k in plan.ctx.cohort if k in by_client]
+            log.warning("round %d: no valid reply from client(s) %s", plan.ctx.round, missing)
+        return [by_client[k] for k in plan.ctx.cohort if k in by_client], rejected
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

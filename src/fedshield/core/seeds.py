@@ -1,0 +1,22 @@
+"""Seed purposes and cohort sampling: the streams every backend derives from (seed, round).
+
+The simulator, the batched trainer, the Flower strategies and the privacy mechanisms all
+draw from these, so the same (config, seed) gives the same cohorts, batches and root-data
+steps on every backend. A purpose is mixed into each derived seed so streams never collide.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: purposes mixed into derived seeds
+COHORT, BYZ, TORCH, BATCH, ATTACK, ROOT = range(6)
+
+
+def sample_cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> tuple[int, ...]:
+    """S of M clients uniformly without replacement, seeded by (seed, round) (SPEC §1)."""
+    rng = np.random.default_rng([seed, rnd, COHORT])
+    return tuple(sorted(int(k) for k in rng.choice(num_clients, per_round, replace=False)))
+
+
+__all__ = ["ATTACK", "BATCH", "BYZ", "COHORT", "ROOT", "TORCH", "sample_cohort"]

@@ -1,0 +1,203 @@
+"""The catalogue of named Flower-native strategies: each fixes fedshield's server algorithm
+or aggregator (and takes the other from ``**kwargs``); a hyper-parameter left None takes the
+registry's default (for a rule's Byzantine count f: derived, see
+:mod:`fedshield.aggregators.byzantine_count`). All of them are
+:class:`~fedshield.flower.adapter.FedshieldRule`, so every reply goes through the one server
+round step (:mod:`fedshield.algorithms.server.step`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from fedshield.flower.adapter import FedshieldRule, RootTrainParams
+
+
+def _given(**kwargs: Any) -> dict[str, Any]:
+    """The keyword arguments that were set (None: the registry's default)."""
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+
+
+class DRAG(FedshieldRule):
+    """DRAG (SPEC §2): calibrate every g_m towards the momentum reference r^t (eqs. 8–11)."""
+
+    def __init__(
+        self,
+        alpha: float | None = None,
+        c: float | None = None,
+        *,
+        client_calibration: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            aggregator=kwargs.pop("aggregator", "drag"),
+            aggregator_args=_given(c=c) | dict(kwargs.pop("aggregator_args", {})),
+            server="drag",
+            server_args=_given(alpha=alpha),
+            client_calibration=client_calibration,
+            **kwargs,
+        )
+
+
+class BRDRAG(FedshieldRule):
+    """BR-DRAG (SPEC §3): root-data reference r^t, updates rescaled to ‖r‖ and pulled
+    towards r (eq. 15). Needs ``reference_fn`` or ``root_data`` + ``model_fn``."""
+
+    def __init__(self, c: float | None = None, **kwargs: Any) -> None:
+        super().__init__(
+            aggregator="brdrag", aggregator_args=_given(c=c), server="brdrag", **kwargs
+        )
+
+
+class FLTrust(FedshieldRule):
+    """FLTrust (SPEC §5): ReLU-cosine trust scores against the root-data reference.
+    Needs ``reference_fn`` or ``root_data`` + ``model_fn``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(aggregator="fltrust", server="fltrust", **kwargs)
+
+
+class FedExP(FedshieldRule):
+    """FedExP (SPEC §4): extrapolated server step η_g = max{1, Σ‖g‖²/(2S(‖Δ‖² + ε))}."""
+
+    def __init__(self, eps: float | None = None, **kwargs: Any) -> None:
+        super().__init__(server="fedexp", server_args=_given(eps=eps), **kwargs)
+
+
+class FedACG(FedshieldRule):
+    """FedACG (SPEC §4): broadcast the look-ahead θ̂ = θ + λm; m ← λm + Δ. Clients train
+    from the arrays they receive (θ̂); add β/2‖θ − θ̂‖² to their loss for the full method."""
+
+    def __init__(self, lam: float | None = None, **kwargs: Any) -> None:
+        super().__init__(server="fedacg", server_args=_given(lam=lam), **kwargs)
+
+
+class SCAFFOLD(FedshieldRule):
+    """SCAFFOLD (SPEC §4): broadcasts h (``fs.h``); clients correct their gradients with
+    :class:`fedshield.flower.client_tools.ScaffoldClient` and upload Δh (``fs.dh``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(server="scaffold", **kwargs)
+
+
+class FedCART(FedshieldRule):
+    """FedCART's server (SPEC §7): the configured rule on Δθ and, class by class, on the
+    clients' gradient prototypes, then the CART step (virtual features matched to the
+    prototypes, h' re-trained on them). ``model_fn`` builds the clients' ``DualHead``
+    model; clients train with :class:`fedshield.flower.client_tools.FedCARTTrainer`.
+    ``server_args``: the FedCART server parameters (``match_iters``, ``retrain_steps``,
+    ``num_virtual``, ``cart``, ``aux_head``, ...)."""
+
+    def __init__(self, model_fn: Callable[[], nn.Module], **kwargs: Any) -> None:
+        super().__init__(server="fedcart", model_fn=model_fn, **kwargs)
+
+
+class Krum(FedshieldRule):
+    """Krum (Blanchard et al. 2017): the update closest to its S − f − 2 neighbours."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="krum", aggregator_args=_given(f=f), **kwargs)
+
+
+class MultiKrum(FedshieldRule):
+    """Multi-Krum: the mean of the m updates with the best Krum scores."""
+
+    def __init__(self, f: int | None = None, m: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="multikrum", aggregator_args=_given(f=f, m=m), **kwargs)
+
+
+class Median(FedshieldRule):
+    """Coordinate-wise median (Yin et al. 2018)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(aggregator="median", **kwargs)
+
+
+class TrimmedMean(FedshieldRule):
+    """Coordinate-wise trimmed mean (Yin et al. 2018): drop the f largest and f smallest."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="trimmed_mean", aggregator_args=_given(f=f), **kwargs)
+
+
+class Bulyan(FedshieldRule):
+    """Bulyan with Krum (El Mhamdi et al. 2018), S ≥ 4f + 3."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="bulyan", aggregator_args=_given(f=f), **kwargs)
+
+
+class _GeoMedFamily(FedshieldRule):
+    _rule = "geomed"
+
+    def __init__(
+        self,
+        nu: float | None = None,
+        max_iter: int | None = None,
+        tol: float | None = None,
+        init: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        args = _given(nu=nu, max_iter=max_iter, tol=tol, init=init)
+        super().__init__(aggregator=self._rule, aggregator_args=args, **kwargs)
+
+
+class GeoMed(_GeoMedFamily):
+    """Geometric median by smoothed Weiszfeld (SPEC §5), weighted as ``weighting`` says."""
+
+
+class RFA(_GeoMedFamily):
+    """RFA (Pillutla et al. 2022): the geometric median weighted by the sample counts
+    (uniform under ``weighting="uniform"``, the default for a robust rule)."""
+
+    _rule = "rfa"
+
+
+class RAGA(_GeoMedFamily):
+    """RAGA: the uniform geometric median (SPEC §5)."""
+
+    _rule = "raga"
+
+
+class CenteredClipping(FedshieldRule):
+    """Centered Clipping (Karimireddy et al. 2021): clip around the previous aggregate,
+    kept in the strategy's state across rounds."""
+
+    def __init__(self, tau: float | None = None, iters: int | None = None, **kwargs: Any) -> None:
+        args = _given(tau=tau, iters=iters)
+        super().__init__(aggregator="centered_clipping", aggregator_args=args, **kwargs)
+
+
+class NormClip(FedshieldRule):
+    """Norm clipping: clip every update to norm τ, then the mean."""
+
+    def __init__(self, tau: float | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="norm_clip", aggregator_args=_given(tau=tau), **kwargs)
+
+
+__all__ = [
+    "BRDRAG",
+    "DRAG",
+    "RAGA",
+    "RFA",
+    "SCAFFOLD",
+    "Bulyan",
+    "CenteredClipping",
+    "FLTrust",
+    "FedACG",
+    "FedCART",
+    "FedExP",
+    "FedshieldRule",
+    "GeoMed",
+    "Krum",
+    "Median",
+    "MultiKrum",
+    "NormClip",
+    "RootTrainParams",
+    "TrimmedMean",
+]
