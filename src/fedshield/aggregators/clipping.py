@@ -21,7 +21,8 @@ output into its next call. Because of that state the rule is tagged ``needs_cent
 
 ``norm_clip``: clip every update around 0 to norm τ, then take the (weighted) mean,
 Δ = Σ_i w_i min(1, τ/‖g_i‖) g_i — centred clipping with the centre fixed at 0 and L = 1,
-the form runs used before the centre was kept in server state.
+the form runs used before the centre was kept in server state. Default τ: the lower median
+of the round's row norms (relative, as for Centered Clipping).
 
 Distances ‖g_i − v‖ are computed directly in float64, block by block (``_ops.row_dists``),
 never by the Gram trick: τ is compared with distances that may be small next to ‖g_i‖, and
@@ -60,7 +61,12 @@ class CenteredClippingParams(Params):
 
 
 class NormClipParams(Params):
-    tau: float = Field(10.0, gt=0.0, description="norm bound τ: each update is clipped to it")
+    tau: float | None = Field(
+        None,
+        gt=0.0,
+        description="norm bound τ: each update is clipped to it; unset: the lower median of "
+        "the round's row norms (relative to the honest scale)",
+    )
 
 
 def _clip_scale(dist: Tensor, tau: float, bad: Tensor) -> Tensor:
@@ -120,9 +126,9 @@ class NormClip(Aggregator):
     """Norm clipping: clip every update to norm τ around 0, then the (weighted) mean."""
 
     params_schema = NormClipParams
-    tau: float
+    tau: float | None
 
-    def __init__(self, tau: float = 10.0) -> None:
+    def __init__(self, tau: float | None = None) -> None:
         self._configure(tau=tau)
 
     def aggregate(
@@ -133,7 +139,9 @@ class NormClip(Aggregator):
         bad = ~torch.isfinite(norms)
         if bool(bad.any()):
             w = kept_weights("norm_clip", w, ~bad)
-        scale = _clip_scale(norms, self.tau, bad)
+        tau = self.tau if self.tau is not None else _lower_median(norms[~bad])
+        scale = _clip_scale(norms, tau, bad)
         out = combine_rows(w * scale, updates, skip=bad)
         clipped = ((scale < 1) & ~bad).sum() / (~bad).sum()
-        return out, {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}
+        diag = {"agg/clipped": float(clipped), "agg/nonfinite": float(bad.sum())}
+        return out, diag | {"agg/tau": float(tau)}
