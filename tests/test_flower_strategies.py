@@ -560,3 +560,77 @@ def test_fedshield_flower_exports_every_strategy_lazily():
     assert names <= set(fl.__all__)
     assert all(getattr(fl, n) is getattr(S, n) for n in names)
     assert fl.ScaffoldClient is ScaffoldClient
+
+
+def test_fedshield_central_dp_noises_a_robust_rule_at_its_own_sensitivity():
+    """central_dp(Median()): rows clipped to C, the median, then N(0, (z·Δ₂)²) with Δ₂ the
+    median's L2 sensitivity 2√2·C — not Flower's mean-calibrated z·C/n — and ε(δ) reported."""
+    from fedshield.flower.privacy import central_dp
+    from fedshield.privacy.accountant import epsilon
+    from fedshield.privacy.sensitivity import MEDIAN_RADIUS
+
+    clip, z = 0.5, 1.0
+
+    def one_round(noise: float) -> tuple[torch.Tensor, dict]:
+        strategy = central_dp(
+            S.Median(), clip=clip, noise_multiplier=noise, delta=1e-3, num_rounds=4
+        )
+        grid = LocalGrid(M, scripted_app())
+        replies = grid.send_and_receive(
+            strategy.configure_train(1, initial(Wide), ConfigRecord(), grid)
+        )
+        arrays, metrics = strategy.aggregate_train(1, replies)
+        flat = [torch.from_numpy(a.numpy()).reshape(-1) for a in arrays.values()]
+        return torch.cat(flat), dict(metrics)
+
+    quiet, _ = one_round(0.0)
+    noised, metrics = one_round(z)
+    sigma = z * 2.0 * MEDIAN_RADIUS * clip
+    assert metrics["privacy/noise_std"] == pytest.approx(sigma)
+    assert float((noised - quiet).std()) == pytest.approx(sigma, rel=0.1)
+    assert metrics["privacy/epsilon"] == pytest.approx(epsilon(z, 1.0, 1, 1e-3))
+    with pytest.raises(ConfigError, match="sensitivity|computes more"):
+        central_dp(S.SCAFFOLD(), clip=clip, noise_multiplier=z, delta=1e-3, num_rounds=4)
+
+
+def test_building_a_strategy_leaves_torchs_global_rng_untouched():
+    """Issue #17: model_fn() consumed the global RNG, so the user's next Net() changed."""
+    root = (torch.rand(8, 6), torch.zeros(8, dtype=torch.long))
+    torch.manual_seed(3)
+    want = torch.rand(3)
+    torch.manual_seed(3)
+    S.SCAFFOLD(model_fn=BNNet)
+    S.BRDRAG(root_data=root, model_fn=BNNet)
+    assert torch.equal(torch.rand(3), want)
+
+
+def test_a_plugin_rule_from_the_entry_point_group_is_found(monkeypatch):
+    """Issue #17: FedshieldRule(aggregator=...) did not load the fedshield.plugins entry
+    points that `fedshield run` loads."""
+    from fedshield import plugins
+
+    calls = []
+    real = plugins.load_plugins
+
+    def spy(modules=()):  # noqa: ANN001, ANN202
+        calls.append(tuple(modules))
+        return real(modules)
+
+    monkeypatch.setattr(plugins, "load_plugins", spy)
+    S.FedshieldRule(aggregator="median")
+    assert calls == [()]
+
+
+def test_a_resumed_strategy_continues_its_round_seeded_streams():
+    """Issue #17: a resumed strategy restarted Flower's round counter, so its round-seeded
+    streams (root-data mini-batches, the reference's round) repeated. With round_offset the
+    second session's rounds continue the first's."""
+    seen: list[int] = []
+
+    def reference(arrays: ArrayRecord, server_round: int) -> ArrayRecord:
+        seen.append(server_round)
+        return reference_fn(arrays, server_round)
+
+    run(S.BRDRAG(reference_fn=reference), LocalGrid(M, scripted_app()), rounds=2)
+    run(S.BRDRAG(reference_fn=reference, round_offset=2), LocalGrid(M, scripted_app()), rounds=2)
+    assert seen == [1, 2, 3, 4]
