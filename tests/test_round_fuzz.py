@@ -38,13 +38,25 @@ def test_round_loop_fuzz() -> None:
     results, refused = [], 0
     for masks in (False, True):
         for server, agg in fuzz.pairs(masks):
-            pair = fuzz.make_pair(server, agg, masks)
+            # Counts are trusted: the cap under a robust rule must hold by itself.
+            pair = fuzz.make_pair(server, agg, masks, trust_counts=True)
             if pair is None:
                 refused += 1
                 continue
-            # The hardest case for a robust rule: one finite row at float32's edge.
-            cases = {("huge_3e38", 1), ("nan", 1)} | set(rng.sample(grid, 2))
+            # The hardest cases for a robust rule: one finite row at float32's edge, a
+            # bought weight, and (with masks) 2 rows that are the majority of the deepest
+            # tier while a minority of the cohort.
+            cases = {("huge_3e38", 1), ("nan", 1), ("count_2e53_huge", 1)}
+            if masks:
+                cases.add(("norm_1e30", 2))
+            cases |= set(rng.sample(grid, 2))
             results += [fuzz.run_case(pair, c, k, seed=i) for i, (c, k) in enumerate(cases)]
+    # The rules named without arguments (f derived, relative radii): defaults defend too.
+    for agg in sorted(fuzz.AGGREGATOR_ARGS):
+        for masks in (False, True):
+            pair = fuzz.make_pair("fedavg", agg, masks, defaults=True, trust_counts=True)
+            if pair is not None:
+                results += [fuzz.run_case(pair, c, 1) for c in ("huge_3e38", "norm_1e30")]
     ran = [r for r in results if not r.skipped]
     assert len(ran) >= 300, len(ran)
     broken = [r for r in ran if not r.finite or r.error]
@@ -57,3 +69,19 @@ def test_round_loop_fuzz() -> None:
     frozen = [r for r in ran if r.held and r.robust and 2 * r.bad_rows < 10]
     assert not frozen, [(r.server, r.aggregator, r.masks, r.corruption) for r in frozen]
     assert refused < 40  # only the combinations the builder refuses by their tags
+
+
+def test_flower_transport_fuzz() -> None:
+    """Every Flower-native strategy × duplicated, misrouted, unsampled, count-buying and
+    count-less replies: never more replies kept than nodes sampled, θ finite, and under a
+    robust rule the step within 3× the honest round's."""
+    from fedshield.testing import flower_fuzz
+
+    cases = flower_fuzz.run_cases()
+    assert len(cases) == len(flower_fuzz.STRATEGIES) * len(flower_fuzz.FORGERIES)
+    bad = [
+        (c.strategy, c.forgery, c.kept, c.step, c.honest_step, c.error)
+        for c in cases
+        if c.error or not c.finite and c.robust or c.kept > c.sampled or not c.bounded
+    ]
+    assert not bad, bad

@@ -1,7 +1,7 @@
 """fedshield as a Flower app (the only package that imports ``flwr``).
 
-* :mod:`~fedshield.flower.strategy` — :class:`FedshieldStrategy`, a Message-API strategy
-  wrapping any fedshield server algorithm, aggregator and attack;
+* :mod:`~fedshield.flower.experiment` — :class:`FedshieldStrategy`, a Message-API strategy
+  running any fedshield experiment (server algorithm, aggregator and attack);
 * :mod:`~fedshield.flower.client_app` — ``app``, a ClientApp wrapping any client algorithm;
 * :mod:`~fedshield.flower.server_app` — ``app``, the ServerApp run by ``flwr run``;
 * :mod:`~fedshield.flower.simulation` — :func:`run_simulation`, a config through Flower's
@@ -17,9 +17,14 @@
 Flower-native strategies, for a Flower app of your own (docs/flower-strategies.md):
 
 * :mod:`~fedshield.flower.strategies` — every fedshield server algorithm × aggregator as a
-  subclass of Flower's ``FedAvg`` strategy (:class:`~fedshield.flower.strategies.FedshieldRule`,
-  ``BRDRAG``, ``DRAG``, ``FLTrust``, ``Krum``, ``Median``, ``CenteredClipping``, ...), also
-  importable from here (``from fedshield.flower import BRDRAG``);
+  subclass of Flower's ``FedAvg`` strategy: the adapter
+  (:class:`~fedshield.flower.adapter.FedshieldRule`) and the catalogue of named strategies
+  (:mod:`~fedshield.flower.catalogue`: ``BRDRAG``, ``DRAG``, ``FLTrust``, ``Krum``,
+  ``Median``, ``CenteredClipping``, ...), also importable from here
+  (``from fedshield.flower import BRDRAG``);
+* :mod:`~fedshield.flower.privacy` — :func:`central_dp`, client-level DP for them at the
+  rule's own sensitivity;
+* :mod:`~fedshield.flower.replies` — one reply per sampled node, to its own instruction;
 * :mod:`~fedshield.flower.client_tools` — the client parts some of them need
   (:class:`~fedshield.flower.client_tools.ScaffoldClient`,
   :func:`~fedshield.flower.client_tools.drag_calibrate_local`);

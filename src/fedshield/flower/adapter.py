@@ -1,40 +1,30 @@
-"""fedshield's server algorithms and aggregators as plain Flower Message-API strategies.
+"""The adapter: any fedshield server algorithm × any aggregator as a Flower strategy.
 
-For a Flower app of your own, whose ClientApp returns its model's ``state_dict`` as an
-``ArrayRecord`` and a ``MetricRecord`` with ``num-examples`` (Flower's convention)::
-
-    from fedshield.flower.strategies import BRDRAG, Krum, FedshieldRule
-
-    strategy = BRDRAG(root_data=(x_root, y_root), model_fn=Net, c=0.5)
-    strategy = Krum(f=1)
-    strategy = FedshieldRule(aggregator="trimmed_mean", aggregator_args={"f": 1}, server="fedacg")
-    result = strategy.start(grid, ArrayRecord(Net().state_dict()), num_rounds=10)
-
-Each strategy subclasses :class:`flwr.serverapp.strategy.FedAvg` (node sampling,
+:class:`FedshieldRule` subclasses :class:`flwr.serverapp.strategy.FedAvg` (node sampling,
 federated evaluation, metric aggregation and every keyword of its constructor are
-Flower's), so Flower's wrappers compose with it — e.g.
-``DifferentialPrivacyServerSideFixedClipping(Krum(f=1), noise_multiplier, clipping_norm,
-num_sampled_clients)``. Only the training round differs:
+Flower's); the named strategies built on it are in :mod:`fedshield.flower.catalogue`, and
+both are imported from :mod:`fedshield.flower.strategies`. Only the training round differs:
 
 1. ``configure_train`` reads θ^t from the arrays Flower hands it (so a wrapper's noise is
-   kept), asks the server algorithm for its broadcast (FedACG's look-ahead model θ̂,
-   SCAFFOLD's control variate h as the ``ArrayRecord`` ``fs.h``, DRAG's reference r as
-   ``fs.ref`` when clients calibrate) and sends it to the sampled nodes;
-2. ``aggregate_train`` decodes every reply against the model's layout
-   (:class:`~fedshield.flower.arrays.ModelLayout`: keys, shapes and dtypes of every array,
-   checked before decoding), forms the pseudo-gradients g_m = θ_m − θ_start (SPEC §1),
-   runs the upload checks (:func:`fedshield.core.integrity.screen`: finiteness, buffer
-   ranges, extras, the sample count), then the fedshield server algorithm's own
-   ``update`` and ``post_step`` — the code the simulator runs — with its state (DRAG's
-   reference, Centered Clipping's centre, FedACG's momentum, SCAFFOLD's h) kept across
-   rounds. A step that is not finite keeps θ^t; rejected replies are counted as
-   ``sys/rejected/<reason>`` in the returned ``MetricRecord``.
+   kept), asks the server algorithm for its broadcast — the payload's extras as records
+   ``fs.<name>`` (:func:`fedshield.flower.keys.record_key`), FedACG's look-ahead θ̂ as the
+   arrays — and keeps the instructions it sends;
+2. ``aggregate_train`` keeps one reply per sampled node answering its own instruction
+   (:mod:`fedshield.flower.replies`), decodes each against the model's layout
+   (:class:`~fedshield.flower.arrays.ModelLayout`: keys, shapes and dtypes checked before
+   decoding) into g_m = θ_m − θ_start (SPEC §1), then runs the one server round step of
+   every backend (:func:`fedshield.algorithms.server.step.server_round_step`: upload
+   checks, capped weights, ``update``, ``post_step``, the finiteness guard) with the
+   server state kept across rounds in ``strategy.state``.
 
-**Sample counts** (SPEC §12) are self-reported, so they are untrusted: ``weighting``
-``"uniform"`` ignores them (the default when the rule is a Byzantine defense; every rule
-then sees count 1, so RFA is the uniform geometric median), ``"samples"`` weights by them
-(the default otherwise), capped at ``max_num_examples`` when set (``sys/capped_num_examples``
-counts the replies that claimed more).
+What the clients upload besides θ is derived from the server algorithm's declaration: the
+``upload_spec`` of the client algorithm it needs (tag ``needs_client``), sized from
+``model_fn()`` or from the model record.
+
+**Sample counts** (SPEC §12) are self-reported, so untrusted: ``weighting="uniform"`` ignores
+them (the default under a Byzantine defense), ``"samples"`` weights by them, capped at
+``max_num_examples`` when set and, under a robust rule, at ``count_cap`` × the round's
+median count.
 
 **Root data** (BR-DRAG, FLTrust and any rule that needs a reference): either
 ``reference_fn(arrays) -> ArrayRecord`` — your own server-side training of the global
@@ -43,11 +33,6 @@ keyword is passed when the function takes one — or ``root_data=(x, y)`` with
 ``model_fn()`` building the model, trained by fedshield's local SGD (``root_train``:
 ``lr``, ``batch_size``, ``steps`` or ``epochs``, ``momentum``, ``weight_decay``) with the
 mini-batches the simulator draws for the same ``seed``. r^t = θ_root − θ^t (SPEC §3).
-
-FedCART (:class:`FedCART`) broadcasts which head its prototypes are of (``fs.proto-head``)
-and receives ``fs.prototypes`` / ``fs.counts`` / ``fs.head-shape`` (one-array records,
-checked against the shapes of ``model_fn()``'s DualHead before decoding) from clients that
-use :class:`fedshield.flower.client_tools.FedCARTTrainer`.
 
 Not supported: client coverage masks (depth/width-limited clients) and update attacks
 (simulated by fedshield's own app, ``fedshield run --backend flower``). See

@@ -34,7 +34,7 @@ class LocalGrid(Grid):
 
             app = default_app
         self.app = app
-        _set_task_identity()
+        set_task_identity()
         rng = random.Random(seed)
         self.contexts: dict[int, Context] = {}
         for i in range(num_nodes):
@@ -87,7 +87,7 @@ class LocalGrid(Grid):
         raise NotImplementedError("use send_and_receive")
 
 
-def _set_task_identity() -> None:
+def set_task_identity() -> None:
     """Messages stamp the sender's run/task identity, which Flower's runtimes set for the
     process; outside them we set a dummy one (as ``flwr.simulation.run_simulation`` does)."""
     from flwr.supercore.task_identity import TaskIdentity

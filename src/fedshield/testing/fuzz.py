@@ -119,10 +119,19 @@ CORRUPTIONS: dict[str, Corruption] = {
     "mask_short": lambda u, g: _set("mask", torch.ones(1, dtype=torch.bool))(u, g),
     "extras_none": _set("extras", None),
     "metrics_garbage": _set("metrics", {"train/loss": "x", "comm/bytes": [1]}),
+    # Finite forgeries that keep the honest direction or flip it (ALIE/IPM-like scales),
+    # and a bought weight: the largest count the checks accept with a huge row.
+    "scaled_minus_100": lambda u, g: _set("delta", -100.0 * u.delta)(u, g),
+    "norm_1e30": lambda u, g: _set("delta", u.delta / u.delta.norm().clamp_min(1e-30) * 1e30)(
+        u, g
+    ),
+    "count_2e53_huge": lambda u, g: _set("num_examples", 2**53)(u, g) and _huge(1e30)(u, g),
 }
 
-#: Bad rows per case, out of the cohort's S = 10.
-POSITIONS = (1, 5, 10)
+#: Bad rows per case, out of the cohort's S = 10. With masks (tiers [1, 2, 3] cycled over
+#: 10 clients) the widest-coverage clients come first: 2 bad rows are a minority of the
+#: cohort and the majority of the 3-client deepest tier.
+POSITIONS = (1, 2, 5, 10)
 
 #: Aggregator arguments for a cohort of 10 with one tolerated attacker.
 AGGREGATOR_ARGS: dict[str, dict[str, Any]] = {
@@ -139,9 +148,18 @@ AGGREGATOR_ARGS: dict[str, dict[str, Any]] = {
 BOUND = 3.0
 
 
-def base_config(server: str, aggregator: str, masks: bool = False) -> dict[str, Any]:
+def base_config(
+    server: str,
+    aggregator: str,
+    masks: bool = False,
+    defaults: bool = False,
+    trust_counts: bool | None = None,
+) -> dict[str, Any]:
     """A seconds-long config on bundled digits; the client algorithm and model fit the
-    server (SCAFFOLD's client, FedCART's dual head) or the mask case (a tiny multi-exit ViT)."""
+    server (SCAFFOLD's client, FedCART's dual head) or the mask case (a tiny multi-exit ViT).
+    ``defaults``: the rule named without arguments (its defaults are part of the defense);
+    ``trust_counts``: ``server.trust_counts`` (the fuzz trusts them: the count cap under a
+    robust rule must then hold by itself)."""
     raw: dict[str, Any] = {
         "name": f"fuzz-{server}-{aggregator}",
         "seed": 0,
@@ -152,12 +170,14 @@ def base_config(server: str, aggregator: str, masks: bool = False) -> dict[str, 
         "server": {
             "algorithm": server,
             "aggregator": aggregator,
-            "aggregator_args": AGGREGATOR_ARGS.get(aggregator, {}),
+            "aggregator_args": {} if defaults else AGGREGATOR_ARGS.get(aggregator, {}),
             "clients_per_round": 10,
         },
         "eval": {"every": 1000},
         "run": {"progress": False, "device": "cpu"},
     }
+    if trust_counts is not None:
+        raw["server"]["trust_counts"] = trust_counts
     if server == "scaffold":
         raw["client"]["algorithm"] = "scaffold"
     if server == "fedcart":
@@ -187,11 +207,13 @@ class Pair:
     server: str
     aggregator: str
     masks: bool
+    defaults: bool
     sim: Simulator
     plan: RoundPlan
     honest: list[ClientUpdate]
     start: Any  # the RunState before the replayed round
     robust: bool
+    honest_step: float | None = None
 
 
 @dataclass
@@ -199,6 +221,7 @@ class CaseResult:
     server: str
     aggregator: str
     masks: bool
+    defaults: bool
     corruption: str
     bad_rows: int
     finite: bool
@@ -211,11 +234,19 @@ class CaseResult:
     #: the round kept θ because the rule could not run or its step was non-finite
     held: bool = False
     error: str = ""
+    #: ‖θ⁺ − θ‖ of the same round with no row corrupted
+    honest_step: float = 0.0
 
 
-def make_pair(server: str, aggregator: str, masks: bool = False) -> Pair | None:
+def make_pair(
+    server: str,
+    aggregator: str,
+    masks: bool = False,
+    defaults: bool = False,
+    trust_counts: bool | None = None,
+) -> Pair | None:
     """Build and train one honest cohort; None when the builder refuses the combination."""
-    raw = base_config(server, aggregator, masks)
+    raw = base_config(server, aggregator, masks, defaults, trust_counts)
     try:
         cfg = config_mod.validate(raw, "fuzz config")
         sim = Simulator(build(cfg))
@@ -224,7 +255,8 @@ def make_pair(server: str, aggregator: str, masks: bool = False) -> Pair | None:
     plan = sim.begin_round(1)
     honest = sim.train_cohort(plan)
     robust = "robust" in tags_of(sim.comp.aggregator)
-    return Pair(server, aggregator, masks, sim, plan, honest, copy.deepcopy(sim.state), robust)
+    start = copy.deepcopy(sim.state)
+    return Pair(server, aggregator, masks, defaults, sim, plan, honest, start, robust)
 
 
 def _clone(u: ClientUpdate) -> ClientUpdate:
@@ -258,7 +290,14 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
     g = torch.Generator().manual_seed(seed)
     ups = [_clone(u) for u in pair.honest]
     res = CaseResult(
-        pair.server, pair.aggregator, pair.masks, corruption, bad_rows, True, pair.robust
+        pair.server,
+        pair.aggregator,
+        pair.masks,
+        pair.defaults,
+        corruption,
+        bad_rows,
+        True,
+        pair.robust,
     )
     # The widest-coverage clients first: with masks they form the smallest coverage groups
     # (the deepest tier), where one bad row weighs most; without masks, cohort order.
@@ -278,6 +317,7 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
     res.held = bool(metrics.get("sys/nonfinite_step") or metrics.get("sys/skipped"))
     theta0 = pair.start.params
     res.step_norm = float((sim.state.params.double() - theta0.double()).norm())
+    res.honest_step = pair_honest_step(pair)
     scale = max(float(u.delta.double().norm()) for u in pair.honest)
     scale = max(scale, float(metrics.get("agg/ref_norm", 0.0)))
     scale = max(scale, float(getattr(sim.comp.aggregator, "tau", 0.0) or 0.0))
@@ -287,6 +327,18 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
     if pair.robust and minority and pair.server != "fedcart":  # the CART step re-trains h'
         res.bounded = res.step_norm <= res.bound
     return res
+
+
+def pair_honest_step(pair: Pair) -> float:
+    """‖θ⁺ − θ‖ of the pair's round with every row honest (computed once per pair)."""
+    if pair.honest_step is None:
+        sim = pair.sim
+        saved = (sim.state, sim.records)
+        sim.state, sim.records = copy.deepcopy(pair.start), []
+        sim.end_round(pair.plan, [_clone(u) for u in pair.honest], apply_update_attack=False)
+        pair.honest_step = float((sim.state.params.double() - pair.start.params.double()).norm())
+        sim.state, sim.records = saved
+    return pair.honest_step
 
 
 def pairs(masks: bool = False) -> Iterator[tuple[str, str]]:
