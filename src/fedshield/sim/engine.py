@@ -52,7 +52,13 @@ from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
-from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
+from fedshield.sim.outputs import (
+    nonfinite_keys,
+    plot_curves,
+    rounds_to,
+    summarize,
+    write_report,
+)
 from fedshield.sim.rundir import check_run_dir
 from fedshield.tracking import logger_callbacks
 
@@ -429,7 +435,30 @@ class Simulator:
             t0 = time.perf_counter()
             m = self.run_round(rnd)
             self.record(m, time.perf_counter() - t0)
+            if self.diverged(m):
+                break
         return self.finish(time.perf_counter() - t_start)
+
+    def diverged(self, record: dict[str, Any]) -> bool:
+        """True when the run must stop after ``record``: a loss or accuracy turned non-finite
+        and ``run.on_nonfinite = "stop"``. The round is checkpointed first, so the files
+        agree (metrics.jsonl ends at the checkpoint's round)."""
+        bad = nonfinite_keys(record)
+        if not bad:
+            return False
+        stop = self.cfg.run.on_nonfinite == "stop"
+        if not stop and getattr(self, "_nonfinite_logged", False):
+            return False
+        self._nonfinite_logged = True
+        log.warning(
+            "round %s: %s non-finite; %s",
+            record["round"],
+            ", ".join(bad),
+            "stopping (run.on_nonfinite = 'stop')" if stop else "continuing",
+        )
+        if stop and self.out is not None and record["round"] % self.cfg.checkpoint.every:
+            self.save()
+        return stop
 
     def start(self) -> None:
         """Tell the callbacks the session starts (the Flower strategy's server calls it)."""
