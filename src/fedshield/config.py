@@ -329,8 +329,8 @@ def validate(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:
     bad = nonfinite_keys(raw)
     if bad:
         raise ConfigError(
-            f"{source}: invalid config: {bad[0]}: Input should be a finite number (NaN "
-            f"and infinity are no parameter's value)"
+            f"{source}: invalid config: {bad[0]}: Input should be a finite number (no "
+            f"parameter takes NaN or infinity)"
         )
     try:
         return ExperimentConfig.model_validate(raw)

@@ -369,7 +369,8 @@ def compare_runs(
     curves: dict[Any, tuple[str, list[list[dict[str, Any]]]]] = {}
     for (s, recs), p in zip(loaded, params):
         key = cell_key(p) if seeded else s["label"]
-        label = s["label"] if not seeded else "_".join(f"{v}" for k, v in cell_key(p)) or s["name"]
-        curves.setdefault(key, (label.replace('"', ""), []))[1].append(recs)
+        label = s["label"] if not seeded else "_".join(f"{v}" for k, v in cell_key(p))
+        label = label.replace('"', "").strip("_") or s["name"]
+        curves.setdefault(key, (label, []))[1].append(recs)
     png = plot_overlay(list(curves.values()), out / "accuracy.png")
     return Comparison(summaries, png, out, tables)

@@ -98,6 +98,8 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedshield.report import integer_rounds
+
     evals = [r for r in records if _num(r.get("test_acc"))]
     if not evals:
         return []
@@ -109,6 +111,7 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
         ax.plot(rounds, values, marker="o" if len(rounds) < 50 else None)
         ax.set_xlabel("round")
         ax.set_ylabel(label)
+        integer_rounds(ax)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
