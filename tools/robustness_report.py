@@ -20,6 +20,30 @@ import torch
 from fedshield.testing import fuzz
 
 
+def write_provenance(data: Path) -> None:
+    """``robustness.provenance.json`` beside the CSV (tools/render_results.py checks it): the
+    commit, and as config hash the hash of the fuzz's definition (this tool + the harness)."""
+    import hashlib
+    import json
+
+    from fedshield.provenance import sha256_file, source_commit
+
+    root = Path(__file__).resolve().parents[1]
+    defs = ("tools/robustness_report.py", "src/fedshield/testing/fuzz.py")
+    text = "".join((root / d).read_text() for d in defs)
+    src = source_commit()
+    record = {
+        "commits": [src["commit"] or "unknown"],
+        "dirty": src["dirty"],
+        "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "config": "the fuzz's definition: " + " + ".join(defs),
+        "command": ["python", "tools/robustness_report.py"],
+        "files": {data.name: sha256_file(data)},
+    }
+    side = data.with_name("robustness.provenance.json")
+    side.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/results/robustness.md")
@@ -120,6 +144,7 @@ def main() -> None:
     data = Path(args.out).parent / "data" / "robustness.csv"
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(",".join(summary) + "\n" + ",".join(str(v) for v in summary.values()) + "\n")
+    write_provenance(data)
     print("\n".join(lines[:16]))
 
 

@@ -316,7 +316,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         def done(s: dict[str, Any]) -> None:
             bar.update(task, advance=1, acc=f"{s['name']}: {s.get('final_test_acc', 0):.4f}")
 
-        comparison = run_sweep(runs, out, jobs=args.jobs, on_done=done, backend=backend)
+        comparison = run_sweep(
+            runs, out, jobs=args.jobs, on_done=done, backend=backend, name=name
+        )
     print_summaries(comparison.summaries)
     for table in comparison.tables:
         console.print(table.rich())
@@ -326,7 +328,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"[yellow]{len(diverged)} of {len(runs)} runs diverged (a loss or accuracy turned "
             f"non-finite; status column):[/] {', '.join(diverged)}"
         )
-    console.print(f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}")
+    console.print(
+        f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}  "
+        f"provenance: {out / 'provenance.json'}"
+    )
     return 0
 
 

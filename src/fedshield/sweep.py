@@ -311,11 +311,16 @@ def run_sweep(
     jobs: int = 1,
     on_done: Callable[[dict[str, Any]], None] | None = None,
     backend: SweepBackend | None = None,
+    name: str | None = None,
 ) -> Comparison:
     """Run every spec on ``backend`` (default: ``jobs`` local processes) and write the
-    comparison files to ``out``. Runs finished earlier are kept and not run again. Returns
-    the comparison, whose summaries are in grid order with each run's parameters."""
+    comparison files to ``out`` with ``provenance.json`` (commits and config hashes of the
+    runs; ``name`` is the grid's, default the folder's). Runs finished earlier are kept and
+    not run again. Returns the comparison, whose summaries are in grid order with each
+    run's parameters."""
+    from fedshield.provenance import sweep_provenance
     from fedshield.report import compare_runs
+    from fedshield.sim.checkpoint import atomic_write_text, dumps
 
     if backend is None:
         check_jobs(jobs)  # before the output folder or any run
@@ -342,4 +347,6 @@ def run_sweep(
         ordered.append(s)
     comparison = compare_runs([out / r.name for r in runs], out, extra=[r.params for r in runs])
     comparison.summaries = ordered
+    prov = sweep_provenance(name or out.name, [results[r.name] for r in runs])
+    atomic_write_text(out / "provenance.json", dumps(prov, indent=2) + "\n")
     return comparison

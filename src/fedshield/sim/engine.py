@@ -481,7 +481,10 @@ class Simulator:
         save_checkpoint(self.out / "checkpoint.pt", payload)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
+        from fedshield.provenance import run_provenance
+
         extra: dict[str, Any] = {"wall_s_this_session": wall_s}
+        extra["provenance"] = run_provenance(self.config_text)  # commit, config hash
         if self.cfg.eval.target_acc is not None:
             extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
             extra["target_acc"] = self.cfg.eval.target_acc

@@ -1,0 +1,106 @@
+"""Where a result came from: the source commit and the hash of the config that made it.
+
+Every run's ``summary.json`` carries ``provenance`` (:func:`run_provenance`): the fedshield
+version, the git commit of the source tree it ran from (and whether that tree had
+uncommitted changes), and ``config_sha256``, the SHA-256 of the run's fully resolved
+``config.toml``. A sweep writes ``provenance.json`` next to its tables
+(:func:`sweep_provenance`): the commits of its runs, each run's config hash, and one hash
+over all of them; ``tools/render_results.py --collect`` keeps it beside the result files in
+``docs/results/data/`` with the SHA-256 of each file, so a result file that is changed
+without its provenance, or a grid whose configs no longer hash the same, is noticed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+#: The source tree of this package (a git checkout when installed editable).
+SOURCE = Path(__file__).resolve().parent
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def source_commit() -> dict[str, Any]:
+    """``{"commit": sha, "dirty": bool}`` of the git checkout this package runs from, or
+    ``{"commit": None, "dirty": None}`` outside one (an installed wheel: see the version)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            res = subprocess.run(
+                ["git", "-C", str(SOURCE), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no", "--", str(SOURCE))
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def run_provenance(config_text: str) -> dict[str, Any]:
+    """The provenance of one run with this resolved config (see the module doc)."""
+    from fedshield import __version__
+
+    return {"fedshield": __version__, **source_commit(), "config_sha256": sha256_text(config_text)}
+
+
+def combined_sha256(hashes: dict[str, str]) -> str:
+    """One hash over named hashes (``name sha`` lines, sorted by name)."""
+    return sha256_text("".join(f"{k} {v}\n" for k, v in sorted(hashes.items())))
+
+
+def sweep_provenance(
+    name: str, summaries: list[dict[str, Any]], command: list[str] | None = None
+) -> dict[str, Any]:
+    """A sweep's provenance from its runs' summaries: every run's config hash and commit
+    (a resumed sweep may hold runs of several commits: all are listed), one hash over the
+    configs, the command and the platform."""
+    import torch
+
+    from fedshield import __version__
+
+    configs, commits = {}, set()
+    dirty = False
+    for s in summaries:
+        prov = s.get("provenance") or {}
+        configs[s["name"]] = prov.get("config_sha256")
+        commits.add(prov.get("commit"))
+        dirty = dirty or bool(prov.get("dirty"))
+    return {
+        "grid": name,
+        "command": command if command is not None else ["fedshield", *sys.argv[1:]],
+        "fedshield": __version__,
+        "commits": sorted(c or "unknown" for c in commits),
+        "dirty": dirty,
+        "config_sha256": combined_sha256({k: v or "" for k, v in configs.items()}),
+        "runs": dict(sorted(configs.items())),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+
+
+__all__ = [
+    "combined_sha256",
+    "run_provenance",
+    "sha256_file",
+    "sha256_text",
+    "source_commit",
+    "sweep_provenance",
+]
