@@ -112,7 +112,7 @@ def test_imagefolder(tmp_path):
     "name", ["mnist", "fmnist", "emnist-balanced", "cifar10", "cifar100", "svhn"]
 )
 def test_missing_files_name_directory_and_switch(tmp_path, name):
-    with pytest.raises(DataError, match=f"{tmp_path / name}.*data.download = true"):
+    with pytest.raises(DataError, match=f'{tmp_path / name}.*data.download = "auto"'):
         load_dataset(name, str(tmp_path), False, {})
 
 

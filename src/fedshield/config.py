@@ -51,7 +51,12 @@ class LongTailConfig(Section):
 class DataConfig(Section):
     dataset: str = "mnist5k"
     root: str = "~/.fedshield/data"
-    download: bool = False
+    download: StrictBool | Literal["auto"] = Field(
+        "auto",
+        description="auto: download a file-backed dataset when it is missing and its host "
+        "answers (a clear error when there is no network); true: always let the loader "
+        "download; false: never",
+    )
     num_clients: int = Field(20, ge=1)
     partition: str = "iid"
     beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration")

