@@ -137,3 +137,27 @@ def test_the_readme_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> Non
     cfg["server"]["aggregator_args"] = {"facter": 0.25}
     bad.write_text(tomli_w.dumps(cfg))
     assert main(["run", str(bad), "--out", str(tmp_path / "bad")]) == 2  # did-you-mean
+
+
+def test_the_readme_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Issue #17: a notebook-style Python API section; `runner.run` returns the history."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(
+        r"<!-- fedshield:api -->\n```python\n(.*?)```\n<!-- fedshield:end-api -->", text, re.S
+    )
+    assert block, "the README's Python API section moved"
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(block.group(1), "README.md (Python API)", "exec"), ns)  # noqa: S102
+    result, history = ns["result"], ns["history"]
+    assert result["status"] == "ok" and 0.0 < result["final_test_acc"] <= 1.0
+    assert [r["round"] for r in history] == [1, 2, 3, 4, 5]
+    assert ns["accuracy"][-1] == (5, result["final_test_acc"])
+    # the history is what metrics.jsonl holds
+    import json
+
+    lines = (tmp_path / "runs" / "api-demo" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
+    assert json.loads(lines[-1])["test_acc"] == history[-1]["test_acc"]

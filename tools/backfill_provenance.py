@@ -126,7 +126,8 @@ def main() -> int:
     }
     for f in sorted(DATA.glob("*.csv")):
         if f.name not in covered:
-            groups.setdefault(f.name.removesuffix(".csv").removesuffix("-cells"), []).append(f)
+            stem = f.name.removesuffix(".csv").removesuffix("-cells").removesuffix("-curves")
+            groups.setdefault(stem, []).append(f)
     with tempfile.TemporaryDirectory() as tmp:
         for name, files in groups.items():
             record = backfill(name, files, Path(tmp))

@@ -200,8 +200,9 @@ def _sha256(path: Path) -> str:
 
 
 def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
-    """Copy a sweep's comparison.csv (and cells.csv) to docs/results/data/<name>[-cells].csv
-    with ``<name>.provenance.json``: the sweep's provenance.json and the files' SHA-256."""
+    """Copy a sweep's comparison.csv (and cells.csv, curves.csv) to
+    docs/results/data/<name>[-cells|-curves].csv with ``<name>.provenance.json``: the
+    sweep's provenance.json and the files' SHA-256."""
     prov_file = sweep_dir / "provenance.json"
     if not prov_file.exists():
         raise SystemExit(
@@ -210,7 +211,7 @@ def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
         )
     data.mkdir(parents=True, exist_ok=True)
     out = []
-    for src, suffix in (("comparison.csv", ""), ("cells.csv", "-cells")):
+    for src, suffix in (("comparison.csv", ""), ("cells.csv", "-cells"), ("curves.csv", "-curves")):
         if (sweep_dir / src).exists():
             dst = data / f"{sweep_dir.name}{suffix}.csv"
             shutil.copyfile(sweep_dir / src, dst)

@@ -309,6 +309,27 @@ def plot_overlay(
     return path
 
 
+#: The per-round values kept in ``curves.csv`` (the evaluated rounds of every run).
+CURVE_KEYS = ("test_acc", "test_loss")
+
+
+def curves_table(summaries: list[dict[str, Any]], records: list[list[dict[str, Any]]]) -> str:
+    """CSV of every run's evaluated rounds (label, round, test accuracy and loss): the
+    curves behind accuracy.png, kept as data (a re-run can be compared round by round)."""
+    rows = [
+        {"label": s["label"], "round": r["round"], **{k: r.get(k) for k in CURVE_KEYS}}
+        for s, recs in zip(summaries, records)
+        for r in recs
+        if _is_num(r.get("test_acc"))
+    ]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["label", "round", *CURVE_KEYS], lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
+    return buf.getvalue()
+
+
 # -- the comparison -----------------------------------------------------------------------
 @dataclass
 class Comparison:
@@ -324,8 +345,8 @@ class Comparison:
 def compare_runs(
     dirs: list[Path], out: Path, extra: list[dict[str, Any]] | None = None
 ) -> Comparison:
-    """Write comparison.md/.csv and accuracy.png for ``dirs`` (plus cells.md/.csv with seed
-    intervals, and pivot.md for two varying keys). ``extra`` adds per-run columns (a
+    """Write comparison.md/.csv, curves.csv and accuracy.png for ``dirs`` (plus cells.md/.csv
+    with seed intervals, and pivot.md for two varying keys). ``extra`` adds per-run columns (a
     sweep's parameters)."""
     from fedshield.runner import check_out_dir
 
@@ -344,6 +365,7 @@ def compare_runs(
     columns = ("label", *keys, *COLUMNS[1:], *status, *heads)
     atomic_write_text(out / "comparison.md", markdown_table(summaries, columns))
     atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
+    atomic_write_text(out / "curves.csv", curves_table(summaries, [r for _, r in loaded]))
     tables: list[TextTable] = []
     seeded = any("seed" in p for p in params)
     if seeded:
