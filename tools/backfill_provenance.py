@@ -42,13 +42,18 @@ MEASURE_SETS = {g: ["eval.every=20"] for g in (
 INNER = """
 import hashlib, json, sys
 from fedshield import config
+from fedshield.sim.builder import build_components
 from fedshield.sweep import expand, read_grid
 grid, seeds, sets = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 spec, where = read_grid(grid=grid)
 spec["set"] = [*spec.get("set", []), *sets]
 _, runs = expand(spec, where, seeds or None)
-print(json.dumps({r.name: hashlib.sha256(config.dump(config.validate(r.raw)).encode())
-                  .hexdigest() for r in runs}))
+out = {}
+for r in runs:
+    cfg = config.validate(r.raw)
+    build_components(cfg)  # resolves defaults (an algorithm's own aggregator), as a run does
+    out[r.name] = hashlib.sha256(config.dump(cfg).encode()).hexdigest()
+print(json.dumps(out))
 """
 
 

@@ -53,11 +53,47 @@ def source_commit() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
-def run_provenance(config_text: str) -> dict[str, Any]:
-    """The provenance of one run with this resolved config (see the module doc)."""
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "Hardware")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def kernel_signature() -> dict[str, Any]:
+    """What decides which float kernels a CPU run uses: the CPU model and architecture,
+    torch's version and vectorisation level (ATen's CPU capability), oneDNN, the MKL path
+    forced by ``MKL_CBWR``, and the thread count. Two runs with the same signature run the
+    same kernels (a result can be compared bit for bit); different ones sum in other orders
+    (a result agrees only to a tolerance)."""
+    import os
+
+    import torch
+
+    return {
+        "cpu": _cpu_model(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "onednn": bool(torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled),
+        "mkl_cbwr": os.environ.get("MKL_CBWR", ""),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def run_provenance(config_text: str, device: str = "cpu") -> dict[str, Any]:
+    """The provenance of one run with this resolved config (see the module doc); on CPU
+    with the :func:`kernel_signature` it ran under."""
     from fedshield import __version__
 
-    return {"fedshield": __version__, **source_commit(), "config_sha256": sha256_text(config_text)}
+    out = {"fedshield": __version__, **source_commit(), "config_sha256": sha256_text(config_text)}
+    out["device"] = device
+    if device == "cpu":
+        out["kernels"] = kernel_signature()
+    return out
 
 
 def combined_sha256(hashes: dict[str, str]) -> str:
@@ -75,13 +111,15 @@ def sweep_provenance(
 
     from fedshield import __version__
 
-    configs, commits = {}, set()
+    configs, commits, kernels = {}, set(), []
     dirty = False
     for s in summaries:
         prov = s.get("provenance") or {}
         configs[s["name"]] = prov.get("config_sha256")
         commits.add(prov.get("commit"))
         dirty = dirty or bool(prov.get("dirty"))
+        if prov.get("kernels") and prov["kernels"] not in kernels:
+            kernels.append(prov["kernels"])
     return {
         "grid": name,
         "command": command if command is not None else ["fedshield", *sys.argv[1:]],
@@ -90,6 +128,7 @@ def sweep_provenance(
         "dirty": dirty,
         "config_sha256": combined_sha256({k: v or "" for k, v in configs.items()}),
         "runs": dict(sorted(configs.items())),
+        "kernels": kernels,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
@@ -98,6 +137,7 @@ def sweep_provenance(
 
 __all__ = [
     "combined_sha256",
+    "kernel_signature",
     "run_provenance",
     "sha256_file",
     "sha256_text",

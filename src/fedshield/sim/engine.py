@@ -484,7 +484,8 @@ class Simulator:
         from fedshield.provenance import run_provenance
 
         extra: dict[str, Any] = {"wall_s_this_session": wall_s}
-        extra["provenance"] = run_provenance(self.config_text)  # commit, config hash
+        # commit, config hash, and on CPU the kernels (a re-run on the same ones is exact)
+        extra["provenance"] = run_provenance(self.config_text, self.device.type)
         if self.cfg.eval.target_acc is not None:
             extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
             extra["target_acc"] = self.cfg.eval.target_acc
