@@ -53,14 +53,32 @@ def source_commit() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
+#: /proc/cpuinfo fields that tell CPU generations apart (x86: vendor, family, model,
+#: stepping; ARM: implementer, part, variant, revision); the flags / features (what a BLAS
+#: dispatches on) enter as a hash.
+_CPU_FIELDS = (
+    "vendor_id", "cpu family", "model", "model name", "stepping",
+    "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "CPU revision",
+)  # fmt: skip
+
+
 def _cpu_model() -> str:
+    """The first CPU's identity from /proc/cpuinfo (platform.processor() elsewhere)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("model name", "Model", "Hardware")):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return platform.processor() or "unknown"
+    first = text.split("\n\n", 1)[0]
+    fields, flags = {}, ""
+    for line in first.splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key in _CPU_FIELDS:
+            fields[key] = value
+        elif key in ("flags", "Features"):
+            flags = value
+    parts = [f"{k}={v}" for k, v in fields.items()]
+    parts.append(f"flags={sha256_text(flags)[:16]}")
+    return "; ".join(parts)
 
 
 def kernel_signature() -> dict[str, Any]:

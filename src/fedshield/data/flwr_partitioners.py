@@ -66,7 +66,10 @@ def _needs_flwr(name: str) -> Callable[..., None]:
 class FlwrDirichletParams(Params):
     beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration α (data.beta)")
     min_size: int = Field(
-        10, ge=0, description="Flower's min_partition_size: re-sample until every client has it"
+        1,
+        ge=0,
+        description="Flower's min_partition_size (data.min_size): re-sample until every client "
+        "has it (Flower's own default is 10)",
     )
 
 
