@@ -268,3 +268,10 @@ def test_sweep_resume_and_the_interrupt_message(tmp_path, small_cfg, capsys, mon
     assert main(["sweep", str(grid), "--out", str(out), "--resume", "-q"]) == 0
     assert (out / "seed=0" / "metrics.jsonl").read_text() == before  # kept, not re-run
     assert (out / "seed=1" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("value", ["[]", "{}", "3"])
+def test_a_dual_head_backbone_that_is_no_name(tmp_path, capsys, no_data, value) -> None:  # noqa: ANN001
+    """Found by the config fuzz (seed 1): a table or list as backbone was a TypeError."""
+    argv = ["run", "--preset", "fedcart-cifar10lt-cpu", "--set", f"model.params.backbone={value}"]
+    one_line_error(capsys, [*argv, "--out", str(tmp_path / "o")], "model.params.backbone")
