@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch/torchvision pinned to the releases on this machine's disk (see README).
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install -q -e '.[test,flower,privacy,track]'
+	$(PY) -m pip install -q -e '.[test,flower,privacy,track,hf]'
 	# AutoAttack/FGSM reference (see pyproject: its requests pin conflicts with flwr's).
 	$(PY) -m pip install -q --no-deps 'torchattacks>=3.5'
 	touch $(STAMP)

@@ -39,15 +39,15 @@ def test_unknown_key(tmp_path, capsys, small_cfg):
 
 
 def test_missing_dataset_directory(tmp_path, capsys, small_cfg):
-    small_cfg["data"].update(dataset="cifar10", root=str(tmp_path / "nowhere"))
+    small_cfg["data"].update(dataset="cifar10", root=str(tmp_path / "nowhere"), download=False)
     argv = ["run", _cfg_file(tmp_path, small_cfg), "--out", str(tmp_path / "o")]
     _one_line_error(capsys, argv, f"{tmp_path / 'nowhere' / 'cifar10'}")
 
 
 def test_missing_dataset_message_names_switch(tmp_path, capsys, small_cfg):
-    small_cfg["data"].update(dataset="mnist", root=str(tmp_path / "nowhere"))
+    small_cfg["data"].update(dataset="mnist", root=str(tmp_path / "nowhere"), download=False)
     main(["run", _cfg_file(tmp_path, small_cfg), "--out", str(tmp_path / "o")])
-    assert "set data.download = true" in capsys.readouterr().err
+    assert 'set data.download = "auto"' in capsys.readouterr().err
 
 
 def test_impossible_partition(tmp_path, capsys, small_cfg):

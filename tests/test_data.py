@@ -38,9 +38,9 @@ def test_synthetic_is_seeded_and_configurable():
 
 def test_dataset_info_and_unknown_names_need_no_data():
     assert dataset_info("synthetic", {"channels": 3, "size": 8, "num_classes": 4}) == DatasetInfo(
-        (3, 8, 8), 4
+        (3, 8, 8), 4, 4 * 200
     )
-    assert dataset_info("cifar100") == DatasetInfo((3, 32, 32), 100)
+    assert dataset_info("cifar100") == DatasetInfo((3, 32, 32), 100, 50_000)
     assert dataset_info("imagenet", {"image_size": 32}) == DatasetInfo((3, 32, 32), None)
     with pytest.raises(ConfigError, match=r"^data.dataset: unknown dataset 'cifar11' \(did you"):
         parse_dataset_params("cifar11", {})
@@ -112,7 +112,7 @@ def test_imagefolder(tmp_path):
     "name", ["mnist", "fmnist", "emnist-balanced", "cifar10", "cifar100", "svhn"]
 )
 def test_missing_files_name_directory_and_switch(tmp_path, name):
-    with pytest.raises(DataError, match=f"{tmp_path / name}.*data.download = true"):
+    with pytest.raises(DataError, match=f'{tmp_path / name}.*data.download = "auto"'):
         load_dataset(name, str(tmp_path), False, {})
 
 
@@ -128,3 +128,12 @@ def test_mnist5k_equals_mlxtends_own_reader():
     x, y = mnist_data()
     ours_x, ours_y = _mnist5k_arrays()
     assert np.array_equal(ours_x.reshape(len(x), -1), x) and np.array_equal(ours_y, y)
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("digits", {}), ("digits", {"test_fraction": 0.3}), ("mnist5k", {}), ("synthetic", {})],
+)
+def test_bundled_datasets_declare_their_train_size(name, params):
+    """The size checked before loading (issue #17) is the size the loader produces."""
+    assert dataset_info(name, params).train_size == len(load_dataset(name, "", False, params).train)

@@ -40,7 +40,40 @@ def test_rendering_a_pivot_with_seed_intervals(tmp_path) -> None:  # noqa: ANN00
         "|---|---|---|",
         "| fedavg | 0.500 ± 0.100 | - |",
         "| brdrag | 0.875 ± 0.013 | 0.900 |",
+        "",
+        render.PM_NOTE,  # ± says what it is (issue #17)
     ]
+
+
+def test_every_result_file_records_the_commit_and_config_that_made_it() -> None:
+    render = _tool("render_results")
+    assert render.check_provenance() == []
+
+
+def test_collect_records_provenance_and_a_changed_file_is_noticed(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    import pytest
+
+    render = _tool("render_results")
+    sweep = tmp_path / "runs" / "g"
+    sweep.mkdir(parents=True)
+    (sweep / "comparison.csv").write_text("label,final_test_acc\na,0.5\n")
+    (sweep / "cells.csv").write_text("variant,n_seeds\na,1\n")
+    data = tmp_path / "data"
+    with pytest.raises(SystemExit, match="provenance.json: missing"):
+        render.collect(sweep, data)
+    prov = {"grid": "g", "commits": ["abc"], "config_sha256": "f00", "runs": {"a": "f00"}}
+    (sweep / "provenance.json").write_text(json.dumps(prov))
+    render.collect(sweep, data)
+    side = json.loads((data / "g.provenance.json").read_text())
+    assert side["commits"] == ["abc"] and set(side["files"]) == {"g.csv", "g-cells.csv"}
+    assert render.check_provenance(data) == []
+    (data / "g.csv").write_text("label,final_test_acc\na,0.9\n")  # edited afterwards
+    (data / "other.csv").write_text("x\n")  # never collected
+    problems = render.check_provenance(data)
+    assert any(p.startswith("g.csv: changed since") for p in problems)
+    assert any(p.startswith("other.csv: no *.provenance.json") for p in problems)
 
 
 def test_the_generated_presets_equal_their_generator(tmp_path, monkeypatch) -> None:  # noqa: ANN001
@@ -104,3 +137,27 @@ def test_the_readme_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> Non
     cfg["server"]["aggregator_args"] = {"facter": 0.25}
     bad.write_text(tomli_w.dumps(cfg))
     assert main(["run", str(bad), "--out", str(tmp_path / "bad")]) == 2  # did-you-mean
+
+
+def test_the_readme_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """Issue #17: a notebook-style Python API section; `runner.run` returns the history."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    block = re.search(
+        r"<!-- fedshield:api -->\n```python\n(.*?)```\n<!-- fedshield:end-api -->", text, re.S
+    )
+    assert block, "the README's Python API section moved"
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(block.group(1), "README.md (Python API)", "exec"), ns)  # noqa: S102
+    result, history = ns["result"], ns["history"]
+    assert result["status"] == "ok" and 0.0 < result["final_test_acc"] <= 1.0
+    assert [r["round"] for r in history] == [1, 2, 3, 4, 5]
+    assert ns["accuracy"][-1] == (5, result["final_test_acc"])
+    # the history is what metrics.jsonl holds
+    import json
+
+    lines = (tmp_path / "runs" / "api-demo" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
+    assert json.loads(lines[-1])["test_acc"] == history[-1]["test_acc"]

@@ -269,6 +269,6 @@ def test_missing_weights_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
         eevit_small((3, 32, 32), 10, pretrained_path=str(tmp_path / "bad.pth"))
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty"))
     with pytest.raises(DataError, match="vit_small_patch16_224.augreg_in21k_ft_in1k.*empty"):
-        eevit_small((3, 32, 32), 10, pretrained=True)
+        eevit_small((3, 32, 32), 10, pretrained=True, pretrained_download=False)
     # Without pretrained weights the same architecture starts from random init.
     assert eevit_small((3, 32, 32), 10, pretrained=False, depth=1).num_exits == 1

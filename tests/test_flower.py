@@ -20,9 +20,9 @@ from fedshield.core.context import ClientUpdate, Payload  # noqa: E402
 from fedshield.errors import ConfigError  # noqa: E402
 from fedshield.flower import client_app, codec  # noqa: E402
 from fedshield.flower.byzantine import runs_on_client  # noqa: E402
+from fedshield.flower.experiment import FedshieldStrategy, FlowerRunError  # noqa: E402
 from fedshield.flower.local import LocalGrid  # noqa: E402
 from fedshield.flower.server_app import prepare, serve, settings_from_run_config  # noqa: E402
-from fedshield.flower.experiment import FedshieldStrategy, FlowerRunError  # noqa: E402
 from fedshield.sim.builder import build, load_plugins  # noqa: E402
 from fedshield.sim.engine import Simulator  # noqa: E402
 

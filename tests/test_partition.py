@@ -67,7 +67,7 @@ def test_more_clients_than_samples_is_config_error():
 def test_unknown_partitioner_lists_known():
     with pytest.raises(ConfigError, match="^data.partition: unknown partitioner 'shard' .did you"):
         partition(LABELS, 5, "shard", 0)
-    with pytest.raises(KeyError, match="known: dirichlet, iid, shards"):
+    with pytest.raises(KeyError, match="known: dirichlet, flwr_dirichlet, .*, iid, shards"):
         partition(LABELS, 5, "pathological", 0)
 
 

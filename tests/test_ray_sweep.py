@@ -31,7 +31,9 @@ def local_ray():
 
 
 def _summary(path):
-    return {k: v for k, v in json.loads(path.read_text()).items() if "wall" not in k}
+    """A run's results (wall times and provenance, which says where it ran, left out)."""
+    drop = ("wall", "provenance")
+    return {k: v for k, v in json.loads(path.read_text()).items() if not any(d in k for d in drop)}
 
 
 @pytest.mark.slow

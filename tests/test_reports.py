@@ -29,7 +29,11 @@ def test_seed_cells_group_runs_that_differ_only_by_their_seed() -> None:
     assert cells[0]["n_seeds"] == 3 and cells[0]["final_test_acc_mean"] == pytest.approx(0.6)
     assert cells[0]["final_test_acc_std"] == pytest.approx(0.1)
     assert cells[1]["final_test_acc_ci95"] == 0.0
-    assert cells[0]["final_test_acc"] == "0.6000 ± 0.1000"
+    # ± is the 95 % half-width (t_{0.975,2} · 0.1 / √3), as in the README's tables; one seed
+    # shows the value alone (issue #17: no "± 0.0000" / "nan")
+    assert cells[0]["final_test_acc"] == "0.6000 ± 0.2484"
+    one = seed_cells([{"final_test_acc": 0.5}], [{"variant": "a", "seed": 0}], ["final_test_acc"])
+    assert one[0]["final_test_acc"] == "0.5000"
 
 
 def test_headline_metrics_and_labels() -> None:
@@ -87,8 +91,9 @@ def test_a_seeded_two_key_sweep_writes_cells_and_a_pivot(tmp_path, small_cfg, ca
     out = tmp_path / "out"
     assert main(["sweep", str(grid), "--out", str(out), "--seeds", "0,1", "-q"]) == 0
     cells = (out / "cells.md").read_text().splitlines()
-    assert len(cells) == 2 + 4 and "n_seeds" in cells[0]
+    assert len(cells) == 2 + 4 + 2 and "n_seeds" in cells[0]
     assert cells[2].startswith("| mean | 0.05 | 2 |")
+    assert cells[-1].startswith("± : half-width of the 95 % Student-t interval")  # labelled
     piv = (out / "pivot.md").read_text().splitlines()
     assert piv[0] == "| variant \\ client.lr | 0.05 | 0.1 |" and len(piv) == 4
     printed = capsys.readouterr().out

@@ -158,3 +158,52 @@ def test_run_with_both_loggers_writes_what_metrics_jsonl_holds(tmp_path, small_c
         _same(sorted((m.step, m.value) for m in client.get_metric_history(run_id, key)), points)
     files = {a.path for a in client.list_artifacts(run_id)}
     assert {"config.toml", "summary.json", "report.md", "test_acc.png"} <= files
+
+
+@pytest.mark.slow
+def test_trackers_are_complete_after_a_kill_and_resume(tmp_path, small_cfg, monkeypatch):
+    """Issue #17: a run killed after a round reached metrics.jsonl and its checkpoint but
+    before the loggers ran left that round out of TensorBoard and MLflow on --resume."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedshield.sim.builder import build
+    from fedshield.sim.engine import Simulator
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "store").as_uri()
+    small_cfg["rounds"] = 3
+    small_cfg["run"] |= {"loggers": ["tensorboard", "mlflow"], "mlflow_uri": uri}
+    cfg = config.validate(small_cfg)
+    out = tmp_path / "run"
+
+    class Killed(BaseException):
+        """SIGKILL between the checkpoint and the loggers of round 2."""
+
+    real = TensorBoardLogger.after_round
+
+    def dying(self, sim, record, timing):  # noqa: ANN001
+        if record["round"] == 2:
+            raise Killed
+        real(self, sim, record, timing)
+
+    monkeypatch.setattr(TensorBoardLogger, "after_round", dying)
+    with pytest.raises(Killed):
+        Simulator(build(cfg), out).run()
+    monkeypatch.setattr(TensorBoardLogger, "after_round", real)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["round"] for r in rows] == [1, 2]  # round 2 is on disk, not in the trackers
+    Simulator(build(cfg), out, resume=True).run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    want = _expected(rows)
+    assert {r["round"] for r in rows} == {1, 2, 3}
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    client = MlflowClient(tracking_uri=uri)
+    run_id = (out / "mlflow_run_id").read_text().strip()
+    for key, points in want.items():
+        _same([(e.step, e.value) for e in acc.Scalars(key)], points, key)
+        history = client.get_metric_history(run_id, key.replace("@", "_"))
+        _same(sorted((m.step, m.value) for m in history), points, key)

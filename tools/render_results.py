@@ -25,12 +25,23 @@ and this script replaces what lies between the markers by the table computed fro
     python tools/render_results.py                 # rewrite every block in place
     python tools/render_results.py --check         # exit 1 if a document is out of date
     python tools/render_results.py --collect runs/brdrag-attacks-20-cpu  # copy its CSVs only
+
+Every result file records what produced it: ``--collect`` writes beside the CSVs
+``<name>.provenance.json`` — the sweep's ``provenance.json`` (the commits its runs ran from,
+each run's config hash and one hash over them, the command) plus the SHA-256 of every file
+it covers. :func:`check_provenance` (``--check`` and tests/test_docs.py) refuses a result
+file without such a record or changed since it was collected.
+
+A table with ``mean ± h`` cells is followed by the line :data:`PM_NOTE`, so ``±`` says what
+it is wherever it is rendered.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
+import json
 import re
 import shutil
 import sys
@@ -41,6 +52,12 @@ DATA = ROOT / "docs" / "results" / "data"
 BLOCK = re.compile(
     r"(<!-- fedshield:table (?P<opts>.*?)-->\n)(?P<body>.*?)(<!-- fedshield:end -->)", re.S
 )
+
+
+#: The label under every rendered table with ``±`` cells (the same words as fedshield's
+#: own cells tables, ``fedshield.report.PM_NOTE``).
+PM_NOTE = "± : half-width of the 95 % Student-t interval over the seeds (n_seeds)"
+PROVENANCE = ".provenance.json"
 
 
 def parse_opts(text: str) -> dict[str, str]:
@@ -140,7 +157,13 @@ def render(opts: dict[str, str], root: Path = ROOT) -> str:
                 for c in cols
             ]
             lines.append("| " + " | ".join(vals) + " |")
-    return "\n".join(lines) + "\n"
+    return _labelled(lines)
+
+
+def _labelled(lines: list[str]) -> str:
+    """The table, followed by :data:`PM_NOTE` when a cell holds ``±``."""
+    text = "\n".join(lines) + "\n"
+    return text + f"\n{PM_NOTE}\n" if any(" ± " in line for line in lines[2:]) else text
 
 
 def _is_float(v: str | None) -> bool:
@@ -172,16 +195,58 @@ def documents() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def collect(sweep_dir: Path) -> list[Path]:
-    """Copy a sweep's comparison.csv (and cells.csv) to docs/results/data/<name>[-cells].csv."""
-    DATA.mkdir(parents=True, exist_ok=True)
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
+    """Copy a sweep's comparison.csv (and cells.csv, curves.csv) to
+    docs/results/data/<name>[-cells|-curves].csv with ``<name>.provenance.json``: the
+    sweep's provenance.json and the files' SHA-256."""
+    prov_file = sweep_dir / "provenance.json"
+    if not prov_file.exists():
+        raise SystemExit(
+            f"{prov_file}: missing; re-run the sweep with this version of fedshield (it "
+            f"records the commit and config hashes that produced the results)"
+        )
+    data.mkdir(parents=True, exist_ok=True)
     out = []
-    for src, suffix in (("comparison.csv", ""), ("cells.csv", "-cells")):
+    for src, suffix in (("comparison.csv", ""), ("cells.csv", "-cells"), ("curves.csv", "-curves")):
         if (sweep_dir / src).exists():
-            dst = DATA / f"{sweep_dir.name}{suffix}.csv"
+            dst = data / f"{sweep_dir.name}{suffix}.csv"
             shutil.copyfile(sweep_dir / src, dst)
             out.append(dst)
-    return out
+    prov = json.loads(prov_file.read_text())
+    prov["files"] = {p.name: _sha256(p) for p in out}
+    side = data / f"{sweep_dir.name}{PROVENANCE}"
+    side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+    return [*out, side]
+
+
+def check_provenance(data: Path = DATA) -> list[str]:
+    """What is wrong with the provenance of the result files in ``data``: a file no
+    ``*.provenance.json`` covers, one changed since it was recorded (another SHA-256), a
+    record without a commit or a config hash. Empty: every file records its origin."""
+    problems = []
+    covered: dict[str, str] = {}
+    for side in sorted(data.glob(f"*{PROVENANCE}")):
+        prov = json.loads(side.read_text())
+        if not prov.get("commits") or not prov.get("config_sha256"):
+            problems.append(f"{side.name}: no commit or config hash")
+        for name, digest in prov.get("files", {}).items():
+            covered[name] = side.name
+            f = data / name
+            if not f.exists():
+                problems.append(f"{side.name}: names {name}, which is not there")
+            elif _sha256(f) != digest:
+                problems.append(
+                    f"{name}: changed since {side.name} recorded it; collect it again "
+                    f"(python tools/render_results.py --collect <sweep dir>)"
+                )
+    for f in sorted(data.iterdir()):
+        if not f.name.endswith(PROVENANCE) and f.name not in covered:
+            problems.append(f"{f.name}: no *{PROVENANCE} records the commit and config")
+    return problems
 
 
 def main() -> int:
@@ -203,9 +268,14 @@ def main() -> int:
             stale.append(doc)
             if not args.check:
                 doc.write_text(new)
-    if args.check and stale:
-        print("out of date: " + ", ".join(str(p.relative_to(ROOT)) for p in stale))
-        return 1
+    if args.check:
+        problems = check_provenance()
+        for p in problems:
+            print(f"provenance: {p}")
+        if stale:
+            print("out of date: " + ", ".join(str(p.relative_to(ROOT)) for p in stale))
+        if stale or problems:
+            return 1
     for p in stale:
         print(f"rendered {p.relative_to(ROOT)}")
     for line in dict.fromkeys(missing):

@@ -315,6 +315,35 @@ def _write(path: Path, rows: list[dict[str, str]]) -> None:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    write_provenance(path)
+
+
+def write_provenance(data: Path) -> None:
+    """``<name>.provenance.json`` beside a data file (tools/render_results.py checks it): the
+    commit, and as config hash the hash of the fuzz's definition (this tool + harnesses)."""
+    import hashlib
+    import json
+
+    from fedshield.provenance import sha256_file, source_commit
+
+    root = Path(__file__).resolve().parents[1]
+    defs = (
+        "tools/robustness_report.py",
+        "src/fedshield/testing/fuzz.py",
+        "src/fedshield/testing/flower_fuzz.py",
+    )
+    text = "".join((root / d).read_text() for d in defs)
+    src = source_commit()
+    record = {
+        "commits": [src["commit"] or "unknown"],
+        "dirty": src["dirty"],
+        "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "config": "the fuzz's definition: " + " + ".join(defs),
+        "command": ["python", "tools/robustness_report.py"],
+        "files": {data.name: sha256_file(data)},
+    }
+    side = data.with_name(data.stem + ".provenance.json")
+    side.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

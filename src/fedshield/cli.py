@@ -50,7 +50,7 @@ def check_set_keys(items: list[str]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
-    from fedshield.runner import check_out_dir, check_run_dir
+    from fedshield.runner import check_inputs, check_out_dir
 
     check_set_keys(args.set or [])
     if args.config is not None and Path(args.config).is_dir():
@@ -62,8 +62,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         (target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()
     ):
         raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
-    # A run already there, or a corrupt or different checkpoint: an error before the data.
-    check_run_dir(cfg, target, args.resume)
+    # Components first (schemas, sizes), then the run directory (a run already there, a
+    # corrupt or different checkpoint), which writes the config back: errors before data.
+    check_inputs(cfg, target, args.resume)
+    if not args.quiet:
+        print_start(cfg, target, args.resume, args.backend)
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
         from fedshield.flower import run_simulation
         from fedshield.progress import RoundProgress
@@ -77,10 +80,38 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         summary["out"] = str(out)
         print_summaries([summary])
-        return 0
+        return _exit_status(summary)
     summary = run_config(cfg, _out_dir(args.out, cfg.name, args.resume), args.resume, args.quiet)
     print_summaries([summary])
-    return 0
+    return _exit_status(summary)
+
+
+#: Exit status of a run that diverged (a loss or accuracy turned NaN/inf): not 0, so a
+#: script notices; not 2 (bad input) or 1 (a crash).
+EXIT_DIVERGED = 3
+
+
+def _exit_status(summary: dict[str, Any]) -> int:
+    if summary.get("status") != "diverged":
+        return 0
+    from fedshield.sim.outputs import describe_divergence
+
+    print(f"error: {describe_divergence(summary)}", file=sys.stderr)
+    return EXIT_DIVERGED
+
+
+def print_start(cfg: Any, out: Path, resume: bool, backend: str) -> None:
+    """One line before the start-up (data, model, and on Flower the Ray engine: seconds to
+    tens of seconds with no other output), saying what is being set up and where it goes."""
+    d = cfg.data
+    what = "resuming" if resume else "starting"
+    engine = " on Flower's simulation engine (Ray)" if backend == "flower" else ""
+    console.print(
+        f"[dim]{what} {cfg.name}{engine}: {d.dataset} over {d.num_clients} clients, "
+        f"{cfg.model.name}, {cfg.rounds} rounds → {out} (loading data, building the "
+        f"model)[/]",
+        highlight=False,
+    )
 
 
 def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
@@ -90,14 +121,17 @@ def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -
     return run(cfg, out, resume=resume, quiet=quiet, console=console)
 
 
-def print_summaries(summaries: list[dict[str, Any]]) -> None:
-    """The results table: every run's accuracy and its evaluators' headline metrics."""
+def print_summaries(summaries: list[dict[str, Any]], where: bool = True) -> None:
+    """The results table: every run's accuracy and its evaluators' headline metrics; with
+    ``where``, the folder(s) the runs are in (a report names its own output instead)."""
     from fedshield.report import fmt, headline_keys, label_runs
 
     label_runs(summaries)
     heads = headline_keys(summaries)
+    status = any(s.get("status") == "diverged" for s in summaries)
     table = Table(title="results")
-    for col in ("run", "rounds", "final acc", "best acc", "to target", *heads):
+    cols = ("run", "rounds", "final acc", "best acc", "to target", *heads)
+    for col in (*cols, *(["status"] if status else [])):
         table.add_column(col, no_wrap=col == "run", overflow="fold")
     for s in summaries:
         table.add_row(
@@ -107,13 +141,22 @@ def print_summaries(summaries: list[dict[str, Any]]) -> None:
             fmt(s.get("best_test_acc")),
             fmt(s.get("rounds_to_target")),
             *[fmt(s.get(k)) for k in heads],
+            *([_status(s)] if status else []),
         )
     console.print(table)
+    if not where:
+        return
     outs = sorted({str(Path(s["out"]).parent) for s in summaries if s.get("out")})
     if len(summaries) == 1 and summaries[0].get("out"):
         console.print(f"outputs: {summaries[0]['out']}")
     elif outs:
         console.print(f"outputs under: {', '.join(outs)}")
+
+
+def _status(summary: dict[str, Any]) -> str:
+    if summary.get("status") != "diverged":
+        return "ok"
+    return f"[red]diverged at round {summary.get('diverged_round')}[/]"
 
 
 LIST_KINDS = (
@@ -228,9 +271,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fedshield.runner import check_out_dir
 
     check_out_dir(Path(args.out), "--out")
-    summaries, png = compare_runs([Path(d) for d in args.dirs], Path(args.out))
-    print_summaries(summaries)
-    console.print(f"curves: {png}")
+    comparison = compare_runs([Path(d) for d in args.dirs], Path(args.out))
+    print_summaries(comparison.summaries, where=False)
+    for table in comparison.tables:
+        console.print(table.rich())
+    out = comparison.out
+    console.print(
+        f"report in {out}: {out / 'comparison.md'}, {out / 'comparison.csv'}, curves "
+        f"{comparison.png}"
+    )
     return 0
 
 
@@ -252,13 +301,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from fedshield.sweep import check_jobs
 
         check_jobs(args.jobs)
-    if args.seeds:
-        try:
-            seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-        except ValueError:
-            raise FedshieldError(f"--seeds {args.seeds!r}: expected e.g. 0,1,2") from None
+    if args.seeds is not None:
+        seeds = parse_seeds(args.seeds)
     name, runs = expand(spec, where, seeds, local=args.backend != "ray")
     out = Path(args.out) if args.out else Path("runs") / name
+    if args.resume and not any((out / r.name).is_dir() for r in runs):
+        raise FedshieldError(f"--resume: no sweep to resume in {out} (none of its runs is there)")
     backend = _sweep_backend(args)
     console.print(f"sweep {name}: {len(runs)} runs → {out}")
     show = not args.quiet
@@ -268,13 +316,36 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         def done(s: dict[str, Any]) -> None:
             bar.update(task, advance=1, acc=f"{s['name']}: {s.get('final_test_acc', 0):.4f}")
 
-        summaries = run_sweep(runs, out, jobs=args.jobs, on_done=done, backend=backend)
-    print_summaries(summaries)
-    for extra in ("cells.md", "pivot.md"):
-        if (out / extra).exists():
-            console.print((out / extra).read_text(), markup=False, highlight=False)
-    console.print(f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}")
+        comparison = run_sweep(
+            runs, out, jobs=args.jobs, on_done=done, backend=backend, name=name
+        )
+    print_summaries(comparison.summaries)
+    for table in comparison.tables:
+        console.print(table.rich())
+    diverged = [s["name"] for s in comparison.summaries if s.get("status") == "diverged"]
+    if diverged:
+        console.print(
+            f"[yellow]{len(diverged)} of {len(runs)} runs diverged (a loss or accuracy turned "
+            f"non-finite; status column):[/] {', '.join(diverged)}"
+        )
+    console.print(
+        f"table: {out / 'comparison.md'}  curves: {out / 'accuracy.png'}  "
+        f"provenance: {out / 'provenance.json'}"
+    )
     return 0
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2``: a non-empty list of integers (``--seeds ''`` ran the whole grid
+    without seeds; ``1,,2`` or ``x`` are refused, not dropped)."""
+    parts = [x.strip() for x in text.split(",")]
+    try:
+        seeds = [int(x) for x in parts]
+    except ValueError:
+        seeds = []
+    if not seeds:
+        raise FedshieldError(f"--seeds {text!r}: expected seeds separated by commas, e.g. 0,1,2")
+    return seeds
 
 
 def _sweep_backend(args: argparse.Namespace) -> Any:
@@ -301,33 +372,73 @@ def _sweep_backend(args: argparse.Namespace) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedshield", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log round-level events")
+    # -v is also accepted after the subcommand (`fedshield run -v`); SUPPRESS keeps a -v
+    # given before it.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+        help="log round-level events (rejected uploads, resumes, degraded rules)",
+    )  # fmt: skip
     sub = p.add_subparsers(dest="command")
 
-    r = sub.add_parser("run", help="run one experiment (default: the demo preset)")
-    r.add_argument("config", nargs="?", help="experiment TOML file")
+    r = sub.add_parser(
+        "run", parents=[verbose], help="run one experiment (default: the demo preset)"
+    )
+    r.add_argument("config", nargs="?", help="experiment TOML file (default: --preset demo)")
     r.add_argument("--preset", help="a bundled preset (see `fedshield list presets`)")
-    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, repeatable")
-    r.add_argument("--out", help="output directory (default runs/<name>)")
-    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    r.add_argument("--backend", choices=("sim", "flower"), default="sim")
+    r.add_argument(
+        "--set", action="append", metavar="KEY=VALUE",
+        help="override a config key, e.g. --set server.aggregator=krum (repeatable)",
+    )  # fmt: skip
+    r.add_argument("--out", help="output directory (default runs/<name>, or runs/<name>-N)")
+    r.add_argument(
+        "--resume", action="store_true",
+        help="continue the run in --out from its last checkpoint (after a crash or Ctrl-C)",
+    )  # fmt: skip
+    r.add_argument(
+        "--backend", choices=("sim", "flower"), default="sim",
+        help="sim: the in-process simulator (default); flower: Flower's Ray simulation",
+    )  # fmt: skip
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
 
-    ls = sub.add_parser("list", help="list presets and registered components")
-    ls.add_argument("kind", nargs="?", choices=LIST_KINDS)
+    ls = sub.add_parser("list", parents=[verbose], help="list presets and registered components")
+    ls.add_argument(
+        "kind", nargs="?", choices=LIST_KINDS, metavar="KIND",
+        help=f"only this kind: {', '.join(LIST_KINDS)} (default: all)",
+    )  # fmt: skip
     ls.set_defaults(func=cmd_list)
 
-    rep = sub.add_parser("report", help="compare runs: a table and overlaid accuracy curves")
-    rep.add_argument("dirs", nargs="+", help="run directories")
-    rep.add_argument("--out", default="report", help="directory for the comparison files")
+    rep = sub.add_parser(
+        "report", parents=[verbose],
+        help="compare runs: a table and overlaid accuracy curves",
+    )  # fmt: skip
+    rep.add_argument("dirs", nargs="+", help="run directories (each with a metrics.jsonl)")
+    rep.add_argument(
+        "--out", default="report",
+        help="directory for comparison.md/.csv and accuracy.png (default ./report)",
+    )  # fmt: skip
     rep.set_defaults(func=cmd_report)
-    sw = sub.add_parser("sweep", help="run a grid of configs; one comparison table + curves")
-    sw.add_argument("grid_file", nargs="?", help="grid TOML file")
+    sw = sub.add_parser(
+        "sweep", parents=[verbose],
+        help="run a grid of configs; one comparison table + curves",
+    )  # fmt: skip
+    sw.add_argument("grid_file", nargs="?", help="grid TOML file (or --grid NAME)")
     sw.add_argument("--grid", help="a bundled grid (see `fedshield list grids`)")
-    sw.add_argument("--set", action="append", metavar="KEY=VALUE", help="override for every run")
+    sw.add_argument(
+        "--set", action="append", metavar="KEY=VALUE",
+        help="override a config key in every run of the grid (repeatable)",
+    )  # fmt: skip
     sw.add_argument("--out", help="output directory (default runs/<grid name>)")
+    sw.add_argument(
+        "--resume", action="store_true",
+        help="continue the sweep in --out: finished runs are kept, unfinished ones continue "
+        "from their checkpoints (running the same command again does the same)",
+    )  # fmt: skip
     sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
-    sw.add_argument("--seeds", help="repeat every run for these seeds, e.g. 0,1,2")
+    sw.add_argument(
+        "--seeds", help="repeat every run for these seeds, e.g. 0,1,2 (cells: mean ± 95%% CI)"
+    )
     sw.add_argument(
         "--backend",
         choices=("local", "ray"),
@@ -339,9 +450,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument("--cpus-per-run", type=float, help="Ray: CPUs per run (default 1)")
     sw.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per run (default 0)")
-    sw.add_argument("-q", "--quiet", action="store_true")
+    sw.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
     return p
+
+
+def _interrupted(args: argparse.Namespace) -> str:
+    """What to type to continue after Ctrl-C, for the command that was interrupted."""
+    if args.command == "sweep":
+        return (
+            "interrupted; to continue, run the same sweep command again (or add --resume): "
+            "finished runs are kept, unfinished ones continue from their checkpoints"
+        )
+    if args.command in (None, "run"):
+        return "interrupted; continue with the same command and --resume"
+    return "interrupted"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,18 +472,18 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=False)  # the terminal's width as of this command (COLUMNS)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # plain `fedshield` behaves like `fedshield run`
+        args = parser.parse_args(["run", *(argv or [])])
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    if args.command is None:  # plain `fedshield` behaves like `fedshield run`
-        args = parser.parse_args(["run", *(argv or [])])
     try:
         return args.func(args)
     except FedshieldError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; resume with --resume", file=sys.stderr)
+        print(_interrupted(args), file=sys.stderr)
         return 130
 
 

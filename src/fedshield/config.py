@@ -8,13 +8,22 @@ registered component when the experiment is built (:func:`fedshield.sim.builder.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from fedshield.errors import ConfigError
 
@@ -48,7 +57,12 @@ class LongTailConfig(Section):
 class DataConfig(Section):
     dataset: str = "mnist5k"
     root: str = "~/.fedshield/data"
-    download: bool = False
+    download: StrictBool | Literal["auto"] = Field(
+        "auto",
+        description="auto: download a file-backed dataset when it is missing and its host "
+        "answers (a clear error when there is no network); true: always let the loader "
+        "download; false: never",
+    )
     num_clients: int = Field(20, ge=1, le=MAX_CLIENTS)
     partition: str = "iid"
     beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration")
@@ -143,6 +157,12 @@ class RunConfig(Section):
     )
     amp: bool = False
     progress: bool = True
+    on_nonfinite: Literal["stop", "continue"] = Field(
+        "stop",
+        description="when a round's training loss, test loss or accuracy is NaN/inf: stop "
+        "after that round (summary.json status = 'diverged'; `fedshield run` exits with "
+        "status 3) or continue to the last round (still marked diverged)",
+    )
     vectorize: StrictBool | Literal["auto"] = Field(
         "auto",
         description="train a round's clients as one batched computation (torch.func.vmap): "
@@ -207,8 +227,39 @@ class PrivacyConfig(Section):
     local: LocalDPConfig | None = Field(None, description="sample-level DP-SGD (Opacus)")
 
 
+#: Longest run name: it becomes a folder name (most file systems allow 255 bytes).
+MAX_NAME = 200
+
+
+def check_name(name: str, key: str = "name") -> str:
+    """A run name is a folder name under ``runs/``: not empty, not ``.`` or ``..``, no path
+    separator, no control character, no surrounding spaces (``name = ""`` wrote the run to
+    ``./-2`` and ``name = "../x"`` outside ``runs/``). Raises ValueError naming ``key``."""
+    why = None
+    if not name.strip():
+        why = "is empty"
+    elif name.strip(".") == "":
+        why = "is only dots"
+    elif any(sep in name for sep in ("/", "\\")):
+        why = "contains a path separator"
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        why = "contains a control character"
+    elif name != name.strip():
+        why = "has leading or trailing spaces"
+    elif len(name.encode()) > MAX_NAME:
+        why = f"is longer than {MAX_NAME} bytes"
+    if why is not None:
+        raise ValueError(
+            f"{key} {name!r} {why}; a run name becomes a folder under runs/ "
+            f"(use letters, digits, '-', '_', '.', '=')"
+        )
+    return name
+
+
 class ExperimentConfig(Section):
-    name: str = "experiment"
+    name: str = Field(
+        "experiment", description="the run's name: its folder runs/<name> (no '/', not empty)"
+    )
     description: str = ""
     plugins: list[str] = Field(
         [], description="modules imported before the config is checked (user components)"
@@ -226,6 +277,11 @@ class ExperimentConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     run: RunConfig = RunConfig()
     privacy: PrivacyConfig | None = Field(None, description="differential privacy (SPEC §13)")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, v: str) -> str:
+        return check_name(v)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
@@ -265,13 +321,37 @@ def _format_validation_error(err: ValidationError, source: str) -> str:
             msg = f"unknown key (did you mean {close[0]!r}?)" if close else "unknown key"
         elif e["type"] == "literal_error":
             msg = f"{msg} (got {e.get('input')!r})"
+        elif e["type"] == "value_error":  # a validator's own wording names the value
+            msg = msg.removeprefix("Value error, ")
         else:
             msg = f"{msg} (got {e.get('input')!r})" if "input" in e and e["loc"] else msg
         parts.append(f"{loc}: {msg}")
     return f"{source}: invalid config: " + "; ".join(parts)
 
 
+def nonfinite_keys(node: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the NaN / ±inf numbers anywhere in a raw config (tables and arrays,
+    the free-form parameter tables included)."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in nonfinite_keys(v, f"{prefix}{k}.")]
+    if isinstance(node, list):
+        return [p for i, v in enumerate(node) for p in nonfinite_keys(v, f"{prefix[:-1]}[{i}].")]
+    if isinstance(node, float) and not math.isfinite(node):
+        return [f"{prefix[:-1]}={node}"]
+    return []
+
+
 def validate(raw: dict[str, Any], source: str = "config") -> ExperimentConfig:
+    """``raw`` checked against the schema. A NaN or ±inf anywhere, also inside a component's
+    parameter table (``server.aggregator_args.c = nan``), is refused first, naming the key:
+    no parameter of any method is defined there, and the resolved config could not be
+    written back as TOML (JSON mode turns NaN into null)."""
+    bad = nonfinite_keys(raw)
+    if bad:
+        raise ConfigError(
+            f"{source}: invalid config: {bad[0]}: Input should be a finite number (no "
+            f"parameter takes NaN or infinity)"
+        )
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:

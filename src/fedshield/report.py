@@ -4,8 +4,11 @@
   the run's evaluators (robust accuracies, per-group accuracy, routed accuracy and depth
   saving per policy, communication, privacy ε), found in the final record.
 * Runs that share a name are labelled by their run directory.
-* Runs that differ only by their seed form one **cell**: mean ± std and a 95 % Student-t
-  interval of each metric over the seeds (``cells.md``); curves show the mean and a ±std band.
+* Runs that differ only by their seed form one **cell**: the mean of each metric over the
+  seeds ± the half-width of its 95 % Student-t interval (``cells.md``; the standard
+  deviation is in ``cells.csv``); a one-seed cell shows its value alone. ``±`` means this
+  half-width everywhere fedshield prints or renders a table, and each such table says so.
+  Curves show the mean and the same interval as a band.
 * A comparison over exactly two varying keys (e.g. attack × defense) is also written as a
   pivot table of final accuracy (``pivot.md``).
 """
@@ -18,6 +21,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,14 +106,50 @@ def _read_summary(path: Path) -> dict[str, Any]:
 
 def fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.4f}"
+        return f"{v:.4f}" if math.isfinite(v) else "-"
     return "-" if v is None else str(v)
 
 
+#: The label of every table with ``±`` cells (one meaning everywhere: see the module doc).
+PM_NOTE = "± : half-width of the 95 % Student-t interval over the seeds (n_seeds)"
+
+
+@dataclass
+class TextTable:
+    """A table of formatted cells, written as Markdown (files) and printed with rich (the
+    console: aligned columns, no raw Markdown wrapped at the terminal's width)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.columns) + " |", "|" + "---|" * len(self.columns)]
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(lines) + "\n" + (f"\n{self.note}\n" if self.note else "")
+
+    def rich(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=self.title, caption=self.note or None, title_justify="left")
+        for i, col in enumerate(self.columns):
+            side = "left" if i == 0 else "right"
+            table.add_column(col, no_wrap=i == 0, overflow="fold", justify=side)
+        for row in self.rows:
+            table.add_row(*row)
+        return table
+
+
 def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    return text_table("", rows, columns).markdown()
+
+
+def text_table(
+    title: str, rows: list[dict[str, Any]], columns: Sequence[str], note: str = ""
+) -> TextTable:
+    """``rows`` (dicts) as a :class:`TextTable` of ``columns``, cells through :func:`fmt`."""
+    return TextTable(title, list(columns), [[fmt(r.get(c)) for c in columns] for r in rows], note)
 
 
 def csv_table(rows: list[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
@@ -145,11 +185,18 @@ def cell_key(params: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple((k, json.dumps(v)) for k, v in params.items() if k != "seed")
 
 
+def pm(mean: float, half: float) -> str:
+    """A cell's text: ``mean ± h`` (h the 95 % half-width), or the mean alone when there is
+    no interval (one seed: no ``± 0.0000``, no ``nan``)."""
+    return f"{mean:.4f}" if not math.isfinite(half) else f"{mean:.4f} ± {half:.4f}"
+
+
 def seed_cells(
     summaries: list[dict[str, Any]], params: list[dict[str, Any]], metrics: Sequence[str]
 ) -> list[dict[str, Any]]:
     """One row per cell (runs equal but for their seed): n, and per metric its mean, std
-    and 95 % interval half-width (``<metric>`` = "mean ± std", ``<metric>_ci95``)."""
+    and 95 % interval half-width (``<metric>`` = "mean ± half-width", see :func:`pm`;
+    ``<metric>_mean``, ``<metric>_std``, ``<metric>_ci95`` as numbers)."""
     groups: dict[Any, list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault(cell_key(p), []).append(i)
@@ -164,32 +211,43 @@ def seed_cells(
             if not vals:
                 continue
             mean, std, half = t_interval(vals)
-            row[m] = f"{mean:.4f} ± {std:.4f}"
+            row[m] = pm(mean, half)
             row[f"{m}_mean"], row[f"{m}_std"], row[f"{m}_ci95"] = mean, std, half
         rows.append(row)
     return rows
 
 
 # -- pivots -------------------------------------------------------------------------------
+def pivot_table(
+    rows: list[dict[str, Any]],
+    row_key: str,
+    col_key: str,
+    value: str = "final_test_acc",
+    title: str = "",
+) -> TextTable:
+    """A ``row_key × col_key`` table of ``value`` (numbers with 3 decimals)."""
+    rkeys = list(dict.fromkeys(str(r.get(row_key)) for r in rows))
+    ckeys = list(dict.fromkeys(str(r.get(col_key)) for r in rows))
+    cell = {(str(r.get(row_key)), str(r.get(col_key))): r.get(value) for r in rows}
+    out = []
+    for rk in rkeys:
+        vals = [rk]
+        for ck in ckeys:
+            v = cell.get((rk, ck))
+            try:
+                f = float(v)  # type: ignore[arg-type]
+                vals.append(f"{f:.3f}" if math.isfinite(f) else "-")
+            except (TypeError, ValueError):
+                vals.append(str(v) if v not in (None, "") else "-")
+        out.append(vals)
+    return TextTable(title or value, [f"{row_key} \\ {col_key}", *ckeys], out)
+
+
 def pivot(
     rows: list[dict[str, Any]], row_key: str, col_key: str, value: str = "final_test_acc"
 ) -> str:
     """A ``row_key × col_key`` Markdown table of ``value`` (numbers with 3 decimals)."""
-    rkeys = list(dict.fromkeys(str(r.get(row_key)) for r in rows))
-    ckeys = list(dict.fromkeys(str(r.get(col_key)) for r in rows))
-    cell = {(str(r.get(row_key)), str(r.get(col_key))): r.get(value) for r in rows}
-    lines = [f"| {row_key} \\ {col_key} | " + " | ".join(ckeys) + " |"]
-    lines.append("|---" * (len(ckeys) + 1) + "|")
-    for rk in rkeys:
-        vals = []
-        for ck in ckeys:
-            v = cell.get((rk, ck))
-            try:
-                vals.append(f"{float(v):.3f}")
-            except (TypeError, ValueError):
-                vals.append(str(v) if v not in (None, "") else "-")
-        lines.append(f"| {rk} | " + " | ".join(vals) + " |")
-    return "\n".join(lines) + "\n"
+    return pivot_table(rows, row_key, col_key, value).markdown()
 
 
 def varying_keys(params: list[dict[str, Any]]) -> list[str]:
@@ -199,11 +257,19 @@ def varying_keys(params: list[dict[str, Any]]) -> list[str]:
 
 
 # -- curves -------------------------------------------------------------------------------
+def integer_rounds(ax: Any) -> None:
+    """Round axes tick at whole rounds only (matplotlib would label 2.5 on a short run)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def plot_overlay(
     runs: list[tuple[str, list[list[dict[str, Any]]]]], path: Path, key: str = "test_acc"
 ) -> Path:
     """One curve per entry; an entry with several record lists (seeds) is drawn as their
-    mean with a ±std band. A run with one evaluation point is drawn as a marker."""
+    mean with its 95 % Student-t interval as a band (the ``±`` of the tables). A run with
+    one evaluation point is drawn as a marker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -211,6 +277,7 @@ def plot_overlay(
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    banded = False
     for label, seeds in runs:
         series = [{r["round"]: r[key] for r in recs if _is_num(r.get(key))} for recs in seeds]
         rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
@@ -221,10 +288,14 @@ def plot_overlay(
         marker = "o" if len(rounds) <= 20 else None
         (line,) = ax.plot(rounds, mean, label=label, marker=marker, markersize=3)
         if len(series) > 1:
-            std = vals.std(0, ddof=1)
-            ax.fill_between(rounds, mean - std, mean + std, alpha=0.2, color=line.get_color())
+            half = np.array([t_interval(list(col))[2] for col in vals.T])
+            ax.fill_between(rounds, mean - half, mean + half, alpha=0.2, color=line.get_color())
+            banded = True
     ax.set_xlabel("round")
     ax.set_ylabel(key.replace("_", " "))
+    integer_rounds(ax)
+    if banded:
+        ax.set_title("mean over seeds; band: 95 % Student-t interval", fontsize=8)
     ax.grid(alpha=0.3)
     n = len(runs)
     if n:
@@ -238,12 +309,44 @@ def plot_overlay(
     return path
 
 
+#: The per-round values kept in ``curves.csv`` (the evaluated rounds of every run).
+CURVE_KEYS = ("test_acc", "test_loss")
+
+
+def curves_table(summaries: list[dict[str, Any]], records: list[list[dict[str, Any]]]) -> str:
+    """CSV of every run's evaluated rounds (label, round, test accuracy and loss): the
+    curves behind accuracy.png, kept as data (a re-run can be compared round by round)."""
+    rows = [
+        {"label": s["label"], "round": r["round"], **{k: r.get(k) for k in CURVE_KEYS}}
+        for s, recs in zip(summaries, records)
+        for r in recs
+        if _is_num(r.get("test_acc"))
+    ]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=["label", "round", *CURVE_KEYS], lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
+    return buf.getvalue()
+
+
 # -- the comparison -----------------------------------------------------------------------
+@dataclass
+class Comparison:
+    """What :func:`compare_runs` wrote: the runs' summaries, the curves, and the tables
+    beyond the per-run one (cells over seeds, a pivot) for the console to print."""
+
+    summaries: list[dict[str, Any]]
+    png: Path
+    out: Path
+    tables: list[TextTable] = field(default_factory=list)
+
+
 def compare_runs(
     dirs: list[Path], out: Path, extra: list[dict[str, Any]] | None = None
-) -> tuple[list[dict[str, Any]], Path]:
-    """Write comparison.md/.csv and accuracy.png for ``dirs`` (plus cells.md with seed
-    intervals, and pivot.md for two varying keys). ``extra`` adds per-run columns (a
+) -> Comparison:
+    """Write comparison.md/.csv, curves.csv and accuracy.png for ``dirs`` (plus cells.md/.csv
+    with seed intervals, and pivot.md for two varying keys). ``extra`` adds per-run columns (a
     sweep's parameters)."""
     from fedshield.runner import check_out_dir
 
@@ -258,17 +361,21 @@ def compare_runs(
     heads = headline_keys(summaries)
     keys = [k for k in dict.fromkeys(k for p in params for k in p)]
     keys = [k for k in keys if k != "variant" or any(p.get("variant") for p in params)]
-    columns = ("label", *keys, *COLUMNS[1:], *heads)
+    status = ["status"] if any(s.get("status") == "diverged" for s in summaries) else []
+    columns = ("label", *keys, *COLUMNS[1:], *status, *heads)
     atomic_write_text(out / "comparison.md", markdown_table(summaries, columns))
     atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
+    atomic_write_text(out / "curves.csv", curves_table(summaries, [r for _, r in loaded]))
+    tables: list[TextTable] = []
     seeded = any("seed" in p for p in params)
     if seeded:
         metrics = ["final_test_acc", "best_test_acc", "rounds_to_target", *heads]
         cells = seed_cells(summaries, params, metrics)
         ckeys = [k for k in keys if k != "seed"]
         cols = (*ckeys, "n_seeds", *[m for m in metrics if any(m in c for c in cells)])
-        ci = [f"{m}_ci95" for m in metrics if any(f"{m}_ci95" in c for c in cells)]
-        atomic_write_text(out / "cells.md", markdown_table(cells, (*cols, *ci)))
+        table = text_table("cells (mean over seeds)", cells, cols, PM_NOTE)
+        atomic_write_text(out / "cells.md", table.markdown())
+        tables.append(table)
         # The CSV also keeps the numbers apart (mean, std, interval) for tools to read.
         nums = [f"{m}_{x}" for m in metrics for x in ("mean", "std", "ci95", "n")]
         nums = [k for k in nums if any(k in c for c in cells)]
@@ -277,11 +384,15 @@ def compare_runs(
     if len(vary) == 2:
         rows = seed_cells(summaries, params, ["final_test_acc"]) if seeded else summaries
         value = "final_test_acc_mean" if seeded else "final_test_acc"
-        atomic_write_text(out / "pivot.md", pivot(rows, vary[0], vary[1], value))
+        title = "final_test_acc" + (" (mean over seeds)" if seeded else "")
+        table = pivot_table(rows, vary[0], vary[1], value, title)
+        atomic_write_text(out / "pivot.md", table.markdown())
+        tables.append(table)
     curves: dict[Any, tuple[str, list[list[dict[str, Any]]]]] = {}
     for (s, recs), p in zip(loaded, params):
         key = cell_key(p) if seeded else s["label"]
-        label = s["label"] if not seeded else "_".join(f"{v}" for k, v in cell_key(p)) or s["name"]
-        curves.setdefault(key, (label.replace('"', ""), []))[1].append(recs)
+        label = s["label"] if not seeded else "_".join(f"{v}" for k, v in cell_key(p))
+        label = label.replace('"', "").strip("_") or s["name"]
+        curves.setdefault(key, (label, []))[1].append(recs)
     png = plot_overlay(list(curves.values()), out / "accuracy.png")
-    return summaries, png
+    return Comparison(summaries, png, out, tables)

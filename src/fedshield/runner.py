@@ -3,7 +3,9 @@
 Used by ``fedshield run``, by sweeps (each run of a grid) and by library users::
 
     from fedshield import config, runner
-    summary = runner.run(config.load(preset="demo"), Path("runs/demo"))
+    result = runner.run(config.load(preset="demo"), Path("runs/demo"))
+    result["final_test_acc"]   # the summary, as summary.json holds it
+    result.history             # one record per round, as metrics.jsonl holds them
 """
 
 from __future__ import annotations
@@ -51,6 +53,37 @@ def check_run_dir(cfg: Any, out: Path, resume: bool) -> None:
     rundir.check_run_dir(out, resume, config_mod.dump(cfg))
 
 
+def check_inputs(cfg: Any, out: Path | None, resume: bool) -> Any:
+    """Every check before any work, in order: the components (names, parameter schemas,
+    tags, sizes the dataset declares, device; :func:`fedshield.sim.builder.build_components`)
+    and then the run directory, which writes the config back as TOML and so must only
+    see a validated one. Returns the components, for :func:`run` to reuse."""
+    from fedshield.sim.builder import build_components
+
+    components = build_components(cfg)
+    if out is not None:
+        check_run_dir(cfg, out, resume)
+    return components
+
+
+class RunResult(dict[str, Any]):
+    """What :func:`run` returns: the run's summary (this dict, as ``summary.json`` holds it,
+    plus ``out``) and :attr:`history`, one record per round (what ``metrics.jsonl`` holds,
+    the rounds of earlier sessions of a resumed run included). A dict, so code that reads
+    ``runner.run(...)["final_test_acc"]`` keeps working."""
+
+    history: list[dict[str, Any]]
+
+    def __init__(self, summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        super().__init__(summary)
+        self.history = history
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The summary as a plain dict."""
+        return dict(self)
+
+
 def run(
     cfg: Any,
     out: Path | None,
@@ -59,20 +92,21 @@ def run(
     quiet: bool = False,
     console: Console | None = None,
     callbacks: list[Any] | None = None,
-) -> dict[str, Any]:
-    """Build and run one experiment; returns its summary (with ``out``)."""
+) -> RunResult:
+    """Build and run one experiment (``out=None``: in memory, no files); returns its
+    summary with the per-round history (:class:`RunResult`). Bad input is a
+    :class:`~fedshield.errors.FedshieldError` raised before any data is loaded."""
     from fedshield.sim.builder import build
     from fedshield.sim.engine import Simulator
 
-    if out is not None:
-        check_run_dir(cfg, out, resume)
+    components = check_inputs(cfg, out, resume)
     set_threads(cfg)
-    sim = Simulator(build(cfg), out, resume=resume)
+    sim = Simulator(build(cfg, components), out, resume=resume)
     show = cfg.run.progress and not quiet
     with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=show) as bar:
         summary = sim.run(bar.on_round, callbacks=callbacks)
     summary["out"] = None if out is None else str(out)
-    return summary
+    return RunResult(summary, list(sim.records))
 
 
-__all__ = ["check_out_dir", "check_run_dir", "run", "set_threads"]
+__all__ = ["RunResult", "check_inputs", "check_out_dir", "check_run_dir", "run", "set_threads"]

@@ -31,10 +31,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fedshield import config as cfgmod
 from fedshield.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedshield.report import Comparison
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,9 @@ def _overrides(value: Any, key: str) -> list[str]:
 
 
 def _fmt(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v)
+    """A grid value in a run name (a folder name: path separators become ``_``)."""
+    text = v if isinstance(v, str) else json.dumps(v)
+    return text.replace("/", "_").replace("\\", "_")
 
 
 def _short(key: str) -> str:
@@ -243,7 +248,9 @@ def finished_summary(raw: dict[str, Any], out: str) -> dict[str, Any] | None:
     if not summary_path.exists():
         return None
     summary = json.loads(summary_path.read_text())
-    if summary.get("rounds") != cfgmod.validate(raw).rounds:
+    cfg = cfgmod.validate(raw)
+    stopped = summary.get("status") == "diverged" and cfg.run.on_nonfinite == "stop"
+    if summary.get("rounds") != cfg.rounds and not stopped:
         return None
     summary["out"] = out
     return summary
@@ -304,10 +311,16 @@ def run_sweep(
     jobs: int = 1,
     on_done: Callable[[dict[str, Any]], None] | None = None,
     backend: SweepBackend | None = None,
-) -> list[dict[str, Any]]:
+    name: str | None = None,
+) -> Comparison:
     """Run every spec on ``backend`` (default: ``jobs`` local processes) and write the
-    comparison files to ``out``. Runs finished earlier are kept and not run again."""
+    comparison files to ``out`` with ``provenance.json`` (commits and config hashes of the
+    runs; ``name`` is the grid's, default the folder's). Runs finished earlier are kept and
+    not run again. Returns the comparison, whose summaries are in grid order with each
+    run's parameters."""
+    from fedshield.provenance import sweep_provenance
     from fedshield.report import compare_runs
+    from fedshield.sim.checkpoint import atomic_write_text, dumps
 
     if backend is None:
         check_jobs(jobs)  # before the output folder or any run
@@ -332,5 +345,8 @@ def run_sweep(
         s = dict(results[r.name])
         s.update(r.params)
         ordered.append(s)
-    compare_runs([out / r.name for r in runs], out, extra=[r.params for r in runs])
-    return ordered
+    comparison = compare_runs([out / r.name for r in runs], out, extra=[r.params for r in runs])
+    comparison.summaries = ordered
+    prov = sweep_provenance(name or out.name, [results[r.name] for r in runs])
+    atomic_write_text(out / "provenance.json", dumps(prov, indent=2) + "\n")
+    return comparison

@@ -17,7 +17,11 @@ Where: TensorBoard event files in ``<run dir>/tensorboard`` (``tensorboard --log
 ``<run dir>/mlartifacts`` (``mlflow ui --backend-store-uri sqlite:///<run dir>/mlflow.db``),
 or the store ``run.mlflow_uri`` names. A resumed run continues the same MLflow run (its id
 is kept in ``<run dir>/mlflow_run_id``) and does not log a round twice; TensorBoard's
-``purge_step`` drops the points of rounds that are replayed.
+``purge_step`` drops the points of rounds that are replayed. A run killed between writing a
+round to metrics.jsonl and logging it (SIGKILL) would leave that round out of the tracker:
+on resume every logger first backfills, from the records metrics.jsonl kept, the rounds it
+lacks (MLflow: those after its last logged step; TensorBoard: all of them, after purging
+from the first), so both hold exactly what metrics.jsonl holds.
 
 Both libraries are imported only when used (extra ``track``): a missing one is a
 :class:`ConfigError` naming the logger and the extra. W&B is not supported (not a
@@ -98,6 +102,12 @@ class _Logger(Callback):
         self._ensure(sim, sim.state.round)
 
 
+def kept_records(sim: Simulator, first_round: int) -> list[dict[str, Any]]:
+    """The records of earlier sessions a resumed run kept from metrics.jsonl (the rounds
+    before ``first_round``), for backfilling a tracker."""
+    return [r for r in getattr(sim, "records", []) if int(r.get("round", 0)) < first_round]
+
+
 class TensorBoardLogger(_Logger):
     """TensorBoard event files in ``<run dir>/tensorboard`` (torch's ``SummaryWriter``)."""
 
@@ -105,17 +115,25 @@ class TensorBoardLogger(_Logger):
         assert sim.out is not None
         from torch.utils.tensorboard import SummaryWriter
 
-        # purge_step: TensorBoard hides points of an earlier session at steps ≥ this one.
-        purge = first_round if first_round > 1 else None
+        # purge_step: TensorBoard hides points of an earlier session at steps ≥ this one;
+        # from the first kept round, which is then logged again from metrics.jsonl (a
+        # round killed before its logger ran is filled in).
+        history = kept_records(sim, first_round)
+        purge = history[0]["round"] if history else first_round if first_round > 1 else None
         self.writer = SummaryWriter(log_dir=str(sim.out / "tensorboard"), purge_step=purge)
         self.writer.add_text("config", "```toml\n" + sim.config_text + "\n```", first_round)
+        for record in history:
+            self._log(record)
         self.writer.flush()
 
-    def after_round(self, sim: Simulator, record: dict[str, Any], timing: dict[str, Any]) -> None:
+    def _log(self, record: dict[str, Any]) -> None:
         rnd = int(record["round"])
-        self._ensure(sim, rnd)
         for k, v in scalars(record).items():
             self.writer.add_scalar(k, v, global_step=rnd)
+
+    def after_round(self, sim: Simulator, record: dict[str, Any], timing: dict[str, Any]) -> None:
+        self._ensure(sim, int(record["round"]))
+        self._log(record)
         self.writer.flush()
 
     def on_run_end(self, sim: Simulator, summary: dict[str, Any]) -> None:
@@ -166,6 +184,9 @@ class MLflowLogger(_Logger):
             raise ConfigError(f"run.mlflow_uri={uri!r}: {err.message}") from None
         self.logged_upto = self._last_step() if first_round > 1 else 0
         self._params(sim)
+        for record in kept_records(sim, first_round):  # killed before they were logged
+            if int(record["round"]) > self.logged_upto:
+                self._log(record)
 
     def _run(self, out: Path, sim: Simulator) -> str:
         id_file = out / "mlflow_run_id"
@@ -212,12 +233,15 @@ class MLflowLogger(_Logger):
                 self.client.set_tag(self.run_id, f"resumed.{k}", v)
 
     def after_round(self, sim: Simulator, record: dict[str, Any], timing: dict[str, Any]) -> None:
+        rnd = int(record["round"])
+        self._ensure(sim, rnd)
+        if rnd > self.logged_upto:
+            self._log(record)
+
+    def _log(self, record: dict[str, Any]) -> None:
         from mlflow.entities import Metric
 
         rnd = int(record["round"])
-        self._ensure(sim, rnd)
-        if rnd <= self.logged_upto:
-            return
         ts = int(time.time() * 1000)
         metrics = [Metric(mlflow_key(k), v, ts, rnd) for k, v in scalars(record).items()]
         for i in range(0, len(metrics), 1000):

@@ -44,7 +44,11 @@ from fedshield.core.params import Params, parse_params
 
 class BrDragParams(Params):
     c: float = Field(
-        0.5, ge=0.0, description="DoD scale c: λ_m = c (1 − cos(g_m, r)); c ≤ 1/2 keeps ‖v‖ ≤ ‖r‖"
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="DoD scale c: λ_m = c (1 − cos(g_m, r)); c ≤ 1/2 keeps ‖v‖ ≤ ‖r‖; at "
+        "most 1 (seed 000's Theorem 2 takes c^t in [1/2, 1])",
     )
 
 

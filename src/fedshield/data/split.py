@@ -8,6 +8,16 @@ from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 
 
+def check_carve(n: int, sizes: dict[str, int]) -> int:
+    """Refuse subsets that leave no training data out of ``n`` samples; returns what is left
+    (the builder runs it on the declared size before loading, :func:`carve` on the data)."""
+    total = sum(sizes.values())
+    if total >= n:
+        wanted = ", ".join(f"data.{k}_size={v}" for k, v in sizes.items())
+        raise ConfigError(f"data: carving {wanted} leaves no training data (train split has {n})")
+    return n - total
+
+
 def carve(
     data: TensorData, sizes: dict[str, int], seed: int
 ) -> tuple[TensorData, dict[str, TensorData]]:
@@ -15,12 +25,7 @@ def carve(
 
     The subsets follow the training distribution and are disjoint from every client (SPEC §3).
     """
-    total = sum(sizes.values())
-    if total >= len(data):
-        wanted = ", ".join(f"{k}={v}" for k, v in sizes.items())
-        raise ConfigError(
-            f"data: carving {wanted} leaves no training data (train split has {len(data)})"
-        )
+    check_carve(len(data), sizes)
     perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))
     out: dict[str, TensorData] = {}
     start = 0

@@ -93,6 +93,8 @@ class DualHeadParams(Params):
         if cls is not DualHeadParams or not isinstance(obj, dict):
             return super().model_validate(obj, **kwargs)
         backbone = obj.get("backbone", cls.model_fields["backbone"].default)
+        if not isinstance(backbone, str):  # a table or list: no schema to look up by it
+            raise _error("backbone", backbone, "expected the name of a registered classifier")
         try:
             schema = _with_backbone(backbone)
         except _BadBackbone as err:  # an unknown or unsuitable backbone name

@@ -8,7 +8,8 @@ logits = W_e u_e + b_e with u_e = LN((z_e^cls + mean_j z_{e,j}) / 2).
   of the seed (dim 256, 4 heads, 6 exits) or a CPU-sized model (patch 4–7, dim 96).
 * ``eevit_small``: the paper model, the first six blocks of
   ``vit_small_patch16_224.augreg_in21k_ft_in1k`` at 224×224 (bicubic resize), weights from
-  a local state dict or an offline Hugging Face cache.
+  a local state dict or the Hugging Face cache, downloaded from the Hub when allowed
+  (:mod:`fedshield.models.pretrained`).
 
 The baselines' exit structures are options of the same model, so every method runs on the
 same timm trunk:
@@ -35,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, StrictBool
 from timm.layers import Mlp, trunc_normal_
 from timm.layers.attention import Attention
 from timm.models.vision_transformer import VisionTransformer
@@ -44,6 +45,7 @@ from torch import Tensor, nn
 from fedshield.core.params import Params, parse_params
 from fedshield.errors import ConfigError, DataError
 from fedshield.models.base import MODELS, Classifier
+from fedshield.models.pretrained import read_state_dict, resolve_weights
 from fedshield.routing import Policy, exit_threshold
 
 PAPER_CHECKPOINT = "vit_small_patch16_224.augreg_in21k_ft_in1k"
@@ -521,40 +523,6 @@ def _per_channel(v: float | Sequence[float], chans: int, key: str) -> tuple[floa
 # -- pretrained weights -----------------------------------------------------------------
 
 
-def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            sd: Any = load_file(str(path))
-        else:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # unpickling / format errors of many kinds
-        raise DataError(
-            f"{path}: cannot read a state dict ({type(err).__name__}: {err}); expected a "
-            f"timm checkpoint saved with torch.save (.pth/.pt/.bin) or .safetensors"
-        ) from None
-    for key in ("model", "state_dict"):  # common checkpoint wrappers
-        if isinstance(sd, dict) and isinstance(sd.get(key), dict):
-            sd = sd[key]
-    if not isinstance(sd, dict):
-        raise DataError(f"{path}: not a state dict")
-    return sd
-
-
-def _hf_cache_file(repo: str) -> Path | None:
-    """The checkpoint from an offline Hugging Face cache (never touches the network)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover - a dependency of timm
-        return None
-    for fname in ("model.safetensors", "pytorch_model.bin"):
-        hit = try_to_load_from_cache(repo, fname)
-        if isinstance(hit, str):
-            return Path(hit)
-    return None
-
-
 def truncate_vit_state_dict(sd: dict[str, Tensor], depth: int) -> dict[str, Tensor]:
     """Keep the stem and blocks 0..depth-1 of a timm ViT state dict (drop deeper blocks,
     the final norm and the classifier), as the paper keeps the first six blocks."""
@@ -568,31 +536,20 @@ def truncate_vit_state_dict(sd: dict[str, Tensor], depth: int) -> dict[str, Tens
     return out
 
 
-def load_pretrained(model: EarlyExitViT, path: str | Path | None, hf_repo: str) -> list[str]:
+def load_pretrained(
+    model: EarlyExitViT, path: str | Path | None, hf_repo: str, download: bool | str = "auto"
+) -> list[str]:
     """Load the trunk of ``model`` from ``path`` (a timm state dict: .pth/.pt/.bin or
-    .safetensors) or, when ``path`` is None, from the offline HF cache of ``hf_repo``.
+    .safetensors) or, when ``path`` is None, from the Hugging Face cache of ``hf_repo``,
+    downloaded there first when ``download`` allows it (:mod:`fedshield.models.pretrained`).
 
     The exit heads are new (the checkpoint has one classifier, after block 12), so they
     keep their fresh initialisation. Returns the checkpoint keys that were dropped.
     """
     from timm.models.vision_transformer import checkpoint_filter_fn
 
-    if path is not None:
-        file = Path(path).expanduser()
-        if not file.is_file():
-            raise DataError(
-                f"model.params.pretrained_path: {file} not found (set pretrained = false "
-                f"to start from random init)"
-            )
-    else:
-        file = _hf_cache_file(hf_repo)
-        if file is None:
-            raise DataError(
-                f"pretrained weights for {hf_repo} are not in the Hugging Face cache "
-                f"({_hf_cache_dir()}); set model.params.pretrained_path to a local state "
-                f"dict, or pretrained = false"
-            )
-    raw = _read_state_dict(file)
+    file = resolve_weights(path, hf_repo, download)
+    raw = read_state_dict(file)
     # timm's filter converts foreign layouts and resamples pos_embed to our grid.
     converted = checkpoint_filter_fn(raw, model.vit)
     kept = truncate_vit_state_dict(converted, model.num_exits)
@@ -601,15 +558,6 @@ def load_pretrained(model: EarlyExitViT, path: str | Path | None, hf_repo: str) 
     except RuntimeError as err:
         raise DataError(f"{file}: does not fit the model: {err}") from None
     return sorted(set(converted) - set(kept))
-
-
-def _hf_cache_dir() -> str:
-    try:
-        from huggingface_hub import constants
-
-        return str(constants.HF_HUB_CACHE)
-    except ImportError:  # pragma: no cover
-        return "~/.cache/huggingface/hub"
 
 
 # -- registry -------------------------------------------------------------------------
@@ -641,14 +589,21 @@ class ExitOptions(Params):
         True, description="ReeFL's exit output replaces the class token of the next block"
     )
     drop_path_rate: float = Field(0.0, ge=0.0, lt=1.0, description="stochastic depth (timm)")
-    pretrained: bool = Field(False, description="load the trunk from the offline HF cache")
+    pretrained: bool = Field(
+        False, description="load the trunk from the Hugging Face cache (see pretrained_download)"
+    )
     pretrained_path: str | None = Field(
         None, description="a timm state dict (.pth/.pt/.bin/.safetensors) for the trunk"
+    )
+    pretrained_download: StrictBool | Literal["auto"] = Field(
+        "auto",
+        description="weights not in the cache: auto/true download them from the Hub (a clear "
+        "error without network), false never does (the error says how to fill the cache)",
     )
 
 
 class EeViTParams(ExitOptions):
-    hf_repo: str = Field(PAPER_HF_REPO, description="HF repo whose cached weights to load")
+    hf_repo: str = Field(PAPER_HF_REPO, description="Hugging Face repo of the weights")
     img_size: int | None = Field(None, ge=1, description="model resolution; None = input's")
     patch_size: int = Field(4, ge=1, description="must divide img_size")
     embed_dim: int = Field(96, ge=1, description="token width D")
@@ -678,13 +633,14 @@ def eevit(input_shape: tuple[int, int, int], num_classes: int, **params: Any) ->
     structures (ReeFL's recurrent exit, DepthFL's bottlenecks, ScaleFL's placement)."""
     p = parse_params(EeViTParams, params, "model.params").kwargs()
     pretrained, path, repo = p.pop("pretrained"), p.pop("pretrained_path"), p.pop("hf_repo")
+    download = p.pop("pretrained_download")
     if isinstance(p["mean"], list):
         p["mean"] = tuple(p["mean"])
     if isinstance(p["std"], list):
         p["std"] = tuple(p["std"])
     model = EarlyExitViT(input_shape=input_shape, num_classes=num_classes, **p)
     if pretrained or path is not None:
-        load_pretrained(model, path, repo)
+        load_pretrained(model, path, repo, download)
     return model
 
 
@@ -693,9 +649,10 @@ def eevit_small(input_shape: tuple[int, int, int], num_classes: int, **params: A
     """Builds the paper's multi-exit model, the first six blocks of ViT-S/16 (dim 384,
     6 heads) at 224×224 with AugReg normalisation (seed 002 §IV).
 
-    Random init unless ``pretrained`` (offline HF cache) or ``pretrained_path`` is set
-    (SPEC §8); the paper presets set ``pretrained = true``, which fails with a clear
-    error naming the cache when the weights are absent."""
+    Random init unless ``pretrained`` (the Hugging Face cache, downloaded there when
+    ``pretrained_download`` allows it) or ``pretrained_path`` is set (SPEC §8); the paper
+    presets set ``pretrained = true``, which fails with a clear error saying how to fill
+    the cache when the weights are neither cached nor downloadable."""
     p = parse_params(EeViTSmallParams, params, "model.params").kwargs()
     mean, std = _AUGREG_MEAN_STD
     return eevit(

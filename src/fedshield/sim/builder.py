@@ -62,11 +62,33 @@ class Components:
 
 
 def partition_params(d: Any) -> dict[str, Any]:
-    """The partitioner's parameters, from the data section's fields of the same name."""
+    """The partitioner's parameters, from the data section's fields of the same name
+    (``min_size`` aside: it holds for every partitioner and is passed on its own)."""
     from fedshield.data import PARTITIONERS
 
     names = PARTITIONERS.entry(d.partition, "data.partition").schema.model_fields
-    return {k: getattr(d, k) for k in names if hasattr(d, k)}
+    return {k: getattr(d, k) for k in names if hasattr(d, k) and k != "min_size"}
+
+
+def check_data_sizes(cfg: ExperimentConfig, train_size: int | None) -> None:
+    """Sizes impossible for a train split of ``train_size`` samples (the dataset's declared
+    size; None: unknown before the files are read): root/val sets that leave nothing, more
+    clients than samples, ``min_size`` × clients or shards beyond the samples. The long-tail
+    profile only removes samples, so the declared size bounds what the partition gets and
+    a config refused here could not run; the same checks run again on the loaded data."""
+    from fedshield.data import check_carve, check_sizes
+
+    if train_size is None:
+        return
+    d = cfg.data
+    sizes = {k: v for k, v in {"root": d.root_size, "val": d.val_size}.items() if v > 0}
+    n = check_carve(train_size, sizes) if sizes else train_size
+    where = f" ({d.dataset!r} has {train_size} training samples"
+    where += f", {n} after the root/validation sets)" if sizes else ")"
+    try:
+        check_sizes(n, d.num_clients, d.partition, d.min_size, **partition_params(d))
+    except ConfigError as err:
+        raise ConfigError(f"{err}{where}") from None
 
 
 def _check_tags(
@@ -140,6 +162,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     c, s, d = cfg.client, cfg.server, cfg.data
     info = dataset_info(d.dataset, d.params)
     PARTITIONERS.entry(d.partition, "data.partition").parse(partition_params(d), "data")
+    check_data_sizes(cfg, info.train_size)
     tags = model_tags(cfg.model.name, cfg.model.params)
     meta = None
     if info.input_shape is not None and info.num_classes is not None:
@@ -280,8 +303,11 @@ def choose_byzantine(cfg: ExperimentConfig) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in rng.choice(m, size=a, replace=False)))
 
 
-def build(cfg: ExperimentConfig) -> Experiment:
-    components = build_components(cfg)
+def build(cfg: ExperimentConfig, components: Components | None = None) -> Experiment:
+    """Data, partition and model for ``cfg``; ``components`` (fresh, from
+    :func:`build_components` on the same config) saves checking them a second time."""
+    if components is None:
+        components = build_components(cfg)
     device = resolve_device(cfg.run.device)
     d = cfg.data
     bundle = load_dataset(d.dataset, d.root, d.download, d.params)
@@ -290,7 +316,9 @@ def build(cfg: ExperimentConfig) -> Experiment:
         train = make_long_tail(train, bundle.num_classes, d.long_tail.rho, cfg.seed)
     sizes = {k: v for k, v in {"root": d.root_size, "val": d.val_size}.items() if v > 0}
     train, held = carve(train, sizes, cfg.seed) if sizes else (train, {})
-    parts = partition(train.y, d.num_clients, d.partition, cfg.seed, **partition_params(d))
+    parts = partition(
+        train.y, d.num_clients, d.partition, cfg.seed, min_size=d.min_size, **partition_params(d)
+    )
     clients = [train.subset(p) for p in parts]
     if device.type == "cuda":  # small federated datasets fit on the device: no per-step copies
         clients = [c.to(device) for c in clients]

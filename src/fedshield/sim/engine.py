@@ -54,7 +54,13 @@ from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
-from fedshield.sim.outputs import plot_curves, rounds_to, summarize, write_report
+from fedshield.sim.outputs import (
+    nonfinite_keys,
+    plot_curves,
+    rounds_to,
+    summarize,
+    write_report,
+)
 from fedshield.sim.resume import check_resumed, state_norm, theta_norm
 from fedshield.sim.rundir import check_run_dir
 from fedshield.tracking import logger_callbacks
@@ -352,6 +358,8 @@ class Simulator:
         losses = [v for u in benign if (v := finite_metric(u, "train/loss")) is not None]
         if losses:
             metrics["train/loss"] = float(np.mean(losses))
+        elif any(_reported(u, "train/loss") for u in benign):
+            metrics["train/loss"] = float("nan")  # every honest loss diverged: say so
         if byz and isinstance(attack, UpdateAttack) and apply_update_attack:
             self._apply_update_attack(plan, updates)
         n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
@@ -444,7 +452,30 @@ class Simulator:
             t0 = time.perf_counter()
             m = self.run_round(rnd)
             self.record(m, time.perf_counter() - t0)
+            if self.diverged(m):
+                break
         return self.finish(time.perf_counter() - t_start)
+
+    def diverged(self, record: dict[str, Any]) -> bool:
+        """True when the run must stop after ``record``: a loss or accuracy turned non-finite
+        and ``run.on_nonfinite = "stop"``. The round is checkpointed first, so the files
+        agree (metrics.jsonl ends at the checkpoint's round)."""
+        bad = nonfinite_keys(record)
+        if not bad:
+            return False
+        stop = self.cfg.run.on_nonfinite == "stop"
+        if not stop and getattr(self, "_nonfinite_logged", False):
+            return False
+        self._nonfinite_logged = True
+        log.warning(
+            "round %s: %s non-finite; %s",
+            record["round"],
+            ", ".join(bad),
+            "stopping (run.on_nonfinite = 'stop')" if stop else "continuing",
+        )
+        if stop and self.out is not None and record["round"] % self.cfg.checkpoint.every:
+            self.save()
+        return stop
 
     def start(self) -> None:
         """Tell the callbacks the session starts (the Flower strategy's server calls it)."""
@@ -467,7 +498,11 @@ class Simulator:
         save_checkpoint(self.out / "checkpoint.pt", payload)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
+        from fedshield.provenance import run_provenance
+
         extra: dict[str, Any] = {"wall_s_this_session": wall_s}
+        # commit, config hash, and on CPU the kernels (a re-run on the same ones is exact)
+        extra["provenance"] = run_provenance(self.config_text, self.device.type)
         if self.cfg.eval.target_acc is not None:
             extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
             extra["target_acc"] = self.cfg.eval.target_acc
@@ -478,6 +513,10 @@ class Simulator:
         for cb in self.callbacks:
             cb.on_run_end(self, summary)
         return summary
+
+
+def _reported(u: ClientUpdate, key: str) -> bool:
+    return isinstance(u.metrics, Mapping) and key in u.metrics
 
 
 def _comm_bytes(u: ClientUpdate, default: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +13,60 @@ def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v
 
 
+#: Record keys whose non-finite value (NaN, ±inf; ``null`` once written as strict JSON)
+#: means the run diverged: the training loss and the test loss and accuracy.
+DIVERGENCE_KEYS = ("train/loss", "test_loss", "test_acc")
+
+
+def nonfinite_keys(record: dict[str, Any]) -> list[str]:
+    """The :data:`DIVERGENCE_KEYS` of ``record`` that are present but not finite numbers."""
+    out = []
+    for key in DIVERGENCE_KEYS:
+        if key not in record:
+            continue
+        v = record[key]
+        if not (_num(v) and math.isfinite(v)):
+            out.append(key)
+    return out
+
+
+def divergence(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first round whose loss or accuracy is non-finite, with those keys (None: none)."""
+    for r in records:
+        bad = nonfinite_keys(r)
+        if bad:
+            return {"round": r.get("round"), "keys": bad}
+    return None
+
+
+def describe_divergence(summary: dict[str, Any]) -> str:
+    """One line for a diverged run's summary (``status == "diverged"``)."""
+    keys = ", ".join(summary.get("diverged_keys", [])) or "a metric"
+    return (
+        f"run {summary.get('name')!r} diverged: {keys} non-finite at round "
+        f"{summary.get('diverged_round')} (summary.json: status = \"diverged\")"
+    )
+
+
 def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
+    """A run's summary from its records. ``status``: ``"diverged"`` (with
+    ``diverged_round`` and ``diverged_keys``) once a loss or accuracy turned non-finite,
+    else ``"ok"``. Final/best values come from the rounds with a finite accuracy."""
     evals = [r for r in records if _num(r.get("test_acc"))]
     summary: dict[str, Any] = {"name": name, "rounds": records[-1]["round"] if records else 0}
     if evals:
         best = max(evals, key=lambda r: r["test_acc"])
+        loss = evals[-1].get("test_loss")  # a record may come without a loss (report)
         summary.update(
             final_test_acc=evals[-1]["test_acc"],
-            final_test_loss=evals[-1]["test_loss"],
+            final_test_loss=loss if _num(loss) else None,
             best_test_acc=best["test_acc"],
             best_round=best["round"],
         )
+    div = divergence(records)
+    summary["status"] = "ok" if div is None else "diverged"
+    if div is not None:
+        summary.update(diverged_round=div["round"], diverged_keys=div["keys"])
     summary["final"] = records[-1] if records else {}
     summary.update(headline_values(records))
     summary.update(extra)
@@ -54,6 +98,8 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fedshield.report import integer_rounds
+
     evals = [r for r in records if _num(r.get("test_acc"))]
     if not evals:
         return []
@@ -65,6 +111,7 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
         ax.plot(rounds, values, marker="o" if len(rounds) < 50 else None)
         ax.set_xlabel("round")
         ax.set_ylabel(label)
+        integer_rounds(ax)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()

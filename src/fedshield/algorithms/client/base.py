@@ -22,6 +22,7 @@ from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import TensorData
+from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 
 if TYPE_CHECKING:
@@ -58,7 +59,10 @@ class ClientContext:
 def batch_indices(
     n: int, batch_size: int, steps: int, generator: torch.Generator
 ) -> Iterator[Tensor]:
-    """``steps`` mini-batches drawn epoch by epoch from fresh permutations (last one partial)."""
+    """``steps`` mini-batches drawn epoch by epoch from fresh permutations (last one partial).
+    A client without samples is refused (its epochs are empty: the loop never ended)."""
+    if n <= 0:
+        raise ConfigError(f"a client with {n} samples cannot train: local training needs data")
     done = 0
     while done < steps:
         perm = torch.randperm(n, generator=generator)
