@@ -22,6 +22,7 @@ a pure function of the node configs, never of the (random) node ids.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -56,6 +57,10 @@ def _takes_wall_time(fn: RoundCallback | None) -> bool:
 
 class FlowerRunError(FedshieldError):
     """A node failed or the federation does not match the config."""
+
+
+class _Diverged(Exception):
+    """Ends Flower's round loop after a diverged round (``run.on_nonfinite = "stop"``)."""
 
 
 class FedshieldStrategy(Strategy):
@@ -123,12 +128,14 @@ class FedshieldStrategy(Strategy):
         if not self.node_of:
             self.connect(grid, timeout)
         st = self.sim.state
-        self.start(
-            grid,
-            codec.global_model(st.params, st.buffers),
-            num_rounds=self.num_rounds,
-            timeout=timeout,
-        )
+        # run.on_nonfinite = "stop": the diverged round is recorded, then the loop ends here.
+        with contextlib.suppress(_Diverged):
+            self.start(
+                grid,
+                codec.global_model(st.params, st.buffers),
+                num_rounds=self.num_rounds,
+                timeout=timeout,
+            )
 
     # -- the Strategy phases -----------------------------------------------------------
     def configure_train(
@@ -181,6 +188,8 @@ class FedshieldStrategy(Strategy):
             self.on_round(m, wall_s=wall_s)  # type: ignore[misc]
         elif self.on_round is not None:
             self.on_round(m)
+        if self.sim.diverged(m):
+            raise _Diverged(m["round"])
         st = self.sim.state
         numeric = {
             k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)
