@@ -61,22 +61,14 @@ def test_the_library_runner_checks_components_before_the_run_dir(tmp_path, no_da
 
 
 # -- a run whose loss turns non-finite ------------------------------------------------------
-def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, capsys) -> None:  # noqa: ANN001
-    """``c = 1e18`` made BR-DRAG's step explode: exit 0, train/loss 8e32, test_loss null."""
-    out = tmp_path / "o"
-    argv = ["run", "--preset", "brdrag-digits-cpu", "--out", str(out), "-q"]
-    argv += ["--set", "server.aggregator_args.c=1e18", "--set", "rounds=4"]
-    argv += ["--set", "eval.every=1"]
-    assert main(argv) == 3
+def test_the_dod_scale_c_is_bounded_by_the_method(capsys) -> None:  # noqa: ANN001
+    """``c = 1e18`` made BR-DRAG's step explode (exit 0, train/loss 8e32): λ = c(1 − cos) is
+    meant to lie in [0, 2] (seed 000), so c > 1 is refused before anything runs."""
+    argv = ["run", "--preset", "brdrag-digits-cpu", "-q"]
+    assert main([*argv, "--set", "server.aggregator_args.c=1e18"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: run 'brdrag-digits-cpu' diverged: test_loss non-finite")
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "diverged" and summary["diverged_keys"] == ["test_loss"]
-    # stopped at the diverged round (run.on_nonfinite = "stop"), files consistent with it
-    assert summary["rounds"] == summary["diverged_round"] < 4
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert json.loads(lines[-1])["round"] == summary["rounds"]
-    assert json.loads(lines[-1])["test_loss"] is None
+    assert len(err) == 1 and "server.aggregator_args.c" in err[0]
+    assert "less than or equal to 1" in err[0]
 
 
 _EXPLODE = """
@@ -92,6 +84,22 @@ class Explode(Mean):
         agg, diag = super().aggregate(updates, weights, reference=reference)
         return agg * 1e30, diag
 """
+
+
+def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, small_cfg, capsys) -> None:  # noqa: ANN001
+    (tmp_path / "explode_stop.py").write_text(_EXPLODE.replace("explode_1e30", "explode_stop"))
+    small_cfg |= {"rounds": 4, "plugins": ["explode_stop.py"]}
+    small_cfg["server"] |= {"aggregator": "explode_stop"}
+    out = tmp_path / "o"
+    assert main(["run", _cfg(tmp_path, small_cfg), "--out", str(out), "-q"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: run 't' diverged:") and "non-finite" in err[-1]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    # stopped at the diverged round (run.on_nonfinite = "stop"), files consistent with it
+    assert summary["rounds"] == summary["diverged_round"] < 4
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["round"] == summary["rounds"]
 
 
 def test_a_diverged_run_can_continue_and_stays_marked(tmp_path, small_cfg, capsys) -> None:  # noqa: ANN001

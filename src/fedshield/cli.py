@@ -124,7 +124,8 @@ def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -
 def print_summaries(summaries: list[dict[str, Any]], where: bool = True) -> None:
     """The results table: every run's accuracy and its evaluators' headline metrics; with
     ``where``, the folder(s) the runs are in (a report names its own output instead)."""
-    from fedshield.report import fmt, headline_keys, label_runs
+    from fedshield.report import fmt, label_runs
+    from fedshield.sim.outputs import headline_keys
 
     label_runs(summaries)
     heads = headline_keys(summaries)
@@ -268,7 +269,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from fedshield.report import compare_runs
-    from fedshield.runner import check_out_dir
+    from fedshield.sim.rundir import check_out_dir
 
     check_out_dir(Path(args.out), "--out")
     comparison = compare_runs([Path(d) for d in args.dirs], Path(args.out))

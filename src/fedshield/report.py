@@ -19,7 +19,6 @@ import csv
 import io
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,38 +26,9 @@ from typing import Any
 
 from fedshield.errors import DataError
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text
+from fedshield.sim.outputs import headline_keys, headline_values, integer_rounds, is_num
 
 COLUMNS = ("name", "rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target")
-
-#: Final-record keys shown next to test accuracy when a run has them (evaluator outputs).
-HEADLINE = (
-    r"robust/(natural|fgsm|pgd20|cw|aa|avg)",
-    r"groups/(majority|medium|minority)/(natural|pgd20)",
-    r"route/[a-z_]+/(acc|depth_saving)",
-    r"route_local/[a-z_]+/(mean_acc|worst_acc)",
-    r"route_adv/(fgsm|pgd)/[0-9.e+-]+/(fixed|robust|full)/acc",
-    r"client/(mean_acc|worst_acc)",
-    r"privacy/epsilon",
-    r"comm/cum_gib",
-)
-_HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
-
-
-def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
-    """The headline keys present in any of the final records, in a stable order."""
-    keys = {k for f in finals for k, v in f.items() if _HEADLINE_RE.match(k) and _is_num(v)}
-    order = {p: i for i, p in enumerate(HEADLINE)}
-
-    def rank(k: str) -> tuple[int, str]:
-        i = next(order[p] for p in HEADLINE if re.match(f"^({p})$", k))
-        return i, k
-
-    return sorted(keys, key=rank)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and v == v
-
 
 def load_run(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     metrics = d / "metrics.jsonl"
@@ -77,7 +47,6 @@ def load_run(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         from fedshield.sim.outputs import summarize
 
         summary = summarize(d.name, records, {})
-    from fedshield.sim.outputs import headline_values
 
     summary["out"] = str(d)
     summary.update(headline_values(records))  # also for runs whose summary predates them
@@ -206,7 +175,7 @@ def seed_cells(
         row: dict[str, Any] = {k: v.strip('"') for k, v in key}
         row["n_seeds"] = len(idx)
         for m in metrics:
-            vals = [summaries[i][m] for i in idx if _is_num(summaries[i].get(m))]
+            vals = [summaries[i][m] for i in idx if is_num(summaries[i].get(m))]
             row[f"{m}_n"] = len(vals)  # seeds with a value (e.g. that reached the target)
             if not vals:
                 continue
@@ -257,13 +226,6 @@ def varying_keys(params: list[dict[str, Any]]) -> list[str]:
 
 
 # -- curves -------------------------------------------------------------------------------
-def integer_rounds(ax: Any) -> None:
-    """Round axes tick at whole rounds only (matplotlib would label 2.5 on a short run)."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
 def plot_overlay(
     runs: list[tuple[str, list[list[dict[str, Any]]]]], path: Path, key: str = "test_acc"
 ) -> Path:
@@ -279,7 +241,7 @@ def plot_overlay(
     fig, ax = plt.subplots(figsize=(7, 4.2))
     banded = False
     for label, seeds in runs:
-        series = [{r["round"]: r[key] for r in recs if _is_num(r.get(key))} for recs in seeds]
+        series = [{r["round"]: r[key] for r in recs if is_num(r.get(key))} for recs in seeds]
         rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
         if not rounds:
             continue
@@ -320,7 +282,7 @@ def curves_table(summaries: list[dict[str, Any]], records: list[list[dict[str, A
         {"label": s["label"], "round": r["round"], **{k: r.get(k) for k in CURVE_KEYS}}
         for s, recs in zip(summaries, records)
         for r in recs
-        if _is_num(r.get("test_acc"))
+        if is_num(r.get("test_acc"))
     ]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=["label", "round", *CURVE_KEYS], lineterminator="\n")
@@ -348,7 +310,7 @@ def compare_runs(
     """Write comparison.md/.csv, curves.csv and accuracy.png for ``dirs`` (plus cells.md/.csv
     with seed intervals, and pivot.md for two varying keys). ``extra`` adds per-run columns (a
     sweep's parameters)."""
-    from fedshield.runner import check_out_dir
+    from fedshield.sim.rundir import check_out_dir
 
     check_out_dir(out)
     loaded = [load_run(d) for d in dirs]

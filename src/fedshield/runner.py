@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.console import Console
 
-from fedshield.errors import ConfigError
 from fedshield.progress import RoundProgress
+from fedshield.sim.rundir import check_out_dir
 
 
 def set_threads(cfg: Any) -> None:
@@ -26,21 +26,6 @@ def set_threads(cfg: Any) -> None:
     import torch
 
     torch.set_num_threads(cfg.run.threads or 1)
-
-
-def check_out_dir(out: Path, flag: str | None = None) -> None:
-    """Refuse, before any work, an output directory that cannot be one: ``out`` or a
-    folder above it is an existing file (``flag``, e.g. ``--out``, names the option)."""
-    where = f"{flag} {out}" if flag else str(out)
-    for p in (out, *out.parents):
-        if p.is_dir():
-            return
-        if p.exists() or p.is_symlink():
-            what = "it is" if p == out else f"{p} is"
-            raise ConfigError(
-                f"{where}: {what} an existing file, not a directory; "
-                f"choose another {flag or 'output directory'}"
-            )
 
 
 def check_run_dir(cfg: Any, out: Path, resume: bool) -> None:

@@ -265,7 +265,7 @@ def run_one(
     round for the early-exit ViT preset); the run's config.toml records the value used."""
     import torch
 
-    from fedshield.cli import run_config
+    from fedshield.runner import run
 
     if cap_threads and int((raw.get("run") or {}).get("threads") or 1) > threads:
         raw = {**raw, "run": {**raw["run"], "threads": threads}}
@@ -273,7 +273,7 @@ def run_one(
     done = finished_summary(raw, out)
     if done is not None:
         return done
-    return run_config(cfgmod.validate(raw), Path(out), resume=True, quiet=True)
+    return run(cfgmod.validate(raw), Path(out), resume=True, quiet=True)
 
 
 def check_jobs(jobs: Any) -> int:

@@ -36,13 +36,10 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedshield.errors import ConfigError
-from fedshield.sim.callbacks import Callback
-
-if TYPE_CHECKING:
-    from fedshield.sim.engine import Simulator
+from fedshield.sim.callbacks import Callback, RunView
 
 #: Run files logged as artifacts at the end, when present.
 ARTIFACTS = ("config.toml", "summary.json", "report.md", "privacy.json")
@@ -90,19 +87,19 @@ class _Logger(Callback):
     def __init__(self) -> None:
         self._open = False
 
-    def start(self, sim: Simulator, first_round: int) -> None:
+    def start(self, sim: RunView, first_round: int) -> None:
         raise NotImplementedError
 
-    def _ensure(self, sim: Simulator, first_round: int) -> None:
+    def _ensure(self, sim: RunView, first_round: int) -> None:
         if not self._open:
             self._open = True
             self.start(sim, first_round)
 
-    def on_run_start(self, sim: Simulator) -> None:
+    def on_run_start(self, sim: RunView) -> None:
         self._ensure(sim, sim.state.round)
 
 
-def kept_records(sim: Simulator, first_round: int) -> list[dict[str, Any]]:
+def kept_records(sim: RunView, first_round: int) -> list[dict[str, Any]]:
     """The records of earlier sessions a resumed run kept from metrics.jsonl (the rounds
     before ``first_round``), for backfilling a tracker."""
     return [r for r in getattr(sim, "records", []) if int(r.get("round", 0)) < first_round]
@@ -111,7 +108,7 @@ def kept_records(sim: Simulator, first_round: int) -> list[dict[str, Any]]:
 class TensorBoardLogger(_Logger):
     """TensorBoard event files in ``<run dir>/tensorboard`` (torch's ``SummaryWriter``)."""
 
-    def start(self, sim: Simulator, first_round: int) -> None:
+    def start(self, sim: RunView, first_round: int) -> None:
         assert sim.out is not None
         from torch.utils.tensorboard import SummaryWriter
 
@@ -131,12 +128,12 @@ class TensorBoardLogger(_Logger):
         for k, v in scalars(record).items():
             self.writer.add_scalar(k, v, global_step=rnd)
 
-    def after_round(self, sim: Simulator, record: dict[str, Any], timing: dict[str, Any]) -> None:
+    def after_round(self, sim: RunView, record: dict[str, Any], timing: dict[str, Any]) -> None:
         self._ensure(sim, int(record["round"]))
         self._log(record)
         self.writer.flush()
 
-    def on_run_end(self, sim: Simulator, summary: dict[str, Any]) -> None:
+    def on_run_end(self, sim: RunView, summary: dict[str, Any]) -> None:
         assert sim.out is not None
         self._ensure(sim, sim.state.round)
         import matplotlib.image
@@ -170,7 +167,7 @@ class MLflowLogger(_Logger):
     ``run.mlflow_uri`` names another; experiment = the name of the folder holding the run
     dir (a sweep's runs form one experiment), run name = the config's ``name``."""
 
-    def start(self, sim: Simulator, first_round: int) -> None:
+    def start(self, sim: RunView, first_round: int) -> None:
         assert sim.out is not None
         from mlflow.exceptions import MlflowException
         from mlflow.tracking import MlflowClient
@@ -188,7 +185,7 @@ class MLflowLogger(_Logger):
             if int(record["round"]) > self.logged_upto:
                 self._log(record)
 
-    def _run(self, out: Path, sim: Simulator) -> str:
+    def _run(self, out: Path, sim: RunView) -> str:
         id_file = out / "mlflow_run_id"
         if id_file.exists():
             run_id = id_file.read_text().strip()
@@ -220,7 +217,7 @@ class MLflowLogger(_Logger):
         steps = [m.step for k in keys for m in self.client.get_metric_history(self.run_id, k)]
         return max(steps, default=0)
 
-    def _params(self, sim: Simulator) -> None:
+    def _params(self, sim: RunView) -> None:
         from mlflow.entities import Param
 
         have = self.client.get_run(self.run_id).data.params
@@ -232,7 +229,7 @@ class MLflowLogger(_Logger):
             if k in have and have[k] != v:
                 self.client.set_tag(self.run_id, f"resumed.{k}", v)
 
-    def after_round(self, sim: Simulator, record: dict[str, Any], timing: dict[str, Any]) -> None:
+    def after_round(self, sim: RunView, record: dict[str, Any], timing: dict[str, Any]) -> None:
         rnd = int(record["round"])
         self._ensure(sim, rnd)
         if rnd > self.logged_upto:
@@ -248,7 +245,7 @@ class MLflowLogger(_Logger):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
         self.logged_upto = rnd
 
-    def on_run_end(self, sim: Simulator, summary: dict[str, Any]) -> None:
+    def on_run_end(self, sim: RunView, summary: dict[str, Any]) -> None:
         assert sim.out is not None
         self._ensure(sim, sim.state.round)
         for name in (*ARTIFACTS, *PLOTS):

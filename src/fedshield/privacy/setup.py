@@ -25,13 +25,12 @@ from fedshield.privacy.accountant import epsilon_of, noise_multiplier_for
 from fedshield.privacy.central import CentralDP
 from fedshield.privacy.local import LocalDPSGD, model_problems, sample_rate
 from fedshield.privacy.sensitivity import bound_fn
-from fedshield.sim.callbacks import Callback
+from fedshield.sim.callbacks import Callback, RunView
 
 if TYPE_CHECKING:
     from torch import nn
 
     from fedshield.sim.builder import Experiment
-    from fedshield.sim.engine import Simulator
 
 
 @dataclass
@@ -268,7 +267,7 @@ class PrivacyAccounting(Callback):
                 self._local[k][z_local] = self._local[k].get(z_local, 0) + self.steps[k]
         self._upto = rnd
 
-    def _catch_up(self, sim: Simulator | None, rnd: int) -> None:
+    def _catch_up(self, sim: RunView | None, rnd: int) -> None:
         """Rebuild the ledger of rounds 1..rnd−1 (a resumed session) from their records."""
         self._reset()
         past = {int(r["round"]): r for r in (sim.records if sim is not None else [])}
@@ -298,7 +297,7 @@ class PrivacyAccounting(Callback):
         ]
 
     def after_round(
-        self, sim: Simulator | None, record: dict[str, Any], timing: dict[str, Any]
+        self, sim: RunView | None, record: dict[str, Any], timing: dict[str, Any]
     ) -> None:
         rnd = int(record["round"])
         if rnd != self._upto + 1:
@@ -343,7 +342,7 @@ class PrivacyAccounting(Callback):
             }
         return out
 
-    def on_run_end(self, sim: Simulator, summary: dict[str, Any]) -> None:
+    def on_run_end(self, sim: RunView, summary: dict[str, Any]) -> None:
         if sim.out is None or not self._upto:
             return
         from fedshield.sim.checkpoint import atomic_write_text

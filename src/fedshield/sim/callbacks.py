@@ -17,12 +17,35 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from fedshield.sim.engine import Simulator
+    from fedshield.config import ExperimentConfig
+    from fedshield.sim.checkpoint import JsonlLog
+    from fedshield.sim.state import RunState
 
 Record = dict[str, Any]
+
+
+class RunView(Protocol):
+    """What a callback may read and call of the run it is attached to (the simulator, also
+    inside the Flower strategy): callbacks, trackers and the privacy accountant depend on
+    this, not on the whole :class:`~fedshield.sim.engine.Simulator`."""
+
+    cfg: ExperimentConfig
+    out: Path | None
+    config_text: str
+    records: list[Record]
+    state: RunState
+    metrics: JsonlLog | None
+    timing: JsonlLog | None
+
+    def evaluate(self) -> dict[str, float]: ...
+
+    def evaluate_extra(self, rnd: int) -> dict[str, float]: ...
+
+    def save(self) -> None: ...
 
 
 def is_timing_key(key: str) -> bool:
@@ -33,18 +56,18 @@ def is_timing_key(key: str) -> bool:
 class Callback:
     """Hooks around the round loop; every method is optional."""
 
-    def on_run_start(self, sim: Simulator) -> None:
+    def on_run_start(self, sim: RunView) -> None:
         """Before the first round of this session (after a resume: the next round)."""
 
-    def after_round(self, sim: Simulator, record: Record, timing: Record) -> None:
+    def after_round(self, sim: RunView, record: Record, timing: Record) -> None:
         """After round ``record["round"]``; may add entries to ``record`` / ``timing``."""
 
-    def on_run_end(self, sim: Simulator, summary: dict[str, Any]) -> None:
+    def on_run_end(self, sim: RunView, summary: dict[str, Any]) -> None:
         """After the last round, with the run's summary."""
 
 
 class Evaluation(Callback):
-    def after_round(self, sim: Simulator, record: Record, timing: Record) -> None:
+    def after_round(self, sim: RunView, record: Record, timing: Record) -> None:
         cfg = sim.cfg
         rnd = record["round"]
         t0 = time.perf_counter()
@@ -62,14 +85,14 @@ class Evaluation(Callback):
 
 
 class MetricsFiles(Callback):
-    def after_round(self, sim: Simulator, record: Record, timing: Record) -> None:
+    def after_round(self, sim: RunView, record: Record, timing: Record) -> None:
         if sim.metrics is not None and sim.timing is not None:
             sim.metrics.append(record)
             sim.timing.append(timing)
 
 
 class Checkpointing(Callback):
-    def after_round(self, sim: Simulator, record: Record, timing: Record) -> None:
+    def after_round(self, sim: RunView, record: Record, timing: Record) -> None:
         rnd = record["round"]
         if sim.out is not None and (rnd % sim.cfg.checkpoint.every == 0 or rnd == sim.cfg.rounds):
             sim.save()
@@ -88,7 +111,7 @@ class OnRound(Callback):
         except (TypeError, ValueError):
             self.timed = False
 
-    def after_round(self, sim: Simulator, record: Record, timing: Record) -> None:
+    def after_round(self, sim: RunView, record: Record, timing: Record) -> None:
         if self.timed:
             self.fn(record, wall_s=timing["wall_s"])
         else:

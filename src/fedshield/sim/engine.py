@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,58 +63,10 @@ from fedshield.sim.outputs import (
 )
 from fedshield.sim.resume import check_resumed, state_norm, theta_norm
 from fedshield.sim.rundir import check_run_dir
+from fedshield.sim.state import RoundPlan, RunState
 from fedshield.tracking import logger_callbacks
 
 log = logging.getLogger("fedshield")
-
-@dataclass
-class RunState:
-    """Everything a checkpoint holds: the next round to run and the values of the run."""
-
-    round: int
-    params: Tensor
-    buffers: Tensor
-    server_state: dict[str, Tensor]
-    client_states: dict[int, dict[str, Tensor]] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "round": self.round,
-            "params": self.params.cpu(),
-            "buffers": self.buffers.cpu(),
-            "server_state": {k: v.cpu() for k, v in self.server_state.items()},
-            "client_states": {
-                k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_states.items()
-            },
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], device: torch.device) -> RunState:
-        return cls(
-            round=d["round"],
-            params=d["params"].to(device),
-            buffers=d["buffers"].to(device),
-            server_state={k: v.to(device) for k, v in d["server_state"].items()},
-            client_states={
-                int(k): {n: v.to(device) for n, v in s.items()}
-                for k, s in d["client_states"].items()
-            },
-        )
-
-
-@dataclass(frozen=True)
-class RoundPlan:
-    """A round's decisions before any client trains: context (cohort, attackers) and the
-    broadcast payload. ``skip_training``: selected attackers whose rows the update attack
-    overwrites upload zeros instead of training."""
-
-    ctx: RoundContext
-    payload: Any
-    skip_training: bool
-
-    def trains(self, k: int) -> bool:
-        return not (self.skip_training and k in self.ctx.byzantine)
-
 
 class Simulator:
     """Runs an :class:`Experiment`, writing outputs to ``out`` (when given)."""

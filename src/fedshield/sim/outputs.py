@@ -3,10 +3,50 @@
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedshield.sim.checkpoint import atomic_write_text, dumps
+
+#: Final-record keys shown next to test accuracy when a run has them (evaluator outputs).
+HEADLINE = (
+    r"robust/(natural|fgsm|pgd20|cw|aa|avg)",
+    r"groups/(majority|medium|minority)/(natural|pgd20)",
+    r"route/[a-z_]+/(acc|depth_saving)",
+    r"route_local/[a-z_]+/(mean_acc|worst_acc)",
+    r"route_adv/(fgsm|pgd)/[0-9.e+-]+/(fixed|robust|full)/acc",
+    r"client/(mean_acc|worst_acc)",
+    r"privacy/epsilon",
+    r"comm/cum_gib",
+)
+_HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
+
+
+def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
+    """The headline keys present in any of the final records, in a stable order."""
+    keys = {k for f in finals for k, v in f.items() if _HEADLINE_RE.match(k) and is_num(v)}
+    order = {p: i for i, p in enumerate(HEADLINE)}
+
+    def rank(k: str) -> tuple[int, str]:
+        i = next(order[p] for p in HEADLINE if re.match(f"^({p})$", k))
+        return i, k
+
+    return sorted(keys, key=rank)
+
+
+def is_num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v
+
+
+def integer_rounds(ax: Any) -> None:
+    """Round axes tick at whole rounds only (matplotlib would label 2.5 on a short run)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 
 
 def _num(v: Any) -> bool:
@@ -76,7 +116,6 @@ def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -
 def headline_values(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The evaluators' headline metrics (``report.HEADLINE``) of a run: each from the last
     record holding it, since an evaluator appears only in the rounds it ran."""
-    from fedshield.report import headline_keys
 
     latest: dict[str, Any] = {}
     for r in records:
@@ -98,7 +137,6 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedshield.report import integer_rounds
 
     evals = [r for r in records if _num(r.get("test_acc"))]
     if not evals:
@@ -124,7 +162,6 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
 
 def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
     lines = [f"# {summary['name']}", ""]
-    from fedshield.report import headline_keys
 
     keys = ("rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target")
     for key in (*keys, *headline_keys([summary])):

@@ -49,3 +49,18 @@ def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> set[st
 
 
 __all__ = ["check_run_dir"]
+
+
+def check_out_dir(out: Path, flag: str | None = None) -> None:
+    """Refuse, before any work, an output directory that cannot be one: ``out`` or a
+    folder above it is an existing file (``flag``, e.g. ``--out``, names the option)."""
+    where = f"{flag} {out}" if flag else str(out)
+    for p in (out, *out.parents):
+        if p.is_dir():
+            return
+        if p.exists() or p.is_symlink():
+            what = "it is" if p == out else f"{p} is"
+            raise ConfigError(
+                f"{where}: {what} an existing file, not a directory; "
+                f"choose another {flag or 'output directory'}"
+            )
