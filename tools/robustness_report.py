@@ -59,9 +59,11 @@ def round_loop() -> tuple[list[fuzz.CaseResult], list[tuple[str, str, bool, bool
             if pair is None:
                 refused.append((server, agg, masks, defaults))
                 continue
+            honest = fuzz.pair_honest_step(pair)
             for c in fuzz.CORRUPTIONS:
                 for k in fuzz.POSITIONS:
                     results.append(fuzz.run_case(pair, c, k))
+                    results[-1].honest_step = honest
     return results, refused
 
 
@@ -129,7 +131,7 @@ def main() -> None:
     ran = [r for r in results if not r.skipped]
     poisoned = [r for r in ran if not r.finite or r.error]
     unbounded = [r for r in ran if not r.bounded]
-    robust_minor = [r for r in ran if r.robust and 2 * r.bad_rows < 10]
+    robust_minor = [r for r in ran if r.robust and r.in_budget]
     frozen = [r for r in robust_minor if r.held]
     reasons: collections.Counter[str] = collections.Counter()
     for r in ran:
@@ -202,7 +204,8 @@ def main() -> None:
         f"- crafted cases run: **{len(ran)}** ({len(results) - len(ran)} not applicable, "
         f"e.g. buffer corruptions on a model without buffers); self-reported counts trusted",
         f"- **poisoned (θ, buffers or server state non-finite, or an exception): {len(poisoned)}**",
-        f"- robust rule, minority of bad rows: {len(robust_minor)} cases; step above the "
+        f"- robust rule, bad rows within what it tolerates (f, else a minority): "
+        f"{len(robust_minor)} cases; step above the "
         f"bound ‖θ⁺ − θ‖ ≤ {fuzz.BOUND:g}·max(η_g, 1)·B: **{len(unbounded)}**; round frozen "
         f"(θ kept although a robust rule had a majority of valid rows): **{len(frozen)}**",
         f"- wall time: {t_loop:.0f} s on one thread ({wall:.0f} s with sections 3–4)",

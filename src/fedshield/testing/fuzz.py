@@ -234,8 +234,10 @@ class CaseResult:
     #: the round kept θ because the rule could not run or its step was non-finite
     held: bool = False
     error: str = ""
-    #: ‖θ⁺ − θ‖ of the same round with no row corrupted
+    #: ‖θ⁺ − θ‖ of the same round with no row corrupted (set by the report)
     honest_step: float = 0.0
+    #: the bad rows are within what the rule promises to tolerate (f, else a minority)
+    in_budget: bool = False
 
 
 def make_pair(
@@ -317,13 +319,17 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
     res.held = bool(metrics.get("sys/nonfinite_step") or metrics.get("sys/skipped"))
     theta0 = pair.start.params
     res.step_norm = float((sim.state.params.double() - theta0.double()).norm())
-    res.honest_step = pair_honest_step(pair)
     scale = max(float(u.delta.double().norm()) for u in pair.honest)
     scale = max(scale, float(metrics.get("agg/ref_norm", 0.0)))
     scale = max(scale, float(getattr(sim.comp.aggregator, "tau", 0.0) or 0.0))
     lr = max(sim.comp.server.lr, float(metrics.get("agg/eta_g", 1.0)), 1.0)
     res.bound = BOUND * lr * scale
-    minority = 2 * bad_rows < len(ups)
+    # A rule with a Byzantine count f promises nothing beyond f bad rows (a user's f = 1
+    # with 2 attackers); with f derived, or rules without one, beyond a minority.
+    rule = sim.comp.aggregator
+    tolerated = rule.f_for(len(ups)) if hasattr(rule, "f_for") else (len(ups) - 1) // 2
+    minority = 2 * bad_rows < len(ups) and bad_rows <= max(tolerated, 0)
+    res.in_budget = minority
     if pair.robust and minority and pair.server != "fedcart":  # the CART step re-trains h'
         res.bounded = res.step_norm <= res.bound
     return res
