@@ -56,8 +56,8 @@ def central_dp(
     ``num_rounds`` rounds). ``sample_rate``: q = S/M of the accountant; default the
     strategy's ``fraction_train`` (with ``num_nodes``, ⌈fraction·M⌉/M, as Flower samples).
     """
+    from fedshield.privacy.checks import central_server_ok
     from fedshield.privacy.sensitivity import bound_fn
-    from fedshield.privacy.setup import _central_server_ok
 
     if not isinstance(strategy, FedshieldRule):
         raise ConfigError(
@@ -70,7 +70,7 @@ def central_dp(
     if (noise_multiplier is None) == (target_epsilon is None):
         raise ConfigError("central_dp: set exactly one of noise_multiplier and target_epsilon")
     server, rule = strategy.server, strategy.server.aggregator
-    if not _central_server_ok(server) or strategy.local_server is not None:
+    if not central_server_ok(server) or strategy.local_server is not None:
         raise ConfigError(
             f"central_dp: server={strategy.server_name!r} computes more than the noised "
             "aggregate from the uploads; use fedavg, brdrag, fltrust or fedacg"

@@ -228,7 +228,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     resolve_device(cfg.run.device)
     comp = Components(client, server, aggregator, attack)
     if cfg.privacy is not None and meta is not None:  # what cannot be private, before data
-        from fedshield.privacy.setup import check_central, check_local
+        from fedshield.privacy.checks import check_central, check_local
 
         if cfg.privacy.central is not None:
             check_central(cfg, comp, meta)
