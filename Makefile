@@ -23,6 +23,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools
 	$(PY) -m pytest -q -n 2 --dist loadgroup
+	# the kernel-dependent tests again under other CPU kernel paths (issue #17)
+	tools/kernel_variants.sh $(PY)
 
 bench: $(STAMP)
 	$(PY) bench/bench_round.py

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Re-run the kernel-dependent tests (marker `numerics`, tests/conftest.py) under the other
+# float-kernel paths this machine can take, so a test that only passes on one CPU's kernels
+# fails here, not on another machine of the same kind (issue #17):
+#   MKL_CBWR=COMPATIBLE / AVX2  MKL's conditional-numerical-reproducibility code paths;
+#   ATEN_CPU_CAPABILITY         torch's own vectorised kernels (default = no SIMD dispatch);
+#   ONEDNN_MAX_CPU_ISA          oneDNN's convolution kernels.
+# On a CPU without MKL/x86 ISAs (ARM) the variables are ignored and the run repeats as is.
+set -euo pipefail
+PY="${1:-.venv/bin/python}"
+shift || true
+x86=0
+[[ "$(uname -m)" == x86_64 ]] && x86=1
+run() {
+    echo "== numerics under $*"
+    env "$@" "$PY" -m pytest -q -n 2 -m numerics -p no:cacheprovider "${EXTRA[@]}"
+}
+EXTRA=("$@")
+if [[ $x86 == 1 ]]; then
+    run MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
+    run MKL_CBWR=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+else
+    run MKL_CBWR=COMPATIBLE
+fi
