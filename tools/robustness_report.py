@@ -151,7 +151,7 @@ def main() -> None:
     # 2. the worst step per rule, attackers a cohort minority in the smallest tier
     tier: dict[tuple[str, bool], tuple[float, str]] = {}
     for r in ran:
-        if not (r.masks and r.server == "fedavg" and r.robust and r.bad_rows in (1, 2)):
+        if not (r.masks and r.server == "fedavg" and r.robust and r.in_budget):
             continue
         if r.corruption not in FINITE or r.honest_step <= 0:
             continue
@@ -239,7 +239,8 @@ def main() -> None:
         "Per rule (server `fedavg`, multi-exit clients with tiers [1, 2, 3]), the largest "
         "‖θ⁺ − θ‖ over the finite forgeries (" + ", ".join(f"`{c}`" for c in FINITE) + ") "
         "in 1 or 2 rows of 10 — the deepest tier's majority with 2 — as a multiple of the "
-        "same round's honest step. The per-block bound (docs/security.md) caps every "
+        "same round's honest step (a rule configured with f = 1 is held to 1 bad row). "
+        "The per-block bound (docs/security.md) caps every "
         "coverage group at √2·κ·ρ*·√|G| (κ = 3).",
         "",
         "| rule | arguments | worst step / honest step | forgery |",

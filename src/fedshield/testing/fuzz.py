@@ -316,7 +316,7 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
         return res
     res.finite = _state_finite(sim)
     res.rejected = {k: v for k, v in metrics.items() if k.startswith("sys/rejected/")}
-    res.held = bool(metrics.get("sys/nonfinite_step") or metrics.get("sys/skipped"))
+    res.held = any(metrics.get(k) for k in ("sys/nonfinite_step", "sys/skipped", "sys/failed_step"))
     theta0 = pair.start.params
     res.step_norm = float((sim.state.params.double() - theta0.double()).norm())
     scale = max(float(u.delta.double().norm()) for u in pair.honest)

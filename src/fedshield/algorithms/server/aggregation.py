@@ -9,7 +9,8 @@ the clients that cover it); with any other rule it is that rule, never a substit
 When a group (or the whole cohort) has fewer rows than the rule needs — e.g. screening left
 fewer than Krum's 2f + 3 — :func:`apply_rule` runs the rule with the largest feasible f
 (``Aggregator.adapted``), or, when nothing can run, leaves those parameters unchanged for
-the round. Both are counted in the round's metrics (``sys/degraded``, ``sys/skipped``).
+the round. Both are counted in the round's metrics (``sys/degraded``; ``sys/skipped`` when
+θ is kept, ``sys/skipped_groups`` for the coverage groups left unchanged).
 
 A degraded rule is weaker than the configured one (at f = 0 Multi-Krum and Trimmed Mean
 are the mean), and so is an honest-majority rule (tagged ``robust`` and

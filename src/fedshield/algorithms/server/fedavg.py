@@ -134,7 +134,9 @@ class FedAvg(ServerAlgorithm):
         if outcome.degraded:
             metrics["sys/degraded"] = float(outcome.degraded)
         if outcome.skipped:
-            metrics["sys/skipped"] = float(outcome.skipped)
+            # θ unchanged (no masks: the one group is the cohort) or only some blocks.
+            key = "sys/skipped" if masks is None else "sys/skipped_groups"
+            metrics[key] = float(outcome.skipped)
             log.warning(
                 "round %d: %s could not run on %d row(s) (%d group(s)); those parameters "
                 "are unchanged this round",
