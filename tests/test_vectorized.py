@@ -198,6 +198,15 @@ CASES: dict[str, dict[str, Any]] = {
         "server": {"algorithm": "fedcart"},
         "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
     },
+    # TAET's stage follows the round (round_payload): natural CE in round 1, HARL in 2.
+    "fedcart-taet-two-stages": {
+        "client": {
+            "algorithm": "fedcart",
+            "params": {**AT, "at_loss": "taet", "stabilize_rounds": 1},
+        },
+        "server": {"algorithm": "fedcart"},
+        "model": {"name": "dual_head", "params": {"backbone": "mlp", "hidden": 16}},
+    },
     "fedcart-trades-proto-steps": {
         "client": {
             "algorithm": "fedcart",
