@@ -2,14 +2,18 @@
 same S·U SGD steps on the same model, data and batch size. Prints the time ratio
 (goal ≤ 1.10: the simulator should add almost nothing to the training cost).
 
-    python bench/bench_round.py [--clients 10] [--steps 20] [--repeats 5]
+    python bench/bench_round.py [--clients 10] [--steps 20] [--repeats 5] [--json out.json]
+
+``bench/ab.py`` runs it against two source trees side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +54,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--model", default="cnn_small")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least noise)")
+    ap.add_argument("--json", type=Path, default=None, help="write the times (s) here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = config.load(
@@ -85,6 +90,9 @@ def main() -> None:
     print(f"simulator round : min {s * 1000:8.1f} ms, median {sm * 1000:8.1f} ms")
     print(f"plain torch loop: min {p * 1000:8.1f} ms, median {pm * 1000:8.1f} ms")
     print(f"ratio simulator/plain = {s / p:.3f} (min), {sm / pm:.3f} (median)  (goal <= 1.10)")
+    if args.json:
+        label = f"round S={args.clients} U={args.steps} {args.model}"
+        args.json.write_text(json.dumps({label: {"sim": sim_times, "plain": plain_times}}))
 
 
 if __name__ == "__main__":

@@ -13,14 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedshield.adversarial.linf import (
-    Clamp,
-    Draws,
-    GeneratorDraws,
-    check_budget,
-    input_grad,
-    project,
-)
+from fedshield.adversarial import linf
+from fedshield.adversarial.linf import Clamp, Draws
 
 
 def trades_pgd(
@@ -46,20 +40,20 @@ def trades_pgd(
     reference code skips that, which only matters when ε < the start noise). The start
     noise comes from ``generator``, or from ``draws`` (the batched trainer's streams).
     """
-    check_budget(eps, alpha, steps)
+    linf.check_budget(eps, alpha, steps)
     x = x.detach()
     adjust = logit_transform if logit_transform is not None else (lambda z: z)
     with torch.no_grad():
         p_clean = F.softmax(adjust(model(x)), dim=1)
-    rng = draws if draws is not None else GeneratorDraws(generator)
-    adv = project(x + start_std * rng.normal(x), x, eps, clamp)
+    rng = draws if draws is not None else linf.GeneratorDraws(generator)
+    adv = linf.project(x + start_std * rng.normal(x), x, eps, clamp)
 
     def kl(logits: Tensor) -> Tensor:
         return F.kl_div(F.log_softmax(adjust(logits), dim=1), p_clean, reduction="sum")
 
     for _ in range(steps):
-        grad = input_grad(model, adv, kl)
-        adv = project(adv + alpha * grad.sign(), x, eps, clamp)
+        grad = linf.input_grad(model, adv, kl)
+        adv = linf.project(adv + alpha * grad.sign(), x, eps, clamp)
     return adv.detach()
 
 

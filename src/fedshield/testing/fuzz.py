@@ -141,7 +141,8 @@ BOUND = 3.0
 
 def base_config(server: str, aggregator: str, masks: bool = False) -> dict[str, Any]:
     """A seconds-long config on bundled digits; the client algorithm and model fit the
-    server (SCAFFOLD's client, FedCART's dual head) or the mask case (a tiny multi-exit ViT)."""
+    server (the client its ``needs_client`` tag names, FedCART's dual head) or the mask case
+    (a tiny multi-exit ViT)."""
     raw: dict[str, Any] = {
         "name": f"fuzz-{server}-{aggregator}",
         "seed": 0,
@@ -158,8 +159,9 @@ def base_config(server: str, aggregator: str, masks: bool = False) -> dict[str, 
         "eval": {"every": 1000},
         "run": {"progress": False, "device": "cpu"},
     }
-    if server == "scaffold":
-        raw["client"]["algorithm"] = "scaffold"
+    need = _needs_client(server)
+    if need:
+        raw["client"]["algorithm"] = need
     if server == "fedcart":
         raw["client"] |= {"algorithm": "fedcart", "params": {"steps": 1, "proto_steps": 0}}
         raw["model"] = {
@@ -289,6 +291,14 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
     return res
 
 
+def _needs_client(server: str) -> str | None:
+    """The client algorithm a server needs (its ``needs_client`` tag), if any."""
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    need = SERVER_ALGORITHMS.entry(server).tag_values("needs_client")
+    return min(need) if need else None
+
+
 def pairs(masks: bool = False) -> Iterator[tuple[str, str]]:
     """Every (server, aggregator) name pair of the package's registries; plugins that other
     code registered in this process are left out, so the grid is the same everywhere."""
@@ -296,7 +306,7 @@ def pairs(masks: bool = False) -> Iterator[tuple[str, str]]:
     from fedshield.algorithms.server import SERVER_ALGORITHMS
 
     for s in SERVER_ALGORITHMS.package_names():
-        if masks and s in ("scaffold", "fedcart"):  # their clients upload no masks
+        if masks and _needs_client(s):  # SCAFFOLD's, FedCART's, FedDyn's: no masks
             continue
         for a in AGGREGATORS.package_names():
             yield s, a

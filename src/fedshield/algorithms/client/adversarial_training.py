@@ -34,6 +34,7 @@ from fedshield.algorithms.client.base import (
     ClientAlgorithm,
     ClientContext,
 )
+from fedshield.algorithms.client.pieces import Batch, ClientRound
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
@@ -127,24 +128,16 @@ class AdversarialClient(ClientAlgorithm):
                 logit_transform=transform, draws=draws,
             )  # fmt: skip
 
-    def examples(
-        self,
-        model: nn.Module,
-        x: Tensor,
-        y: Tensor,
-        payload: Payload,
-        consts: dict[str, Tensor],
-        draws: Draws,
-    ) -> Tensor | None:
-        return self.pgd_examples(model, x, y, draws=draws)
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        return self.pgd_examples(model, b.x, b.y, draws=draws)
 
 
 @CLIENT_ALGORITHMS.register("fedpgd")
 class FedPGD(AdversarialClient):
     """FedPGD trains on Madry's PGD adversarial examples only: CE(f(x'), y) (SPEC §7)."""
 
-    def objective(self, model, x, y, x_adv, payload, consts):  # type: ignore[no-untyped-def]
-        return F.cross_entropy(model(x_adv), y)
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return F.cross_entropy(model(x_adv), b.y)
 
 
 @CLIENT_ALGORITHMS.register("fedfat")
@@ -152,8 +145,8 @@ class FedFAT(AdversarialClient):
     """FedFAT trains on natural plus PGD cross-entropy, CE(f(x), y) + CE(f(x'), y) (our
     reading, SPEC §7)."""
 
-    def objective(self, model, x, y, x_adv, payload, consts):  # type: ignore[no-untyped-def]
-        return F.cross_entropy(model(x), y) + F.cross_entropy(model(x_adv), y)
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return F.cross_entropy(model(b.x), b.y) + F.cross_entropy(model(x_adv), b.y)
 
 
 class BetaParams(ATParams):
@@ -166,11 +159,11 @@ class FedTRADES(AdversarialClient):
 
     params_schema = BetaParams
 
-    def examples(self, model, x, y, payload, consts, draws):  # type: ignore[no-untyped-def]
-        return self.trades_examples(model, x, draws)
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        return self.trades_examples(model, b.x, draws)
 
-    def objective(self, model, x, y, x_adv, payload, consts):  # type: ignore[no-untyped-def]
-        return trades_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return trades_loss(model(b.x), model(x_adv), b.y, self.params.beta)  # type: ignore[attr-defined]
 
 
 @CLIENT_ALGORITHMS.register("fedmart")
@@ -179,8 +172,8 @@ class FedMART(AdversarialClient):
 
     params_schema = BetaParams
 
-    def objective(self, model, x, y, x_adv, payload, consts):  # type: ignore[no-untyped-def]
-        return mart_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return mart_loss(model(b.x), model(x_adv), b.y, self.params.beta)  # type: ignore[attr-defined]
 
 
 class CalFATParams(ATParams):
@@ -199,24 +192,19 @@ class CalFAT(AdversarialClient):
 
     params_schema = CalFATParams
 
-    def constants(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        state: dict[str, Tensor],
-        device: torch.device,
-    ) -> dict[str, Tensor]:
-        num_classes = _num_classes(model, data, device)
-        return {LOG_PRIOR_KEY: class_log_prior(data.class_counts(num_classes)).to(device)}
+    def constants(self, model: nn.Module, c: ClientRound) -> dict[str, Tensor]:
+        counts = c.data.class_counts(_num_classes(model, c.data, c.device))
+        return {LOG_PRIOR_KEY: class_log_prior(counts).to(c.device)}
 
-    def examples(self, model, x, y, payload, consts, draws):  # type: ignore[no-untyped-def]
-        log_prior, tau = consts[LOG_PRIOR_KEY], self.params.tau  # type: ignore[attr-defined]
-        return self.trades_examples(model, x, draws, lambda z: calibrated_logits(z, log_prior, tau))
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        log_prior, tau = b.consts[LOG_PRIOR_KEY], self.params.tau  # type: ignore[attr-defined]
+        return self.trades_examples(
+            model, b.x, draws, lambda z: calibrated_logits(z, log_prior, tau)
+        )
 
-    def objective(self, model, x, y, x_adv, payload, consts):  # type: ignore[no-untyped-def]
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         p = self.params
-        return calibrated_ce(model(x_adv), y, consts[LOG_PRIOR_KEY], p.scale, p.tau)  # type: ignore[attr-defined]
+        return calibrated_ce(model(x_adv), b.y, b.consts[LOG_PRIOR_KEY], p.scale, p.tau)  # type: ignore[attr-defined]
 
 
 class TAETParams(ATParams):
@@ -272,14 +260,16 @@ class FedTAET(AdversarialClient):
     def _stage(self, payload: Payload) -> int:
         return taet_stage(payload, self.params.stabilize_rounds)  # type: ignore[attr-defined]
 
-    def examples(self, model, x, y, payload, consts, draws):  # type: ignore[no-untyped-def]
-        return self.pgd_examples(model, x, y, draws=draws) if self._stage(payload) == 2 else None
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        if self._stage(b.payload) == 1:
+            return None
+        return self.pgd_examples(model, b.x, b.y, draws=draws)
 
-    def objective(self, model, x, y, x_adv, payload, consts):  # type: ignore[no-untyped-def]
-        if self._stage(payload) == 1:
-            return F.cross_entropy(model(x), y)
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        if self._stage(b.payload) == 1:
+            return F.cross_entropy(model(b.x), b.y)
         p: TAETParams = self.params  # type: ignore[assignment]
-        return harl_loss(model(x_adv), y, p.harl_alpha, p.harl_beta, p.harl_gamma)
+        return harl_loss(model(x_adv), b.y, p.harl_alpha, p.harl_beta, p.harl_gamma)
 
 
 def _num_classes(model: nn.Module, data: TensorData, device: torch.device) -> int:

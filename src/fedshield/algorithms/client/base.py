@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedshield.adversarial.linf import Draws, GeneratorDraws
-from fedshield.algorithms.client.pieces import GradStep, Trained, split_like
+from fedshield.algorithms.client.pieces import Batch, ClientRound, GradStep, Trained, split_like
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.core.integrity import FieldSpec
@@ -145,42 +145,19 @@ class ClientAlgorithm:
         """The payload as the pieces see it in round ``rnd`` (default: as broadcast)."""
         return payload
 
-    def constants(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        state: dict[str, Tensor],
-        device: torch.device,
-    ) -> dict[str, Tensor]:
+    def constants(self, model: nn.Module, c: ClientRound) -> dict[str, Tensor]:
         """One client's constants of the round; the batched trainer stacks them on a
         leading client axis and the other pieces see the client's (or group's) rows."""
         return {}
 
-    def examples(
-        self,
-        model: nn.Module,
-        x: Tensor,
-        y: Tensor,
-        payload: Payload,
-        consts: dict[str, Tensor],
-        draws: Draws,
-    ) -> Tensor | None:
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
         """Inputs computed before the gradient (adversarial examples x'); None for none.
         One client's view (inside ``vmap`` when batched); random numbers from ``draws``."""
         return None
 
-    def objective(
-        self,
-        model: nn.Module,
-        x: Tensor,
-        y: Tensor,
-        x_adv: Tensor | None,
-        payload: Payload,
-        consts: dict[str, Tensor],
-    ) -> Tensor:
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         """One client's mini-batch loss (``model(x)`` runs with that client's parameters)."""
-        return F.cross_entropy(model(x), y)
+        return F.cross_entropy(model(b.x), b.y)
 
     def adjust(self, step: GradStep) -> None:
         """Change ``step.grads`` in place before the optimizer step (default: nothing)."""
@@ -198,9 +175,8 @@ class ClientAlgorithm:
     ) -> Tensor:
         """One mini-batch's loss as the sequential loop computes it: :meth:`examples` drawn
         from the global RNG, then :meth:`objective`."""
-        consts = {} if consts is None else consts
-        x_adv = self.examples(model, x, y, payload, consts, GLOBAL_RNG)
-        return self.objective(model, x, y, x_adv, payload, consts)
+        b = Batch(x, y, payload, {} if consts is None else consts)
+        return self.objective(model, b, self.examples(model, b, GLOBAL_RNG))
 
     # -- the sequential loop -----------------------------------------------------------
     def local_update(
@@ -220,7 +196,7 @@ class ClientAlgorithm:
             params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
         )
         payload = self.round_payload(payload, ctx.round)
-        consts = self.constants(model, payload, data, state, ctx.device)
+        consts = self.constants(model, ClientRound(payload, data, state, ctx.device))
         adjusts = _overrides(type(self), "adjust")
         start = split_like(payload.params, params) if adjusts else []
         kept: dict[str, Tensor] = {}
@@ -298,7 +274,7 @@ class ClientAlgorithm:
         :meth:`adjust` keeps waits in ``state`` for :meth:`finish`."""
         params = list(model.parameters())
         start = start or split_like(payload.params, params)
-        consts = self.constants(model, payload, _NO_DATA, state, payload.params.device)
+        consts = self.constants(model, ClientRound(payload, _NO_DATA, state, payload.params.device))
         kept = {k[len(_KEPT) :]: v for k, v in state.items() if k.startswith(_KEPT)}
         with torch.no_grad():
             self.adjust(

@@ -43,7 +43,7 @@ from fedshield.algorithms.client.adversarial_training import (
     with_round,
 )
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, GLOBAL_RNG
-from fedshield.algorithms.client.pieces import Trained
+from fedshield.algorithms.client.pieces import Batch, Trained
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import set_buffers, set_params
 from fedshield.core.integrity import FieldSpec
@@ -165,23 +165,23 @@ class FedCARTClient(AdversarialClient):
         p = self.p
         return taet_stage(payload, p.stabilize_rounds) if p.at_loss == "taet" else 0
 
-    def examples(self, model, x, y, payload, consts, draws):  # type: ignore[no-untyped-def]
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
         """x' against the main path (r, h): TRADES' KL ascent or PGD-K, when a term uses it."""
         p = self.p
         main = _dual(model).main_path()
         if p.at_loss == "trades":
-            return self.trades_examples(main, x, draws)
-        if p.at or p.align or p.at_loss == "mart" or self._stage(payload) == 2:
-            return self.pgd_examples(main, x, y, draws=draws)
+            return self.trades_examples(main, b.x, draws)
+        if p.at or p.align or p.at_loss == "mart" or self._stage(b.payload) == 2:
+            return self.pgd_examples(main, b.x, b.y, draws=draws)
         return None
 
-    def objective(self, model, x, y, x_adv, payload, consts):  # type: ignore[no-untyped-def]
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         net = _dual(model)
-        z = net.forward_features(x)
+        z = net.forward_features(b.x)
         logits = net.main_head(z)
         z_adv = net.forward_features(x_adv) if x_adv is not None else None
         logits_adv = net.main_head(z_adv) if z_adv is not None else None
-        return cart_objective(self.p, logits, logits_adv, z, z_adv, y, self._stage(payload))
+        return cart_objective(self.p, logits, logits_adv, z, z_adv, b.y, self._stage(b.payload))
 
     # -- prototypes ------------------------------------------------------------------
     def finish_clients(self, trained: Trained, updates: list[ClientUpdate]) -> None:

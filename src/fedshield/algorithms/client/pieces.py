@@ -21,6 +21,28 @@ if TYPE_CHECKING:
     from fedshield.algorithms.client.base import LocalSpec
 
 
+@dataclass(frozen=True)
+class Batch:
+    """One client's mini-batch as :meth:`ClientAlgorithm.examples` and
+    :meth:`ClientAlgorithm.objective` see it (inside ``vmap`` when batched: that client's
+    rows): inputs, labels, the round's payload and the client's constants."""
+
+    x: Tensor
+    y: Tensor
+    payload: Payload
+    consts: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClientRound:
+    """What :meth:`ClientAlgorithm.constants` reads of one client's round."""
+
+    payload: Payload
+    data: TensorData
+    state: dict[str, Tensor]
+    device: torch.device
+
+
 def split_like(flat: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
     """Views of ``flat`` ([*lead, d], the flat-vector order of :mod:`fedshield.core.flat`)
     shaped like the tensors ``like`` ([*lead, *shape] each)."""
@@ -96,4 +118,4 @@ class Trained:
     kept: dict[str, Tensor] = field(default_factory=dict)
 
 
-__all__ = ["GradStep", "Trained", "split_like"]
+__all__ = ["Batch", "ClientRound", "GradStep", "Trained", "split_like"]

@@ -18,12 +18,11 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
-from fedshield.algorithms.client.pieces import GradStep, Trained
-from fedshield.core.context import ClientUpdate, Payload
+from fedshield.algorithms.client.pieces import ClientRound, GradStep, Trained
+from fedshield.core.context import ClientUpdate
 from fedshield.core.flat import num_params
 from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import Params
-from fedshield.data.bundle import TensorData
 
 
 class ScaffoldParams(Params):
@@ -53,16 +52,9 @@ class ScaffoldClient(ClientAlgorithm):
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
         return {"dh": FieldSpec((num_params(model),))}
 
-    def constants(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        state: dict[str, Tensor],
-        device: torch.device,
-    ) -> dict[str, Tensor]:
-        h = payload.extras["h"]
-        return {CORRECTION: h - state.get("h", torch.zeros_like(h))}
+    def constants(self, model: nn.Module, c: ClientRound) -> dict[str, Tensor]:
+        h = c.payload.extras["h"]
+        return {CORRECTION: h - c.state.get("h", torch.zeros_like(h))}
 
     def adjust(self, step: GradStep) -> None:
         if step.step == 0 and self.params.variant == "seed":  # type: ignore[attr-defined]

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fedshield.algorithms.client.base import ClientAlgorithm, batch_indices
-from fedshield.algorithms.client.pieces import GradStep, Trained
+from fedshield.algorithms.client.pieces import Batch, ClientRound, GradStep, Trained
 from fedshield.core.context import ClientUpdate, Payload, derive_seed, make_generator
 from fedshield.data.bundle import TensorData
 from fedshield.sim.vectorized.modules import batched_forwards
@@ -136,10 +136,9 @@ class VectorizedTrainer:
         algo = self.algo
         with batched_forwards(self.model, self._current_draws), self._autocast():
             detached = {n: t.detach() for n, t in pd.items()}
-            x_adv = functional_call(
-                self.bound, (detached, bd), (algo.examples, x, y, payload, consts, draws)
-            )
-            args = (algo.objective, x, y, x_adv, payload, consts)
+            b = Batch(x, y, payload, consts)
+            x_adv = functional_call(self.bound, (detached, bd), (algo.examples, b, draws))
+            args = (algo.objective, b, x_adv)
             loss = functional_call(self.bound, (pd, bd), args)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         return frozenset(j for j, g in enumerate(grads) if g is None)
@@ -171,14 +170,13 @@ class VectorizedTrainer:
 
         def per_client(pd, bd, x, y, consts, cid):  # type: ignore[no-untyped-def]
             draws.bind(cid)
-            args = (algo.examples, x, y, payload, consts, draws)
-            x_adv = functional_call(bound, (pd, bd), args)
+            b = Batch(x, y, payload, consts)
+            x_adv = functional_call(bound, (pd, bd), (algo.examples, b, draws))
 
             # Buffers enter as an argument, not a capture: BatchNorm mutates them in place,
             # which grad transforms allow on inputs only.
-            def loss_fn(p, b):  # type: ignore[no-untyped-def]
-                args = (algo.objective, x, y, x_adv, payload, consts)
-                loss = functional_call(bound, (p, b), args)
+            def loss_fn(p, bufs):  # type: ignore[no-untyped-def]
+                loss = functional_call(bound, (p, bufs), (algo.objective, b, x_adv))
                 return loss, loss.detach()
 
             return grad(loss_fn, has_aux=True)(pd, bd)
@@ -354,7 +352,7 @@ class VectorizedTrainer:
     ) -> dict[str, Tensor]:
         """Every client's :meth:`ClientAlgorithm.constants`, stacked on a client axis."""
         rows = [
-            self.algo.constants(self.model, payload, d, s, self.device)
+            self.algo.constants(self.model, ClientRound(payload, d, s, self.device))
             for d, s in zip(data, states)
         ]
         return {k: torch.stack([r[k] for r in rows]) for k in rows[0]} if rows else {}
