@@ -2,14 +2,18 @@
 same S·U SGD steps on the same model, data and batch size. Prints the time ratio
 (goal ≤ 1.10: the simulator should add almost nothing to the training cost).
 
-    python bench/bench_round.py [--clients 10] [--steps 20] [--repeats 5]
+    python bench/bench_round.py [--clients 10] [--steps 20] [--repeats 5] [--json out.json]
+
+``bench/ab.py`` runs it against two source trees side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +54,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--model", default="cnn_small")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: least noise)")
+    ap.add_argument("--json", type=Path, default=None, help="write the times (s) here")
+    ap.add_argument(
+        "--clock", choices=["wall", "cpu"], default="wall",
+        help="cpu: the process's CPU time, less disturbed by a busy machine",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = config.load(
@@ -67,13 +76,14 @@ def main() -> None:
     exp = build(cfg)
     sim = Simulator(exp)
     cohort_data = exp.clients
+    now = time.process_time if args.clock == "cpu" else time.perf_counter
     sim_times, plain_times = [], []
     for r in range(args.repeats + 1):  # first pair is warm-up
-        t0 = time.perf_counter()
+        t0 = now()
         sim.run_round(r + 1)
-        t1 = time.perf_counter()
+        t1 = now()
         plain_loop(exp.model, cohort_data, args.steps, cfg.client.batch_size, cfg.client.lr, r)
-        t2 = time.perf_counter()
+        t2 = now()
         if r:
             sim_times.append(t1 - t0)
             plain_times.append(t2 - t1)
@@ -85,6 +95,9 @@ def main() -> None:
     print(f"simulator round : min {s * 1000:8.1f} ms, median {sm * 1000:8.1f} ms")
     print(f"plain torch loop: min {p * 1000:8.1f} ms, median {pm * 1000:8.1f} ms")
     print(f"ratio simulator/plain = {s / p:.3f} (min), {sm / pm:.3f} (median)  (goal <= 1.10)")
+    if args.json:
+        label = f"round S={args.clients} U={args.steps} {args.model}"
+        args.json.write_text(json.dumps({label: {"sim": sim_times, "plain": plain_times}}))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,15 @@ repetition so all see the same machine load:
 Printed: min and median milliseconds, and the ratios loop/vec (the speed-up; goal ≥ 5 at
 S = 100 on CPU), seq/vec, seq/loop and loop/bare (what batching alone can give on this
 machine, so loop/vec ÷ loop/bare is the share of it the engine keeps). Then FedPGD
-clients (PGD-5) at S = 20, and the memory peak of one batched round at S = 1000 for
-several ``run.vectorize_chunk`` values (each in a fresh process: peak RSS growth on CPU,
-``max_memory_allocated`` on CUDA).
+clients (PGD-5) at S = 20 (``--algorithms`` adds others, e.g. scaffold), and the memory
+peak of one batched round at S = 1000 for several ``run.vectorize_chunk`` values (each
+in a fresh process: peak RSS growth on CPU, ``max_memory_allocated`` on CUDA).
 
     PYTHONPATH=src python bench/bench_vectorized.py [--device cpu] [--dataset mnist5k]
         [--sizes 10,100,1000] [--steps 1,5] [--repeats 3] [--save docs/results/...]
+        [--json times.json]
+
+``bench/ab.py`` runs it against two source trees side by side.
 """
 
 from __future__ import annotations
@@ -159,15 +162,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def measure(runs: dict[str, Callable[[int], None]], repeats: int) -> dict[str, list[float]]:
-    """Interleaved repetitions after one warm-up each (noisy shared machine)."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def measure(
+    runs: dict[str, Callable[[int], None]], repeats: int, clock: str = "wall"
+) -> dict[str, list[float]]:
+    """Interleaved repetitions after one warm-up each (noisy shared machine). ``cpu``: the
+    process's CPU time, which other processes on a busy machine disturb less than the wall
+    time (one thread, so CPU time is the time the run took when it ran)."""
+    now = CLOCKS[clock]
     times: dict[str, list[float]] = {k: [] for k in runs}
     for r in range(repeats + 1):
         for name, fn in runs.items():
-            t0 = time.perf_counter()
+            t0 = now()
             fn(r + 1)
             if r:
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(now() - t0)
     return times
 
 
@@ -231,6 +242,16 @@ def memory_child(raw_json: str, chunk: int) -> None:
     print((max(peak[0], _rss()) - base) / 2**20)
 
 
+def _server_for(client: str) -> str:
+    """The server algorithm whose ``needs_client`` tag names ``client``, else fedavg."""
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    for entry in SERVER_ALGORITHMS.entries():
+        if client in entry.tag_values("needs_client"):
+            return entry.name
+    return "fedavg"
+
+
 def param_count(raw: dict[str, Any]) -> int:
     sim = simulator(raw, False)
     return sim.state.params.numel()
@@ -248,10 +269,15 @@ def main() -> None:
     ap.add_argument("--steps", default="1,5")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--loop-max", type=int, default=1000, help="largest S for loop/seq timing")
-    ap.add_argument("--pgd-clients", type=int, default=20)
+    ap.add_argument("--pgd-clients", type=int, default=20, help="S of the --algorithms rows")
+    ap.add_argument(
+        "--algorithms", default="fedpgd", help="client algorithms timed at S=--pgd-clients, U=2"
+    )
     ap.add_argument("--chunks", default="32,128,1000", help="chunk sizes of the memory check")
     ap.add_argument("--chunk", type=int, default=None, help="run.vectorize_chunk of the timings")
     ap.add_argument("--save", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write every run's times (s)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall or CPU time")
     args = ap.parse_args()
     torch.set_num_threads(1)
     lines = [
@@ -261,9 +287,15 @@ def main() -> None:
         f"{args.repeats} interleaved repeats; ratios min/median",
     ]
 
+    timings: dict[str, dict[str, list[float]]] = {}
+
     def emit(line: str) -> None:
         print(line, flush=True)
         lines.append(line)
+
+    def timed(label: str, runs: dict[str, Callable[[int], None]]) -> None:
+        timings[label] = measure(runs, args.repeats, args.clock)
+        emit(report(label, timings[label]))
 
     for line in lines:
         print(line)
@@ -278,15 +310,20 @@ def main() -> None:
                     runs["seq"] = cohort_round(seq)
                     runs["loop"] = hand_loop(seq)
                     runs["bare"] = bare_vmap(seq)
-                emit(report(f"{model:<9} S={s:<4} U={u}", measure(runs, args.repeats)))
+                timed(f"{model:<9} S={s:<4} U={u}", runs)
 
     s = args.pgd_clients
-    for model in args.models.split(","):
-        raw = raw_config(model, args.dataset, s, 2, args.device, algorithm="fedpgd")
-        raw["client"]["params"] = {"steps": 5, "eps": 0.1}
-        vec, seq = simulator(raw, True, args.chunk), simulator(raw, False)
-        runs = {"vec": cohort_round(vec), "seq": cohort_round(seq), "loop": hand_loop(seq, 5)}
-        emit(report(f"fedpgd {model:<9} S={s} U=2 PGD-5", measure(runs, args.repeats)))
+    for algo in args.algorithms.split(","):
+        pgd = algo == "fedpgd"
+        for model in args.models.split(","):
+            raw = raw_config(model, args.dataset, s, 2, args.device, algorithm=algo)
+            raw["server"]["algorithm"] = _server_for(algo)
+            if pgd:
+                raw["client"]["params"] = {"steps": 5, "eps": 0.1}
+            vec, seq = simulator(raw, True, args.chunk), simulator(raw, False)
+            runs = {"vec": cohort_round(vec), "seq": cohort_round(seq)}
+            runs["loop"] = hand_loop(seq, 5 if pgd else 0)
+            timed(f"{algo} {model:<9} S={s} U=2{' PGD-5' if pgd else ''}", runs)
 
     if args.chunks:
         s = max(int(v) for v in args.sizes.split(","))
@@ -308,6 +345,8 @@ def main() -> None:
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
         args.save.write_text("\n".join(lines) + "\n")
+    if args.json:
+        args.json.write_text(json.dumps(timings))
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from fedshield.eval.base import EVALUATORS
 from fedshield.models import MODELS, build_model, model_tags, parse_model_params
 from fedshield.registry import TAGS, Registry, tags_of
 from fedshield.routing import POLICIES
+from fedshield.testing.algorithms import SMALL_MODELS, families, server_for
 
 #: The tag vocabulary (fedshield.registry.TAGS).
 VOCAB = TAGS
@@ -370,15 +371,6 @@ def test_list_shows_every_entry_with_params_and_tags(kind, capsys, monkeypatch):
 
 # --- client algorithms × the model families they declare ----------------------------------
 
-#: a small model of every family (input 1×8×8, 10 classes)
-_FAMILY = {
-    "mlp": ("mlp", {"hidden": 16}),
-    "cnn_small": ("cnn_small", {}),  # BatchNorm: buffers travel with the update
-    "dual_head": ("dual_head", {"backbone": "mlp", "hidden": 16}),
-    "multi_exit": ("eevit", {"patch_size": 4, "embed_dim": 16, "num_heads": 2, "depth": 3}),
-}
-#: the server algorithm whose broadcast a client needs (its extras), by client algorithm
-_SERVER_OF = {"scaffold": "scaffold", "fedcart": "fedcart"}
 #: model options a baseline requires (its builder says so with a ConfigError otherwise)
 _MODEL_OPTIONS = {"depthfl": {"exit_bottleneck": "depthfl"}, "reefl": {"exit_mode": "recurrent"}}
 
@@ -388,14 +380,7 @@ def _client_cases() -> list[Any]:
     for entry in CLIENT_ALGORITHMS.entries():
         if not entry.is_package:
             continue
-        needs = entry.tag_values("needs_model")
-        if "multi_exit" in needs:
-            families = ["multi_exit"]
-        elif "dual_head" in needs:
-            families = ["dual_head"]
-        else:  # any classifier, the dual-head one included (FedCART's AT baselines)
-            families = ["mlp", "cnn_small", "dual_head"]
-        for fam in families:
+        for fam in families(entry):
             out.append(pytest.param(entry, fam, id=f"{entry.name}:{fam}"))
     return out
 
@@ -407,7 +392,7 @@ def _local_update(entry, family: str, client_id: int):  # noqa: ANN001, ANN202
     from fedshield.core.flat import get_buffers, get_params
     from fedshield.data.bundle import TensorData
 
-    name, params = _FAMILY[family]
+    name, params = SMALL_MODELS[family]
     if family == "multi_exit":
         params = params | _MODEL_OPTIONS.get(entry.name, {})
     torch.manual_seed(0)
@@ -418,7 +403,7 @@ def _local_update(entry, family: str, client_id: int):  # noqa: ANN001, ANN202
         LocalSpec(lr=0.05, batch_size=16, steps=3),
         CLIENT_ALGORITHMS.parse(entry.name, {}, "client.params"),
     )
-    server_entry = SERVER_ALGORITHMS.entry(_SERVER_OF.get(entry.name, "fedavg"))
+    server_entry = SERVER_ALGORITHMS.entry(server_for(entry.name))
     server = server_entry.obj(
         AGGREGATORS.entry("mean").obj(), lr=1.0, weighting="samples",
         params=server_entry.parse({}, "server.params"),

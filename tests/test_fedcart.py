@@ -113,8 +113,8 @@ def test_dual_head_rejects_non_classifier_backbone():
 
 def _fixed_adv(cl: FedCARTClient, x_adv: torch.Tensor) -> None:
     """Make the client's attacks deterministic, so loss differences isolate one term."""
-    cl.pgd_examples = lambda model, x, y, steps=None: x_adv  # type: ignore[method-assign]
-    cl.trades_examples = lambda model, x, transform=None: x_adv  # type: ignore[method-assign]
+    cl.pgd_examples = lambda model, x, y, steps=None, draws=None: x_adv  # type: ignore[method-assign]
+    cl.trades_examples = lambda model, x, draws=None, transform=None: x_adv  # type: ignore[method-assign]
 
 
 def _terms(m: DualHead, x, x_adv, y):  # noqa: ANN001, ANN202
@@ -544,14 +544,14 @@ def test_fedtaet_client_is_natural_ce_then_harl_and_reads_the_round():
     x_adv = (x + 0.05).clamp(0, 1)
     spec = LocalSpec(lr=0.05, batch_size=8, steps=1)
     cl = FedTAET(spec, parse_params(TAETParams, {"stabilize_rounds": 3}, "client.params"))
-    cl.pgd_examples = lambda model, x, y, steps=None: x_adv  # type: ignore[method-assign]
+    cl.pgd_examples = lambda model, x, y, steps=None, draws=None: x_adv  # type: ignore[method-assign]
     base = Payload(get_params(m), get_buffers(m))
     torch.testing.assert_close(cl.loss(m, x, y, with_round(base, 3)), F.cross_entropy(m(x), y))
     torch.testing.assert_close(cl.loss(m, x, y, with_round(base, 4)), harl_loss(m(x_adv), y))
     seen = []
     real_loss = cl.loss
-    cl.loss = lambda model, x, y, payload: (  # type: ignore[method-assign]
-        seen.append(float(payload.extras["taet/round"])) or real_loss(model, x, y, payload)
+    cl.loss = lambda model, x, y, payload, consts=None: (  # type: ignore[method-assign]
+        seen.append(float(payload.extras["taet/round"])) or real_loss(model, x, y, payload, consts)
     )
     cl.local_update(m, base, d, ctx(rnd=5), {})
     assert seen == [5.0]

@@ -175,6 +175,11 @@ PARITY = {
         "rounds": 3,  # a client meets its own h_m again: state must survive on the node
     },
     "fedacg": {"client": {"algorithm": "fedacg"}, "server": {"algorithm": "fedacg"}},
+    "feddyn": {  # α broadcast as a payload extra, ∇L_k(θ_k^{t−1}) kept on the node
+        "client": {"algorithm": "feddyn"},
+        "server": {"algorithm": "feddyn", "clients_per_round": 2},
+        "rounds": 4,
+    },
     "drag": {"server": {"algorithm": "drag"}},
     "median+sign_flip": {
         "server": {"aggregator": "median"},

@@ -49,7 +49,6 @@ TAGS: dict[str, str] = {
     # client algorithms, evaluators
     "needs_model": "works only with these model families: needs_model=dual_head|multi_exit",
     "uploads": "extras it uploads: uploads=dh|prototypes|mask",
-    "vectorizable": "its local update can run batched over a cohort (run.vectorize)",
     # server algorithms
     "needs_client": "needs one of these client algorithms: needs_client=fedcart|...",
     "needs_root": "trains on a server root dataset (data.root_size > 0)",

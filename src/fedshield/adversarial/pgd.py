@@ -1,11 +1,21 @@
-"""L∞ PGD (Madry et al., 2018) and CW∞ = PGD on the CW margin objective (SPEC §7, §8)."""
+"""L∞ PGD (Madry et al., 2018) and CW∞ = PGD on the CW margin objective (SPEC §7, §8).
+
+One definition for evaluation, the sequential trainer and the vectorised one (where it runs
+per client inside ``vmap``, its start drawn from the client's replayed stream)."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from fedshield.adversarial.linf import Clamp, check_budget, input_grad, project, uniform_start
+from fedshield.adversarial.linf import (
+    Clamp,
+    Draws,
+    GeneratorDraws,
+    check_budget,
+    input_grad,
+    project,
+)
 from fedshield.adversarial.losses import Objective, resolve_objective
 
 
@@ -22,14 +32,16 @@ def pgd(
     kappa: float = 50.0,
     clamp: Clamp = (0.0, 1.0),
     generator: torch.Generator | None = None,
+    draws: Draws | None = None,
 ) -> Tensor:
     """``steps`` iterations of ``x' ← Π_{B∞(x,ε)∩clamp}(x' + α·sign(∇ₓ' loss))``, detached.
 
     ``loss`` is ``"ce"`` (PGD-k), ``"cw"`` (CW margin with confidence ``kappa``) or a
     callable ``(logits, y) -> loss`` to maximise. ``random_start`` draws ``U(-ε, ε)`` from
-    ``generator`` (reproducible when given). Training code decides the model's mode, so it is
-    not changed here; parameters' ``.grad`` are never written. With ``random_start=False``
-    and ``loss="ce"`` the iterates equal ``torchattacks.PGD``'s.
+    ``generator`` (reproducible when given), or from ``draws`` (the batched trainer's
+    per-client streams). Training code decides the model's mode, so it is not changed here;
+    parameters' ``.grad`` are never written. With ``random_start=False`` and ``loss="ce"``
+    the iterates equal ``torchattacks.PGD``'s.
     """
     check_budget(eps, alpha, steps)
     x = x.detach()
@@ -38,7 +50,11 @@ def pgd(
     def attack_loss(logits: Tensor) -> Tensor:
         return objective(logits, y)
 
-    adv = project(uniform_start(x, eps, generator), x, eps, clamp) if random_start else x
+    if random_start:
+        rng = draws if draws is not None else GeneratorDraws(generator)
+        adv = project(x + rng.uniform(x, -eps, eps), x, eps, clamp)
+    else:
+        adv = x
     for _ in range(steps):
         grad = input_grad(model, adv, attack_loss)
         adv = project(adv + alpha * grad.sign(), x, eps, clamp)

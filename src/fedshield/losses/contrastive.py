@@ -14,12 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def supervised_contrastive(features: Tensor, labels: Tensor, tau: float = 0.1) -> Tensor:
-    """SupCon over ``features`` [N, D] with ``labels`` [N]; mean over anchors with a positive.
-
-    Anchors without any positive contribute nothing (they cannot occur in :func:`align_loss`,
-    where every sample's other view is a positive).
-    """
+def _per_anchor(features: Tensor, labels: Tensor, tau: float) -> tuple[Tensor, Tensor]:
+    """Every anchor's SupCon term (0 where it has no positive) and its positive count."""
     if tau <= 0:
         raise ValueError(f"temperature tau must be > 0, got {tau}")
     z = F.normalize(features, dim=1)
@@ -31,7 +27,16 @@ def supervised_contrastive(features: Tensor, labels: Tensor, tau: float = 0.1) -
     pos = (labels[:, None] == labels[None, :]) & ~self_mask
     n_pos = pos.sum(dim=1)
     # masked_fill (not multiplication) so the −inf diagonal never meets a zero weight.
-    per_anchor = -log_prob.masked_fill(~pos, 0.0).sum(dim=1) / n_pos.clamp_min(1)
+    return -log_prob.masked_fill(~pos, 0.0).sum(dim=1) / n_pos.clamp_min(1), n_pos
+
+
+def supervised_contrastive(features: Tensor, labels: Tensor, tau: float = 0.1) -> Tensor:
+    """SupCon over ``features`` [N, D] with ``labels`` [N]; mean over anchors with a positive.
+
+    Anchors without any positive contribute nothing (they cannot occur in :func:`align_loss`,
+    where every sample's other view is a positive).
+    """
+    per_anchor, n_pos = _per_anchor(features, labels, tau)
     has_pos = n_pos > 0
     if not bool(has_pos.any()):
         return features.sum() * 0.0  # keeps the graph; nothing to align
@@ -39,8 +44,13 @@ def supervised_contrastive(features: Tensor, labels: Tensor, tau: float = 0.1) -
 
 
 def align_loss(z_nat: Tensor, z_adv: Tensor, labels: Tensor, tau: float = 0.1) -> Tensor:
-    """L_Align of SPEC §7: SupCon over the 2B natural and adversarial features."""
-    return supervised_contrastive(torch.cat([z_nat, z_adv]), torch.cat([labels, labels]), tau)
+    """L_Align of SPEC §7: SupCon over the 2B natural and adversarial features.
+
+    Every anchor has a positive (its other view), so the mean over anchors with a positive
+    is the mean over all anchors: no data-dependent branch, and it runs inside ``vmap`` (the
+    vectorised trainer)."""
+    per_anchor, _ = _per_anchor(torch.cat([z_nat, z_adv]), torch.cat([labels, labels]), tau)
+    return per_anchor.mean()
 
 
 __all__ = ["align_loss", "supervised_contrastive"]

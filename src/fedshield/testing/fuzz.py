@@ -156,10 +156,10 @@ def base_config(
     trust_counts: bool | None = None,
 ) -> dict[str, Any]:
     """A seconds-long config on bundled digits; the client algorithm and model fit the
-    server (SCAFFOLD's client, FedCART's dual head) or the mask case (a tiny multi-exit ViT).
-    ``defaults``: the rule named without arguments (its defaults are part of the defense);
-    ``trust_counts``: ``server.trust_counts`` (the fuzz trusts them: the count cap under a
-    robust rule must then hold by itself)."""
+    server (the client its ``needs_client`` tag names, FedCART's dual head) or the mask case
+    (a tiny multi-exit ViT). ``defaults``: the rule named without arguments (its defaults
+    are part of the defense); ``trust_counts``: ``server.trust_counts`` (the fuzz trusts
+    them: the count cap under a robust rule must then hold by itself)."""
     raw: dict[str, Any] = {
         "name": f"fuzz-{server}-{aggregator}",
         "seed": 0,
@@ -178,8 +178,9 @@ def base_config(
     }
     if trust_counts is not None:
         raw["server"]["trust_counts"] = trust_counts
-    if server == "scaffold":
-        raw["client"]["algorithm"] = "scaffold"
+    need = _needs_client(server)
+    if need:
+        raw["client"]["algorithm"] = need
     if server == "fedcart":
         raw["client"] |= {"algorithm": "fedcart", "params": {"steps": 1, "proto_steps": 0}}
         raw["model"] = {
@@ -347,6 +348,14 @@ def pair_honest_step(pair: Pair) -> float:
     return pair.honest_step
 
 
+def _needs_client(server: str) -> str | None:
+    """The client algorithm a server needs (its ``needs_client`` tag), if any."""
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    need = SERVER_ALGORITHMS.entry(server).tag_values("needs_client")
+    return min(need) if need else None
+
+
 def pairs(masks: bool = False) -> Iterator[tuple[str, str]]:
     """Every (server, aggregator) name pair of the package's registries; plugins that other
     code registered in this process are left out, so the grid is the same everywhere."""
@@ -354,7 +363,7 @@ def pairs(masks: bool = False) -> Iterator[tuple[str, str]]:
     from fedshield.algorithms.server import SERVER_ALGORITHMS
 
     for s in SERVER_ALGORITHMS.package_names():
-        if masks and s in ("scaffold", "fedcart"):  # their clients upload no masks
+        if masks and _needs_client(s):  # SCAFFOLD's, FedCART's, FedDyn's: no masks
             continue
         for a in AGGREGATORS.package_names():
             yield s, a

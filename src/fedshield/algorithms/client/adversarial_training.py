@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +27,14 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from fedshield.adversarial import pgd, trades_pgd
-from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
+from fedshield.adversarial.linf import Draws
+from fedshield.algorithms.client.base import (
+    CLIENT_ALGORITHMS,
+    GLOBAL_RNG,
+    ClientAlgorithm,
+    ClientContext,
+)
+from fedshield.algorithms.client.pieces import Batch, ClientRound
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
@@ -40,9 +46,6 @@ from fedshield.losses import (
     mart_loss,
     trades_loss,
 )
-
-if TYPE_CHECKING:
-    from fedshield.algorithms.client.functional import VectorForm
 
 GRAYSCALE_EPS = 0.1
 COLOUR_EPS = 8 / 255
@@ -83,7 +86,8 @@ def eval_mode(model: nn.Module, enabled: bool = True) -> Iterator[None]:
 
 
 class AdversarialClient(ClientAlgorithm):
-    """Local SGD on an adversarial loss; subclasses define :meth:`loss`."""
+    """Local SGD on an adversarial loss: x' = PGD-K (:meth:`examples`), then the
+    subclass's :meth:`objective`."""
 
     params_schema: type[Params] = ATParams
 
@@ -94,17 +98,26 @@ class AdversarialClient(ClientAlgorithm):
         return eps, alpha
 
     def pgd_examples(
-        self, model: nn.Module, x: Tensor, y: Tensor, steps: int | None = None
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        steps: int | None = None,
+        draws: Draws = GLOBAL_RNG,
     ) -> Tensor:
-        """x' = PGD-K with CE and a uniform random start (global RNG, which the engine seeds
-        per (seed, round, client))."""
+        """x' = PGD-K with CE and a uniform random start from ``draws`` (the global RNG,
+        which the engine seeds per (seed, round, client), or the client's replayed stream)."""
         eps, alpha = self.budget(x)
         k = self.params.steps if steps is None else steps  # type: ignore[attr-defined]
         with eval_mode(model, self.params.attack_eval_mode):  # type: ignore[attr-defined]
-            return pgd(model, x, y, eps, alpha, k)
+            return pgd(model, x, y, eps, alpha, k, draws=draws)
 
     def trades_examples(
-        self, model: nn.Module, x: Tensor, transform: Callable[[Tensor], Tensor] | None = None
+        self,
+        model: nn.Module,
+        x: Tensor,
+        draws: Draws = GLOBAL_RNG,
+        transform: Callable[[Tensor], Tensor] | None = None,
     ) -> Tensor:
         """x' maximising KL(p(x) ‖ p(x')) (TRADES' inner problem), optionally on transformed
         logits (CalFAT's calibration)."""
@@ -112,72 +125,55 @@ class AdversarialClient(ClientAlgorithm):
         with eval_mode(model, self.params.attack_eval_mode):  # type: ignore[attr-defined]
             return trades_pgd(
                 model, x, eps, alpha, self.params.steps,  # type: ignore[attr-defined]
-                logit_transform=transform,
+                logit_transform=transform, draws=draws,
             )  # fmt: skip
 
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        return self.pgd_examples(model, b.x, b.y, draws=draws)
 
-@CLIENT_ALGORITHMS.register("fedpgd", tags=["vectorizable"])
+
+@CLIENT_ALGORITHMS.register("fedpgd")
 class FedPGD(AdversarialClient):
     """FedPGD trains on Madry's PGD adversarial examples only: CE(f(x'), y) (SPEC §7)."""
 
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
-        return F.cross_entropy(model(self.pgd_examples(model, x, y)), y)
-
-    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
-        from fedshield.algorithms.client.functional_at import ATForm
-
-        return ATForm(self)
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return F.cross_entropy(model(x_adv), b.y)
 
 
-@CLIENT_ALGORITHMS.register("fedfat", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register("fedfat")
 class FedFAT(AdversarialClient):
     """FedFAT trains on natural plus PGD cross-entropy, CE(f(x), y) + CE(f(x'), y) (our
     reading, SPEC §7)."""
 
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
-        x_adv = self.pgd_examples(model, x, y)
-        return F.cross_entropy(model(x), y) + F.cross_entropy(model(x_adv), y)
-
-    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
-        from fedshield.algorithms.client.functional_at import FATForm
-
-        return FATForm(self)
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return F.cross_entropy(model(b.x), b.y) + F.cross_entropy(model(x_adv), b.y)
 
 
 class BetaParams(ATParams):
     beta: float = Field(6.0, ge=0.0, description="Weight β of the KL term.")
 
 
-@CLIENT_ALGORITHMS.register("fedtrades", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register("fedtrades")
 class FedTRADES(AdversarialClient):
     """FedTRADES trains on CE(x) + β KL(p(x) ‖ p(x')) with x' maximising the KL (SPEC §7)."""
 
     params_schema = BetaParams
 
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
-        x_adv = self.trades_examples(model, x)
-        return trades_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        return self.trades_examples(model, b.x, draws)
 
-    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
-        from fedshield.algorithms.client.functional_at import TRADESForm
-
-        return TRADESForm(self)
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return trades_loss(model(b.x), model(x_adv), b.y, self.params.beta)  # type: ignore[attr-defined]
 
 
-@CLIENT_ALGORITHMS.register("fedmart", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register("fedmart")
 class FedMART(AdversarialClient):
     """FedMART trains on MART's boosted CE on x' plus β KL · (1 − p_y(x)) (SPEC §7)."""
 
     params_schema = BetaParams
 
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
-        x_adv = self.pgd_examples(model, x, y)
-        return mart_loss(model(x), model(x_adv), y, self.params.beta)  # type: ignore[attr-defined]
-
-    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
-        from fedshield.algorithms.client.functional_at import MARTForm
-
-        return MARTForm(self)
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        return mart_loss(model(b.x), model(x_adv), b.y, self.params.beta)  # type: ignore[attr-defined]
 
 
 class CalFATParams(ATParams):
@@ -188,44 +184,27 @@ class CalFATParams(ATParams):
 LOG_PRIOR_KEY = "calfat/log_prior"
 
 
-@CLIENT_ALGORITHMS.register("calfat", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register("calfat")
 class CalFAT(AdversarialClient):
     """CalFAT trains on the prior-calibrated CE of TRADES-style x' (Chen et al., NeurIPS
-    2022; SPEC §7).
-
-    The client's log-prior is computed once per round from its labels and handed to
-    :meth:`loss` through a copy of the payload's extras (nothing is kept on ``self``)."""
+    2022; SPEC §7). The client's log-prior log π_k is a constant of the round, computed
+    from its labels."""
 
     params_schema = CalFATParams
 
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        num_classes = _num_classes(model, data, ctx.device)
-        log_prior = class_log_prior(data.class_counts(num_classes)).to(ctx.device)
-        extras = {**payload.extras, LOG_PRIOR_KEY: log_prior}
-        local = Payload(payload.params, payload.buffers, extras)
-        return super().local_update(model, local, data, ctx, state)
+    def constants(self, model: nn.Module, c: ClientRound) -> dict[str, Tensor]:
+        counts = c.data.class_counts(_num_classes(model, c.data, c.device))
+        return {LOG_PRIOR_KEY: class_log_prior(counts).to(c.device)}
 
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        log_prior, tau = b.consts[LOG_PRIOR_KEY], self.params.tau  # type: ignore[attr-defined]
+        return self.trades_examples(
+            model, b.x, draws, lambda z: calibrated_logits(z, log_prior, tau)
+        )
+
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         p = self.params
-        log_prior = payload.extras[LOG_PRIOR_KEY]
-
-        def calibrate(z: Tensor) -> Tensor:
-            return calibrated_logits(z, log_prior, p.tau)  # type: ignore[attr-defined]
-
-        x_adv = self.trades_examples(model, x, calibrate)
-        return calibrated_ce(model(x_adv), y, log_prior, p.scale, p.tau)  # type: ignore[attr-defined]
-
-    def vector_form(self) -> VectorForm:  # run.vectorize: PGD batched per client
-        from fedshield.algorithms.client.functional_at import CalFATForm
-
-        return CalFATForm(self)
+        return calibrated_ce(model(x_adv), b.y, b.consts[LOG_PRIOR_KEY], p.scale, p.tau)  # type: ignore[attr-defined]
 
 
 class TAETParams(ATParams):
@@ -261,8 +240,10 @@ class FedTAET(AdversarialClient):
 
     TAET (Wang Yu-Hang et al., CVPR 2025): an initial stabilisation stage of natural CE
     (``stabilize_rounds`` rounds), then the Hierarchical Adversarial Robustness Loss on x'
-    (:func:`~fedshield.losses.harl_loss`). The round reaches :meth:`loss` through a copy of
-    the payload's extras, as CalFAT's prior does."""
+    (:func:`~fedshield.losses.harl_loss`). The round reaches the pieces through a copy of
+    the payload's extras. It owns its update (client by client, no DP-SGD): HARL couples a
+    batch's samples through class means, which per-sample clipping cannot bound, and
+    :mod:`fedshield.privacy` refuses the algorithms that own their loop."""
 
     params_schema = TAETParams
 
@@ -276,12 +257,19 @@ class FedTAET(AdversarialClient):
     ) -> ClientUpdate:
         return super().local_update(model, with_round(payload, ctx.round), data, ctx, state)
 
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
+    def _stage(self, payload: Payload) -> int:
+        return taet_stage(payload, self.params.stabilize_rounds)  # type: ignore[attr-defined]
+
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        if self._stage(b.payload) == 1:
+            return None
+        return self.pgd_examples(model, b.x, b.y, draws=draws)
+
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        if self._stage(b.payload) == 1:
+            return F.cross_entropy(model(b.x), b.y)
         p: TAETParams = self.params  # type: ignore[assignment]
-        if taet_stage(payload, p.stabilize_rounds) == 1:
-            return F.cross_entropy(model(x), y)
-        x_adv = self.pgd_examples(model, x, y)
-        return harl_loss(model(x_adv), y, p.harl_alpha, p.harl_beta, p.harl_gamma)
+        return harl_loss(model(x_adv), b.y, p.harl_alpha, p.harl_beta, p.harl_gamma)
 
 
 def _num_classes(model: nn.Module, data: TensorData, device: torch.device) -> int:

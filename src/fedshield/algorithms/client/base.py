@@ -1,8 +1,25 @@
 """The client-algorithm contract and the shared local-SGD loop (SPEC §1).
 
-``local_update(model, payload, data, ctx, state) -> ClientUpdate``. Subclasses change the
-loss (:meth:`loss`), the gradient before each step (:meth:`adjust_grads`: FedProx,
-SCAFFOLD, FedACG) or what is uploaded (:meth:`finish`: prototypes, control variates).
+``local_update(model, payload, data, ctx, state) -> ClientUpdate``. An algorithm is defined
+by per-step pieces, each written once and run by two backends — this module's sequential
+loop (one client) and the batched trainer of :mod:`fedshield.sim.vectorized` (a cohort,
+``torch.func.vmap`` over the clients' stacked parameters), in the spirit of FedJAX's
+``for_each_client`` (the algorithm says what a client does, the backend how clients run):
+
+* :meth:`~ClientAlgorithm.constants` — one client's values for the round (CalFAT's class
+  prior, SCAFFOLD's h − h_m, FedDyn's ∇L_k(θ_k^{t−1})); the batched trainer stacks them;
+* :meth:`~ClientAlgorithm.examples` — inputs computed before the gradient (adversarial x'),
+  one client's view, random numbers from ``draws``;
+* :meth:`~ClientAlgorithm.objective` — one client's mini-batch loss;
+* :meth:`~ClientAlgorithm.adjust` — the gradient change before the SGD step (FedProx,
+  SCAFFOLD, FedDyn) on a :class:`~fedshield.algorithms.client.pieces.GradStep`, whose
+  tensors have a leading client axis or none;
+* :meth:`~ClientAlgorithm.finish_clients` — extras to upload and client-state updates.
+
+Whether an algorithm batches is derived from what it defines (:func:`batches`): a class
+that overrides none of :data:`SEQUENTIAL_HOOKS` is described by its pieces alone. One that
+owns its loop (multi-exit, width, FedTAET) trains client by client and reuses the pieces
+it can.
 """
 
 from __future__ import annotations
@@ -11,12 +28,14 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedshield.adversarial.linf import Draws, GeneratorDraws
+from fedshield.algorithms.client.pieces import Batch, ClientRound, GradStep, Trained, split_like
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.core.integrity import FieldSpec
@@ -25,8 +44,8 @@ from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 
-if TYPE_CHECKING:
-    from fedshield.algorithms.client.functional import VectorForm
+#: The sequential loop's random numbers: the global RNG, seeded per (seed, round, client).
+GLOBAL_RNG = GeneratorDraws(None)
 
 
 @dataclass(frozen=True)
@@ -83,8 +102,11 @@ class ClientAlgorithm:
     """Plain local SGD; the base of every client algorithm."""
 
     params_schema: type[Params] = NoParams
-    #: True when :meth:`adjust_grads` needs the start point as per-tensor copies.
-    uses_start: bool = False
+    #: :meth:`adjust` applies to parameters the loss never reaches (FedCART's h', a frozen
+    #: exit): they get a zero gradient first, so the optimizer steps them (weight decay,
+    #: SCAFFOLD's correction). Otherwise SGD skips them, as ``torch.optim.SGD`` skips a
+    #: parameter whose ``grad`` is None.
+    fills_missing_grads: bool = False
     #: Sample-level DP-SGD (:class:`fedshield.privacy.local.LocalDPSGD`), set from
     #: ``[privacy.local]`` by :func:`fedshield.privacy.attach_privacy`; None: plain SGD.
     dp_sgd: Any = None
@@ -118,42 +140,49 @@ class ClientAlgorithm:
         counts ``class_counts`` (known to the server, like the partition)."""
         return None
 
-    # -- hooks ---------------------------------------------------------------------
     def init_state(self, num_params: int) -> dict[str, Tensor]:
         """Per-client state kept by the engine across rounds (checkpointed)."""
         return {}
 
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
-        return F.cross_entropy(model(x), y)
+    # -- the per-step pieces (both backends) -----------------------------------------
+    def round_payload(self, payload: Payload, rnd: int) -> Payload:
+        """The payload as the pieces see it in round ``rnd`` (default: as broadcast)."""
+        return payload
 
-    def adjust_grads(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        state: dict[str, Tensor],
-        start: list[Tensor],
-        step: int,
-    ) -> None:
-        """Modify ``p.grad`` in place before the optimizer step (default: nothing)."""
+    def constants(self, model: nn.Module, c: ClientRound) -> dict[str, Tensor]:
+        """One client's constants of the round; the batched trainer stacks them on a
+        leading client axis and the other pieces see the client's (or group's) rows."""
+        return {}
 
-    def vector_form(self) -> VectorForm | None:
-        """Functional per-step math for vectorised cohorts (``run.vectorize``), used when the
-        registry entry is tagged ``vectorizable``; None: train client by client."""
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        """Inputs computed before the gradient (adversarial examples x'); None for none.
+        One client's view (inside ``vmap`` when batched); random numbers from ``draws``."""
         return None
 
-    def finish(
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        """One client's mini-batch loss (``model(x)`` runs with that client's parameters)."""
+        return F.cross_entropy(model(b.x), b.y)
+
+    def adjust(self, step: GradStep) -> None:
+        """Change ``step.grads`` in place before the optimizer step (default: nothing)."""
+
+    def finish_clients(self, trained: Trained, updates: list[ClientUpdate]) -> None:
+        """Add extras to the uploads and update the client states (default: nothing)."""
+
+    def loss(
         self,
         model: nn.Module,
-        update: ClientUpdate,
+        x: Tensor,
+        y: Tensor,
         payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        """Post-training hook: add extras to the upload, update client state."""
-        return update
+        consts: dict[str, Tensor] | None = None,
+    ) -> Tensor:
+        """One mini-batch's loss as the sequential loop computes it: :meth:`examples` drawn
+        from the global RNG, then :meth:`objective`."""
+        b = Batch(x, y, payload, {} if consts is None else consts)
+        return self.objective(model, b, self.examples(model, b, GLOBAL_RNG))
 
-    # -- the loop ------------------------------------------------------------------
+    # -- the sequential loop -----------------------------------------------------------
     def local_update(
         self,
         model: nn.Module,
@@ -166,10 +195,15 @@ class ClientAlgorithm:
         set_buffers(model, payload.buffers)
         model.train()
         spec = self.spec
+        params = list(model.parameters())
         opt = torch.optim.SGD(
-            model.parameters(), lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+            params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
         )
-        start = [p.detach().clone() for p in model.parameters()] if self.uses_start else []
+        payload = self.round_payload(payload, ctx.round)
+        consts = self.constants(model, ClientRound(payload, data, state, ctx.device))
+        adjusts = _overrides(type(self), "adjust")
+        start = split_like(payload.params, params) if adjusts else []
+        kept: dict[str, Tensor] = {}
         total = torch.zeros((), device=ctx.device)
         steps = spec.num_steps(len(data))
         batches = batch_indices(len(data), spec.batch_size, steps, ctx.generator)
@@ -188,11 +222,15 @@ class ClientAlgorithm:
                 else:
                     dp.zero_grad()
                 with autocast(ctx):
-                    loss = self.loss(net, x, y, payload)
+                    loss = self.loss(net, x, y, payload, consts)
                 loss.backward()
                 if dp is not None:  # per-sample clip + noise → p.grad, before the terms
                     dp.privatize()  # that do not read the data (FedProx's μ(θ − θ_start))
-                self.adjust_grads(model, payload, state, start, step)
+                if adjusts:
+                    grads = self._model_grads(params)
+                    gs = GradStep(grads, params, start, payload, consts, step, kept=kept)
+                    with torch.no_grad():
+                        self.adjust(gs)
                 opt.step()
                 total += loss.detach().float()
         finally:
@@ -205,7 +243,89 @@ class ClientAlgorithm:
             buffers=get_buffers(model),
             metrics={"train/loss": float(total) / max(steps, 1)},
         )
-        return self.finish(model, update, payload, data, ctx, state)
+        trained = Trained(
+            model, payload, [data], [state], [steps], spec, ctx.device, _global_rng, kept
+        )
+        self.finish_clients(trained, [update])
+        return update
+
+    def _model_grads(self, params: list[Tensor]) -> list[Tensor]:
+        """Every parameter's gradient; a parameter the loss does not reach gets a zero one
+        (set as its ``grad`` only when :attr:`fills_missing_grads`, else SGD skips it)."""
+        grads = []
+        for p in params:
+            if p.grad is None:
+                zero = torch.zeros_like(p)
+                if self.fills_missing_grads:
+                    p.grad = zero
+                grads.append(zero)
+            else:
+                grads.append(p.grad)
+        return grads
+
+    # -- for training loops written by hand (fedshield.flower.client_tools) ------------
+    def adjust_grads(
+        self,
+        model: nn.Module,
+        payload: Payload,
+        state: dict[str, Tensor],
+        start: list[Tensor],
+        step: int,
+    ) -> None:
+        """:meth:`adjust` on ``model``'s ``p.grad`` in a loop of your own (one client;
+        ``start``: the round's start point per parameter, or empty for θ^t =
+        ``payload.params``). :meth:`constants` are read without the client's data; what
+        :meth:`adjust` keeps waits in ``state`` for :meth:`finish`."""
+        params = list(model.parameters())
+        start = start or split_like(payload.params, params)
+        consts = self.constants(model, ClientRound(payload, _NO_DATA, state, payload.params.device))
+        kept = {k[len(_KEPT) :]: v for k, v in state.items() if k.startswith(_KEPT)}
+        with torch.no_grad():
+            self.adjust(
+                GradStep(self._model_grads(params), params, start, payload, consts, step, kept=kept)
+            )
+        state.update({_KEPT + k: v for k, v in kept.items()})
+
+    def finish(
+        self,
+        model: nn.Module,
+        update: ClientUpdate,
+        payload: Payload,
+        data: TensorData,
+        ctx: ClientContext,
+        state: dict[str, Tensor],
+    ) -> ClientUpdate:
+        """:meth:`finish_clients` for one client after a loop of your own that called
+        :meth:`adjust_grads` ``steps`` times (``self.spec.num_steps(len(data))``)."""
+        kept = {k[len(_KEPT) :]: state.pop(k) for k in [k for k in state if k.startswith(_KEPT)]}
+        steps = self.spec.num_steps(len(data))
+        trained = Trained(
+            model, payload, [data], [state], [steps], self.spec, ctx.device, _global_rng, kept
+        )
+        self.finish_clients(trained, [update])
+        return update
+
+
+#: Hooks only the sequential loop calls: a class overriding one trains client by client.
+SEQUENTIAL_HOOKS = ("local_update", "loss")
+_KEPT = "_kept/"
+_NO_DATA = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
+
+
+def _overrides(cls: type, name: str) -> bool:
+    return getattr(cls, name) is not getattr(ClientAlgorithm, name)
+
+
+def _global_rng(row: int) -> Draws:
+    return GLOBAL_RNG
+
+
+def batches(algo: ClientAlgorithm | type[ClientAlgorithm]) -> bool:
+    """True when the algorithm (an instance or its class) is defined by its per-step pieces
+    alone — it overrides none of :data:`SEQUENTIAL_HOOKS` — so the batched trainer can run
+    it."""
+    cls = algo if isinstance(algo, type) else type(algo)
+    return not any(_overrides(cls, h) for h in SEQUENTIAL_HOOKS)
 
 
 CLIENT_ALGORITHMS: Registry[type[ClientAlgorithm]] = Registry("client algorithm")

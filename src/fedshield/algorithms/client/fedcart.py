@@ -26,14 +26,15 @@ bias component lies outside the reachable range. ``proto_views = "sum"`` is SPEC
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from fedshield.adversarial.linf import Draws
 from fedshield.algorithms.client.adversarial_training import (
     AdversarialClient,
     ATParams,
@@ -41,7 +42,8 @@ from fedshield.algorithms.client.adversarial_training import (
     taet_stage,
     with_round,
 )
-from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientContext
+from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, GLOBAL_RNG
+from fedshield.algorithms.client.pieces import Batch, Trained
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import set_buffers, set_params
 from fedshield.core.integrity import FieldSpec
@@ -49,9 +51,6 @@ from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.losses import align_loss, class_gradient_sums, harl_loss, mart_loss, trades_loss
 from fedshield.models.dual_head import DualHead
-
-if TYPE_CHECKING:
-    from fedshield.algorithms.client.functional import VectorForm
 
 PROTO_HEAD = "fedcart/proto_head"  # payload: 0 → prototypes of h', 1 → of h ("no h'")
 PROTOTYPES = "fedcart/prototypes"
@@ -110,14 +109,12 @@ def cart_objective(
     z_adv: Tensor | None,
     y: Tensor,
     stage: int = 0,
-    align: Callable[[Tensor, Tensor, Tensor, float], Tensor] = align_loss,
 ) -> Tensor:
     """L_CART = L_AT + γ·L_Align (SPEC §7) from the main path's features and logits.
 
     L_AT is TRADES, MART, TAET's stage loss (1: natural CE, 2: HARL) or CE on the natural
     and/or adversarial logits (the ``nat``/``at`` ablation switches); γ = ι·(1 − agreement of
-    the natural and adversarial predictions). ``align`` is the SupCon loss, batched or not,
-    so the sequential and the vectorised trainer share this one objective."""
+    the natural and adversarial predictions)."""
     terms: list[Tensor] = []
     if p.at_loss == "trades":
         terms.append(trades_loss(logits, logits_adv, y, p.beta))
@@ -138,29 +135,23 @@ def cart_objective(
         with torch.no_grad():  # γ is a weight, not a path for gradients
             agree = (logits.argmax(1) == logits_adv.argmax(1)).float().mean()
             gamma = p.iota * (1.0 - agree)
-        terms.append(gamma * align(z, z_adv, y, p.tau))
+        terms.append(gamma * align_loss(z, z_adv, y, p.tau))
     return torch.stack(terms).sum()
 
 
-@CLIENT_ALGORITHMS.register(
-    "fedcart", tags=["needs_model=dual_head", "uploads=prototypes", "vectorizable"]
-)
+@CLIENT_ALGORITHMS.register("fedcart", tags=["needs_model=dual_head", "uploads=prototypes"])
 class FedCARTClient(AdversarialClient):
     """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h' (SPEC §7)."""
 
     params_schema = FedCARTParams
 
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        if self.params.at_loss == "taet":  # type: ignore[attr-defined]
-            payload = with_round(payload, ctx.round)  # TAET's stage depends on the round
-        return super().local_update(model, payload, data, ctx, state)
+    @property
+    def p(self) -> FedCARTParams:
+        return self.params  # type: ignore[return-value]
+
+    def round_payload(self, payload: Payload, rnd: int) -> Payload:
+        # TAET's stage depends on the round.
+        return with_round(payload, rnd) if self.p.at_loss == "taet" else payload
 
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
         return upload_fields(model)
@@ -170,81 +161,126 @@ class FedCARTClient(AdversarialClient):
         return {COUNTS: class_counts.to(torch.float32)}
 
     # -- local loss ------------------------------------------------------------------
-    def loss(self, model: nn.Module, x: Tensor, y: Tensor, payload: Payload) -> Tensor:
-        p: FedCARTParams = self.params  # type: ignore[assignment]
-        net = _dual(model)
-        main = net.main_path()
-        x_adv = None
-        stage = taet_stage(payload, p.stabilize_rounds) if p.at_loss == "taet" else 0
+    def _stage(self, payload: Payload) -> int:
+        p = self.p
+        return taet_stage(payload, p.stabilize_rounds) if p.at_loss == "taet" else 0
+
+    def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
+        """x' against the main path (r, h): TRADES' KL ascent or PGD-K, when a term uses it."""
+        p = self.p
+        main = _dual(model).main_path()
         if p.at_loss == "trades":
-            x_adv = self.trades_examples(main, x)
-        elif p.at or p.align or p.at_loss == "mart" or stage == 2:
-            x_adv = self.pgd_examples(main, x, y)
-        z = net.forward_features(x)
+            return self.trades_examples(main, b.x, draws)
+        if p.at or p.align or p.at_loss == "mart" or self._stage(b.payload) == 2:
+            return self.pgd_examples(main, b.x, b.y, draws=draws)
+        return None
+
+    def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
+        net = _dual(model)
+        z = net.forward_features(b.x)
         logits = net.main_head(z)
         z_adv = net.forward_features(x_adv) if x_adv is not None else None
         logits_adv = net.main_head(z_adv) if z_adv is not None else None
-
-        return cart_objective(p, logits, logits_adv, z, z_adv, y, stage=stage)
+        return cart_objective(self.p, logits, logits_adv, z, z_adv, b.y, self._stage(b.payload))
 
     # -- prototypes ------------------------------------------------------------------
-    def finish(
-        self,
-        model: nn.Module,
-        update: ClientUpdate,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        net = _dual(model)
+    def finish_clients(self, trained: Trained, updates: list[ClientUpdate]) -> None:
+        net = _dual(trained.model)
         c, d = net.head.out_features, net.num_features
-        update.extras[HEAD_SHAPE] = torch.tensor([c, d], dtype=torch.float32, device=ctx.device)
-        flag = payload.extras.get(PROTO_HEAD)
+        for u in updates:
+            u.extras[HEAD_SHAPE] = torch.tensor([c, d], dtype=torch.float32, device=trained.device)
+        flag = trained.payload.extras.get(PROTO_HEAD)
         if flag is None:  # the server does no CART step: save the prototype pass
-            return update
+            return
         # Prototypes are taken at the received model w'_k = (r^{(t)}, h'^{(t)}), not the
         # locally trained one (CReFF): reset the shared model object to the payload.
-        set_params(net, payload.params)
-        set_buffers(net, payload.buffers)
+        set_params(net, trained.payload.params)
+        set_buffers(net, trained.payload.buffers)
         head = net.main_head if float(flag) >= 0.5 else net.head
-        protos, counts = self.prototypes(net, head, data, ctx.device)
-        update.extras[PROTOTYPES] = protos
-        update.extras[COUNTS] = counts
-        return update
+        protos, counts = self.cohort_prototypes(
+            net, head, trained.data, trained.draws, trained.device
+        )
+        for i, u in enumerate(updates):
+            u.extras[PROTOTYPES] = protos[i]
+            u.extras[COUNTS] = counts[i]
 
     def prototypes(
         self, net: DualHead, head: nn.Linear, data: TensorData, device: torch.device
     ) -> tuple[Tensor, Tensor]:
-        """Per-class mean gradients of ``head`` ([C, C·D + C]) and class counts ([C])."""
-        p: FedCARTParams = self.params  # type: ignore[assignment]
+        """One client's per-class mean gradients of ``head`` ([C, C·D + C]) and class
+        counts ([C]), its PGD starts from the global RNG."""
+        protos, counts = self.cohort_prototypes(net, head, [data], lambda i: GLOBAL_RNG, device)
+        return protos[0], counts[0]
+
+    def cohort_prototypes(
+        self,
+        net: DualHead,
+        head: nn.Linear,
+        data: Sequence[TensorData],
+        draws: Callable[[int], Draws],
+        device: torch.device,
+    ) -> tuple[Tensor, Tensor]:
+        """Every client's per-class mean gradients of ``head`` ([K, C, C·D + C]) and class
+        counts ([K, C]) at the model ``net`` holds. It is in eval mode (features as the
+        inference model computes them), so samples are independent: the clients' data go
+        through in one stream of ``proto_batch`` rows; client ``i``'s PGD starts are drawn
+        from ``draws(i)`` in its own batch order, as one client alone would draw them."""
+        p = self.p
         steps = p.steps if p.proto_steps is None else p.proto_steps
         c = head.out_features
         w, b = head.weight.detach(), head.bias.detach()
-        sums = torch.zeros(c, w.numel() + c, device=device)
-        counts = torch.zeros(c, device=device)
         views = 2 if steps > 0 else 1
-        n = len(data)
-        # Eval mode throughout: features as the inference model computes them.
+        xs, ys, noise = [], [], []
+        for i, d in enumerate(data):
+            x, y = d.batch(None, device)
+            xs.append(x)
+            ys.append(y)
+            if steps > 0:
+                eps, _ = self.budget(x)
+                for start in range(0, len(d), p.proto_batch):
+                    noise.append(draws(i).uniform(x[start : start + p.proto_batch], -eps, eps))
+        x_all, y_all = torch.cat(xs), torch.cat(ys)
+        noise_all = torch.cat(noise) if noise else None
+        feats: list[list[Tensor]] = [[] for _ in range(views)]
         with eval_mode(net):
-            for start in range(0, n, p.proto_batch):
-                x, y = data.batch(torch.arange(start, min(start + p.proto_batch, n)), device)
-                xs = [x]
-                if steps > 0:
-                    xs.append(self.pgd_examples(net.main_path(), x, y, steps))
-                for xv in xs:
-                    with torch.no_grad():
-                        s, k = class_gradient_sums(net.forward_features(xv), w, b, y, c)
-                    sums += s
-                counts += k
+            for start in range(0, len(y_all), p.proto_batch):
+                sl = slice(start, start + p.proto_batch)
+                x, y = x_all[sl], y_all[sl]
+                views_x = [x]
+                if noise_all is not None:
+                    given = _GivenNoise(noise_all[sl])
+                    views_x.append(self.pgd_examples(net.main_path(), x, y, steps, given))
+                with torch.no_grad():
+                    for v, xv in enumerate(views_x):
+                        feats[v].append(net.forward_features(xv))
+        z_views = [torch.cat(f) for f in feats]
+        sums = torch.zeros(len(data), c, w.numel() + c, device=device)
+        counts = torch.zeros(len(data), c, device=device)
+        offset = 0
+        for i, d in enumerate(data):
+            seg = slice(offset, offset + len(d))
+            offset += len(d)
+            for z in z_views:
+                s, n = class_gradient_sums(z[seg], w, b, y_all[seg], c)
+                sums[i] += s
+            counts[i] = n
         denom = counts * (views if p.proto_views == "mean" else 1)
-        return sums / denom.clamp_min(1.0)[:, None], counts
+        return sums / denom.clamp_min(1.0)[:, :, None], counts
 
-    def vector_form(self) -> VectorForm | None:  # run.vectorize: loss and prototypes batched
-        from fedshield.algorithms.client.functional_at import FedCARTForm
 
-        # TAET's stage follows the round (with_round); no batched form for it yet.
-        return None if self.params.at_loss == "taet" else FedCARTForm(self)  # type: ignore[attr-defined]
+class _GivenNoise:
+    """:class:`~fedshield.adversarial.linf.Draws` returning starts drawn beforehand (the
+    prototype pass draws per client, then attacks the clients' rows together)."""
+
+    def __init__(self, noise: Tensor) -> None:
+        self.noise = noise
+
+    def uniform(self, like: Tensor, low: float, high: float) -> Tensor:
+        assert like.shape == self.noise.shape
+        return self.noise
+
+    def normal(self, like: Tensor) -> Tensor:
+        raise AssertionError("the prototype pass draws uniform starts only")
 
 
 def upload_fields(model: nn.Module) -> dict[str, FieldSpec]:

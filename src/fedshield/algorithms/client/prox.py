@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
-from torch import Tensor, nn
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
-from fedshield.algorithms.client.functional import ProxForm
-from fedshield.core.context import Payload
+from fedshield.algorithms.client.pieces import GradStep
 from fedshield.core.params import Params
 
 
@@ -16,7 +13,7 @@ class ProxParams(Params):
     mu: float = Field(0.01, ge=0.0, description="proximal weight")
 
 
-@CLIENT_ALGORITHMS.register("fedprox", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register("fedprox")
 class FedProx(ClientAlgorithm):
     """F_m(θ) + (μ/2)‖θ − θ_start‖²: the gradient gains μ(θ − θ_start) (SPEC §4, μ = 0.01).
 
@@ -24,34 +21,21 @@ class FedProx(ClientAlgorithm):
     (use the ``fedacg`` client, whose default is β = 0.001)."""
 
     params_schema = ProxParams
-    uses_start = True
 
     @property
     def mu(self) -> float:
         return self.params.mu  # type: ignore[attr-defined]
 
-    @torch.no_grad()
-    def adjust_grads(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        state: dict[str, Tensor],
-        start: list[Tensor],
-        step: int,
-    ) -> None:
-        for p, p0 in zip(model.parameters(), start):
-            if p.grad is not None:
-                p.grad.add_(p - p0, alpha=self.mu)
-
-    def vector_form(self) -> ProxForm:
-        return ProxForm(self, self.mu)
+    def adjust(self, step: GradStep) -> None:
+        for g, p, p0 in zip(step.grads, step.params, step.start):
+            g.add_(p - p0, alpha=self.mu)
 
 
 class ACGParams(Params):
     beta: float = Field(0.001, ge=0.0, description="proximal weight towards the look-ahead model")
 
 
-@CLIENT_ALGORITHMS.register("fedacg", tags=["vectorizable"])
+@CLIENT_ALGORITHMS.register("fedacg")
 class FedACGClient(FedProx):
     """FedACG client: minimise F_m(θ) + (β/2)‖θ − θ̂‖² from the look-ahead θ̂ (SPEC §4)."""
 

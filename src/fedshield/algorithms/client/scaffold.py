@@ -17,13 +17,12 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm, ClientContext
-from fedshield.algorithms.client.functional import ScaffoldForm
-from fedshield.core.context import ClientUpdate, Payload
+from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
+from fedshield.algorithms.client.pieces import ClientRound, GradStep, Trained
+from fedshield.core.context import ClientUpdate
 from fedshield.core.flat import num_params
 from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import Params
-from fedshield.data.bundle import TensorData
 
 
 class ScaffoldParams(Params):
@@ -34,11 +33,18 @@ class ScaffoldParams(Params):
     )
 
 
-@CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh", "vectorizable"])
+CORRECTION = "scaffold/correction"
+FIRST_GRAD = "scaffold/first_grad"
+
+
+@CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh"])
 class ScaffoldClient(ClientAlgorithm):
     """Control-variate corrected local SGD; uploads the control-variate change."""
 
     params_schema = ScaffoldParams
+    # A parameter the loss does not reach (FedCART's h', a frozen exit) has ∇F = 0, and
+    # the correction h − h_m still applies to it.
+    fills_missing_grads = True
 
     def init_state(self, num_params: int) -> dict[str, Tensor]:
         return {}  # h_m = 0 until the first participation (allocated lazily)
@@ -46,50 +52,24 @@ class ScaffoldClient(ClientAlgorithm):
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
         return {"dh": FieldSpec((num_params(model),))}
 
-    @torch.no_grad()
-    def adjust_grads(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        state: dict[str, Tensor],
-        start: list[Tensor],
-        step: int,
-    ) -> None:
-        # A parameter the loss does not reach (FedCART's h', a frozen exit) has no gradient:
-        # its ∇F is 0, and the correction h − h_m still applies to it.
-        for p in model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in model.parameters()]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        if step == 0:
-            state["_first_grad"] = flat.clone()  # ∇F_m(θ^t; z^{t,0}), the seed's h_m⁺
-        correction = payload.extras["h"] - state.get("h", torch.zeros_like(flat))
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.add_(correction[offset : offset + n].view_as(g))
-            offset += n
+    def constants(self, model: nn.Module, c: ClientRound) -> dict[str, Tensor]:
+        h = c.payload.extras["h"]
+        return {CORRECTION: h - c.state.get("h", torch.zeros_like(h))}
 
-    def finish(
-        self,
-        model: nn.Module,
-        update: ClientUpdate,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        old = state.get("h", torch.zeros_like(update.delta))
-        first = state.pop("_first_grad")
-        if self.params.variant == "seed":  # type: ignore[attr-defined]
-            new = first
-        else:
-            steps = self.spec.num_steps(len(data))
-            new = old - payload.extras["h"] - update.delta / (steps * self.spec.lr)
-        state["h"] = new
-        update.extras["dh"] = new - old
-        return update
+    def adjust(self, step: GradStep) -> None:
+        if step.step == 0 and self.params.variant == "seed":  # type: ignore[attr-defined]
+            step.keep(FIRST_GRAD, step.flat(step.grads))  # ∇F_m(θ^t; z^{t,0}): h_m⁺
+        for g, c in zip(step.grads, step.split(step.consts[CORRECTION])):
+            g.add_(c)
 
-    def vector_form(self) -> ScaffoldForm:
-        return ScaffoldForm(self, self.params.variant)  # type: ignore[attr-defined]
+    def finish_clients(self, trained: Trained, updates: list[ClientUpdate]) -> None:
+        h = trained.payload.extras["h"]
+        seed = self.params.variant == "seed"  # type: ignore[attr-defined]
+        for i, (u, state) in enumerate(zip(updates, trained.states)):
+            old = state.get("h", torch.zeros_like(u.delta))
+            if seed:
+                new = trained.kept[FIRST_GRAD][i].clone()
+            else:
+                new = old - h - u.delta / (trained.steps[i] * trained.spec.lr)
+            state["h"] = new
+            u.extras["dh"] = new - old

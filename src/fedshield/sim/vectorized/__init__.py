@@ -2,7 +2,12 @@
 computation with ``torch.func`` (see :mod:`.trainer`; support checks in :mod:`.support`,
 per-client random streams in :mod:`.rng`)."""
 
-from fedshield.sim.vectorized.support import form_of, probe, require_vectorizable, trainer_for
+from fedshield.sim.vectorized.support import (
+    probe,
+    require_vectorizable,
+    trainer_for,
+    why_sequential,
+)
 from fedshield.sim.vectorized.trainer import VectorizedTrainer
 
-__all__ = ["VectorizedTrainer", "form_of", "probe", "require_vectorizable", "trainer_for"]
+__all__ = ["VectorizedTrainer", "probe", "require_vectorizable", "trainer_for", "why_sequential"]

@@ -52,6 +52,10 @@ class CohortStreams:
         noise = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         return noise.bernoulli_(1 - p, generator=self.gens[row]).div_(1 - p)
 
+    def draws(self, row: int) -> RowDraws:
+        """Client ``row``'s :class:`~fedshield.adversarial.linf.Draws` (outside ``vmap``)."""
+        return RowDraws(self, row)
+
     def _on_default(self, row: int, draw: Callable[[], Tensor]) -> Tensor:
         idx = self.device.index if self.device.index is not None else torch.cuda.current_device()
         default = torch.cuda.default_generators[idx]
@@ -65,8 +69,21 @@ class CohortStreams:
         return out
 
 
+class RowDraws:
+    """One client's draws from its stream, shaped like ``like``."""
+
+    def __init__(self, streams: CohortStreams, row: int) -> None:
+        self.streams, self.row = streams, row
+
+    def uniform(self, like: Tensor, low: float, high: float) -> Tensor:
+        return self.streams.uniform_for(self.row, like.shape, like.dtype, low, high)
+
+    def normal(self, like: Tensor) -> Tensor:
+        return self.streams.normal_for(self.row, like.shape, like.dtype)
+
+
 class GroupDraws:
-    """The :class:`~fedshield.algorithms.client.functional.Draws` of one batched call over
+    """The :class:`~fedshield.adversarial.linf.Draws` of one batched call over
     the chunk rows ``rows``: each draw stacks one value per client and returns the batched
     client's own row. ``check``: no randomness (the support probe)."""
 
@@ -91,16 +108,20 @@ class GroupDraws:
         assert self.cid is not None, "bind() the batched client index first"
         return torch.stack([make(r) for r in self.rows])[self.cid]
 
-    def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float, high: float) -> Tensor:
+    def uniform(self, like: Tensor, low: float, high: float) -> Tensor:
+        """``U(low, high)`` shaped like one client's ``like``, from each client's stream."""
+        shape, dtype = like.shape, like.dtype
         if self.check:
-            return torch.zeros(tuple(shape), dtype=dtype, device=self.device)
+            return torch.zeros(shape, dtype=dtype, device=self.device)
         s = self.streams
         assert s is not None
         return self._pick(lambda r: s.uniform_for(r, shape, dtype, low, high))
 
-    def normal(self, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    def normal(self, like: Tensor) -> Tensor:
+        """``N(0, 1)`` shaped like one client's ``like``, from each client's stream."""
+        shape, dtype = like.shape, like.dtype
         if self.check:
-            return torch.zeros(tuple(shape), dtype=dtype, device=self.device)
+            return torch.zeros(shape, dtype=dtype, device=self.device)
         s = self.streams
         assert s is not None
         return self._pick(lambda r: s.normal_for(r, shape, dtype))
@@ -118,4 +139,4 @@ class GroupDraws:
         return x * self._pick(lambda r: s.dropout_for(r, x.shape, x.dtype, p))
 
 
-__all__ = ["CohortStreams", "GroupDraws"]
+__all__ = ["CohortStreams", "GroupDraws", "RowDraws"]

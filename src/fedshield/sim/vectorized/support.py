@@ -1,8 +1,8 @@
 """When a round's cohort can train as one batched computation (``run.vectorize``), and why
-not: the client algorithm must carry the registry tag ``vectorizable`` and return a
-:class:`~fedshield.algorithms.client.functional.VectorForm`, and one batched step of the
-model must run under ``vmap`` / ``functional_call`` with every random draw routed through
-the per-client streams (a probe of two clients on two samples, ``randomness="error"``).
+not: the client algorithm must be defined by its per-step pieces alone (it owns no loop:
+:func:`fedshield.algorithms.client.base.batches`), and one batched step of the model must
+run under ``vmap`` / ``functional_call`` with every random draw routed through the
+per-client streams (a probe of two clients on two samples, ``randomness="error"``).
 
 ``auto`` falls back to client-by-client training with one log line saying why; ``true``
 makes any obstacle a :class:`~fedshield.errors.ConfigError` when the experiment is built.
@@ -22,13 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from fedshield.algorithms.client.base import ClientAlgorithm
-from fedshield.algorithms.client.functional import VectorForm
+from fedshield.algorithms.client.base import ClientAlgorithm, batches
 from fedshield.core.context import Payload, RoundContext
 from fedshield.core.flat import get_buffers, get_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
-from fedshield.registry import tags_of
 from fedshield.sim.vectorized.rng import GroupDraws
 from fedshield.sim.vectorized.trainer import VectorizedTrainer
 
@@ -39,22 +37,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fedshield")
 
-TAG = "vectorizable"
 
-
-def form_of(
-    client: ClientAlgorithm, cfg: ExperimentConfig | None = None
-) -> tuple[VectorForm | None, str | None]:
-    """The algorithm's vectorised form, or None and the reason it has none."""
+def why_sequential(client: ClientAlgorithm, cfg: ExperimentConfig | None = None) -> str | None:
+    """None when the algorithm can train batched; else the reason it cannot."""
     name = getattr(client, "registry_name", type(client).__name__)
     if cfg is not None and cfg.privacy is not None and cfg.privacy.local is not None:
-        return None, "privacy.local (DP-SGD: Opacus per-sample gradients) trains client by client"
-    if TAG not in tags_of(client):
-        return None, f"client.algorithm={name!r} has no batched form (registry tag {TAG!r})"
-    form = client.vector_form()
-    if form is None:
-        return None, f"client.algorithm={name!r} has no batched form with these client.params"
-    return form, None
+        return "privacy.local (DP-SGD: Opacus per-sample gradients) trains client by client"
+    if not batches(client):
+        return f"client.algorithm={name!r} trains with a loop of its own"
+    return None
 
 
 def probe(trainer: VectorizedTrainer, payload: Payload, data: TensorData) -> str | None:
@@ -73,7 +64,7 @@ def probe(trainer: VectorizedTrainer, payload: Payload, data: TensorData) -> str
     states = [algo.init_state(payload.params.numel()) for _ in range(2)]
     p_rows = payload.params.expand(2, -1).clone()
     _, params, bufs = trainer.stacked_state(payload, p_rows)
-    consts = trainer.form.constants(model, payload, [data, data], states, dev)
+    consts = trainer.constants(payload, [data, data], states)
     was_training = model.training
     model.train()
     try:
@@ -184,15 +175,15 @@ def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
     if mode is False:
         return None
     client = sim.comp.client
-    form, reason = form_of(client, cfg)
+    reason = why_sequential(client, cfg)
     trainer = None
-    if form is not None:
+    if reason is None:
         k = next((k for k in plan.ctx.cohort if plan.trains(k)), plan.ctx.cohort[0])
         data = sim.exp.clients[k]
         cost = step_cost(sim.model, data, client.spec.batch_size, sim.device)
         d = sim.state.params.numel()
         chunk = chunk_size(cfg.run.vectorize_chunk, sim.device, d, cost.activations)
-        trainer = VectorizedTrainer(sim.model, client, form, sim.device, chunk, cfg.run.amp)
+        trainer = VectorizedTrainer(sim.model, client, sim.device, chunk, cfg.run.amp)
         why = probe(trainer, plan.payload, data)
         if why is not None:
             reason, trainer = f"{_names(cfg.model.name, client)} cannot run batched: {why}", None
@@ -213,9 +204,9 @@ def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
 def require_vectorizable(exp: Experiment) -> None:
     """``run.vectorize = true``: a ConfigError naming both keys unless batching works."""
     cfg, client = exp.cfg, exp.components.client
-    form, reason = form_of(client, cfg)
-    if form is not None:
-        trainer = VectorizedTrainer(exp.model, client, form, exp.device, 2, cfg.run.amp)
+    reason = why_sequential(client, cfg)
+    if reason is None:
+        trainer = VectorizedTrainer(exp.model, client, exp.device, 2, cfg.run.amp)
         server = exp.components.server
         params, buffers = get_params(exp.model), get_buffers(exp.model)
         ctx = RoundContext(1, (0,), (), cfg.seed, cfg.data.num_clients, exp.device)
@@ -235,9 +226,9 @@ __all__ = [
     "StepCost",
     "chunk_size",
     "explain",
-    "form_of",
     "probe",
     "require_vectorizable",
     "step_cost",
     "trainer_for",
+    "why_sequential",
 ]

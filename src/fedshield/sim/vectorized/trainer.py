@@ -17,8 +17,11 @@ the SGD update on the stacked tensors. What makes it the sequential computation:
 * BatchNorm: per-client buffers go through ``functional_call``; train-mode forwards update
   each client's running statistics in place, as the module does.
 
-Results agree with the sequential path to float tolerance (batched kernels sum in another
-order); ``tests/test_vectorized.py`` states and checks the tolerance per algorithm.
+The algorithm-specific parts are the client algorithm's own pieces (:mod:`fedshield.
+algorithms.client.base`: constants, examples, objective, adjust, finish_clients), the ones
+its sequential loop calls. Results agree with the sequential path to float tolerance
+(batched kernels sum in another order); ``tests/test_vectorized.py`` checks it for every
+algorithm that batches.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fedshield.algorithms.client.base import ClientAlgorithm, batch_indices
-from fedshield.algorithms.client.functional import ChunkResult, StepGrads, VectorForm
+from fedshield.algorithms.client.pieces import Batch, ClientRound, GradStep, Trained
 from fedshield.core.context import ClientUpdate, Payload, derive_seed, make_generator
 from fedshield.data.bundle import TensorData
 from fedshield.sim.vectorized.modules import batched_forwards
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 
 
 class _Bound(nn.Module):
-    """``functional_call`` target that runs ``fn(model, *args)``, so a form's loss can call
+    """``functional_call`` target that runs ``fn(model, *args)``, so an algorithm's pieces call
     any method of the model (``forward_features``, ``main_path``) with swapped tensors."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -98,14 +101,12 @@ class VectorizedTrainer:
         self,
         model: nn.Module,
         algo: ClientAlgorithm,
-        form: VectorForm,
         device: torch.device,
         chunk: int,
         amp: bool = False,
     ) -> None:
         self.model = model
         self.algo = algo
-        self.form = form
         self.device = device
         self.chunk = chunk
         self.amp = amp
@@ -122,8 +123,8 @@ class VectorizedTrainer:
         """Indices of the parameters one client's loss has no gradient path to (FedCART's
         h', the unused head of a plain loss on a dual-head model), by one autograd pass
         on ``x, y`` (one client's batch; ``consts`` one client's row). Empty when the
-        form gives every parameter a gradient (SCAFFOLD)."""
-        if self.form.fills_missing_grads:
+        algorithm gives every parameter a gradient (SCAFFOLD)."""
+        if self.algo.fills_missing_grads:
             return frozenset()
         start = self.layout.split_params(payload.params)
         params = [p.detach().clone().requires_grad_(True) for p in start]
@@ -132,13 +133,12 @@ class VectorizedTrainer:
         bd = {name: t[0] for (name, _, _), t in zip(self.layout.buffers, bufs)}
         draws = GroupDraws(None, [0], self.device)
         self._draws = draws
-        form = self.form
+        algo = self.algo
         with batched_forwards(self.model, self._current_draws), self._autocast():
             detached = {n: t.detach() for n, t in pd.items()}
-            x_adv = functional_call(
-                self.bound, (detached, bd), (form.examples, x, y, consts, draws)
-            )
-            args = (form.loss, x, y, x_adv, payload, consts)
+            b = Batch(x, y, payload, consts)
+            x_adv = functional_call(self.bound, (detached, bd), (algo.examples, b, draws))
+            args = (algo.objective, b, x_adv)
             loss = functional_call(self.bound, (pd, bd), args)
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         return frozenset(j for j, g in enumerate(grads) if g is None)
@@ -164,18 +164,19 @@ class VectorizedTrainer:
         ``buffers`` are updated in place (BatchNorm running statistics). ``shared``: the
         parameters are one unstacked start point for all clients (the first local step),
         which lets linear layers run as one large product instead of G small ones."""
-        form, bound = self.form, self.bound
+        algo, bound = self.algo, self.bound
         pd = {name: t for (name, _), t in zip(self.layout.params, params)}
         bd = {name: t for (name, _, _), t in zip(self.layout.buffers, buffers)}
 
         def per_client(pd, bd, x, y, consts, cid):  # type: ignore[no-untyped-def]
             draws.bind(cid)
-            x_adv = functional_call(bound, (pd, bd), (form.examples, x, y, consts, draws))
+            b = Batch(x, y, payload, consts)
+            x_adv = functional_call(bound, (pd, bd), (algo.examples, b, draws))
 
             # Buffers enter as an argument, not a capture: BatchNorm mutates them in place,
             # which grad transforms allow on inputs only.
-            def loss_fn(p, b):  # type: ignore[no-untyped-def]
-                loss = functional_call(bound, (p, b), (form.loss, x, y, x_adv, payload, consts))
+            def loss_fn(p, bufs):  # type: ignore[no-untyped-def]
+                loss = functional_call(bound, (p, bufs), (algo.objective, b, x_adv))
                 return loss, loss.detach()
 
             return grad(loss_fn, has_aux=True)(pd, bd)
@@ -190,7 +191,7 @@ class VectorizedTrainer:
             fn = vmap(per_client, in_dims=in_dims, randomness=randomness)
             g, loss = fn(pd, bd, x, y, consts, cid)
         # An unreached parameter's gradient comes back as an expanded zero: materialise it
-        # (the forms and the SGD step write gradients in place).
+        # (adjust and the SGD step write gradients in place).
         return [g[name].contiguous() for name, _ in self.layout.params], loss
 
     def _current_draws(self) -> GroupDraws:
@@ -268,9 +269,10 @@ class VectorizedTrainer:
         from fedshield.core.seeds import BATCH as _BATCH
         from fedshield.core.seeds import TORCH as _TORCH
 
-        cfg, st, algo, form = sim.cfg, sim.state, self.algo, self.form
+        cfg, st, algo = sim.cfg, sim.state, self.algo
         spec = algo.spec
-        rnd, payload, dev = plan.ctx.round, plan.payload, self.device
+        rnd, dev = plan.ctx.round, self.device
+        payload = algo.round_payload(plan.payload, rnd)
         c = len(ks)
         data = [sim._client_data(k, k in plan.ctx.byzantine) for k in ks]
         d = st.params.numel()
@@ -285,11 +287,12 @@ class VectorizedTrainer:
         start, params, bufs = self.stacked_state(payload, params_out)
         model_bufs = dict(self.model.named_buffers())
         counters0 = [b.clone() for b, (_, _, f) in zip(bufs, self.layout.buffers) if not f]
-        consts = form.constants(self.model, payload, data, states, dev)
+        consts = self.constants(payload, data, states)
         feed = _Feed(data, dev)
         momentum: list[Tensor | None] = [None] * len(params)
         total = torch.zeros(c, device=dev)
-        store: dict[str, Tensor] = {}
+        kept: dict[str, Tensor] = {}
+        adjusts = type(algo).adjust is not ClientAlgorithm.adjust
 
         for t in range(max(steps, default=0)):
             groups: dict[int, list[int]] = {}
@@ -308,7 +311,10 @@ class VectorizedTrainer:
                 x, y = feed.batch([picks[r] for r in members], members)
                 draws = GroupDraws(streams, members, dev)
                 g, loss = self.grads(p_g, b_g, x, y, c_g, payload, draws, shared)
-                form.adjust(StepGrads(g, p_g, start, payload, c_g, rows.index, t, c, store))
+                if adjusts:
+                    lead = (rows.size,)
+                    step = GradStep(g, p_g, start, payload, c_g, t, lead, rows.index, c, kept)
+                    algo.adjust(step)
                 self._sgd_step(p_g, g, momentum, rows, t, params)
                 for whole, part in zip(bufs, b_g):
                     rows.put(whole, part)
@@ -338,9 +344,19 @@ class VectorizedTrainer:
             )
             for i, k in enumerate(ks)
         ]
-        result = ChunkResult(self.model, payload, data, states, steps, spec, dev, streams, store)
-        form.finish(result, updates)
+        trained = Trained(self.model, payload, data, states, steps, spec, dev, streams.draws, kept)
+        algo.finish_clients(trained, updates)
         return updates
+
+    def constants(
+        self, payload: Payload, data: Sequence[TensorData], states: Sequence[dict[str, Tensor]]
+    ) -> dict[str, Tensor]:
+        """Every client's :meth:`ClientAlgorithm.constants`, stacked on a client axis."""
+        rows = [
+            self.algo.constants(self.model, ClientRound(payload, d, s, self.device))
+            for d, s in zip(data, states)
+        ]
+        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]} if rows else {}
 
     def _sgd_step(
         self,
