@@ -139,8 +139,8 @@ def test_label_flip_poisons_only_byzantine_clients(small_cfg):
     byz = exp.byzantine[0]
     benign = next(k for k in range(6) if k not in exp.byzantine)
     assert len(exp.byzantine) == 3
-    assert torch.equal(sim._client_data(byz, True).y, 9 - exp.clients[byz].y)
-    assert sim._client_data(benign, False) is exp.clients[benign]
+    assert torch.equal(sim.client_data(byz, True).y, 9 - exp.clients[byz].y)
+    assert sim.client_data(benign, False) is exp.clients[benign]
 
 
 def test_attack_fraction_without_attack_is_config_error(small_cfg):

@@ -352,8 +352,9 @@ def test_restarted_supernode_resumes_scaffold_state(federation):
     acc = f"acc {records[-1]['test_acc']:.4f}"
     assert re.search(rf"fedshield round 3/3 {acc} \(\d+\.\d s\)", fed.log("run-scaffold"))
 
-    # Bit-identical h_m only where the same kernels run: the SuperNodes train client by
-    # client, so the reference does too (the batched trainer rounds differently).
+    # The SuperNodes train client by client, so the reference does too; they are separate
+    # processes whose BLAS may split reductions over a different number of threads, so h_m
+    # (a mean of K float32 gradients) agrees to float32 rounding, not bit for bit.
     ref = Simulator(build(config.validate(raw | {"run": {**raw["run"], "vectorize": False}})))
     ref.run()
     assert_same(ref.records, records)
@@ -364,7 +365,9 @@ def test_restarted_supernode_resumes_scaffold_state(federation):
         )
         run_keys.add(saved["run_key"])
         assert saved["round"] == (3 if k == 0 else 2)
-        assert torch.equal(saved["state"]["h"], ref.state.client_states[k]["h"]), k
+        want = ref.state.client_states[k]["h"]
+        scale = float(want.abs().max())
+        torch.testing.assert_close(saved["state"]["h"], want, rtol=1e-4, atol=1e-5 * scale)
     assert len(run_keys) == 1
 
 

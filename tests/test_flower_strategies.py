@@ -251,9 +251,6 @@ def test_every_server_algorithm_and_rule_is_offered_or_refused_clearly():
         if name == "fedcart":
             with pytest.raises(ConfigError, match="needs model_fn"):
                 S.FedshieldRule(server=name)
-        elif name == "feddyn":  # its client part has no Flower-native helper yet
-            with pytest.raises(ConfigError, match="not offered as a Flower-native strategy"):
-                S.FedshieldRule(server=name)
         else:
             S.FedshieldRule(server=name, **ROOT)
 
@@ -637,3 +634,48 @@ def test_a_resumed_strategy_continues_its_round_seeded_streams():
     run(S.BRDRAG(reference_fn=reference), LocalGrid(M, scripted_app()), rounds=2)
     run(S.BRDRAG(reference_fn=reference, round_offset=2), LocalGrid(M, scripted_app()), rounds=2)
     assert seen == [1, 2, 3, 4]
+
+
+def test_feddyn_client_part_in_a_users_loop_is_fedshields_own_update():
+    """AlgorithmClient("feddyn") in a hand-written loop on the message S.FedDyn() sends
+    gives the Δθ and the kept ∇L_k of fedshield's FedDyn client on the same batches, over
+    two participations (the state carried in context.state)."""
+    import torch.nn.functional as F  # noqa: N812
+
+    from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
+    from fedshield.algorithms.client.base import ClientContext, batch_indices
+    from fedshield.core.context import Payload
+    from fedshield.core.flat import get_params, set_params
+    from fedshield.data.bundle import TensorData
+    from fedshield.flower.client_tools import AlgorithmClient
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(24, 8, generator=g), torch.randint(0, 5, (24,), generator=g))
+    strategy = S.FedDyn(alpha=0.1)
+    grid = LocalGrid(1, scripted_app())
+    msg = list(strategy.configure_train(1, initial(Plain), ConfigRecord(), grid))[0]
+    context = Context(0, 1, {}, RecordDict(), {})
+    ref = CLIENT_ALGORITHMS.get("feddyn")(
+        LocalSpec(lr=0.1, batch_size=8, steps=3), CLIENT_ALGORITHMS.parse("feddyn", {}, "p")
+    )
+    torch.manual_seed(0)
+    model, ref_model = Plain(), Plain()
+    theta = get_params(model)
+    alpha = strategy.server.broadcast(theta, theta.new_zeros(0), {}, None).extras  # type: ignore[arg-type]
+    state: dict = {}
+    for rnd in (1, 2):
+        set_params(model, theta)
+        part = AlgorithmClient("feddyn", model, msg, context)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for idx in batch_indices(24, 8, 3, torch.Generator().manual_seed(rnd)):
+            opt.zero_grad()
+            F.cross_entropy(model(data.x[idx]), data.y[idx]).backward()
+            part.correct()
+            opt.step()
+        part.reply()
+        ctx = ClientContext(0, rnd, torch.Generator().manual_seed(rnd), torch.device("cpu"))
+        payload = Payload(theta, theta.new_zeros(0), alpha)
+        want = ref.local_update(ref_model, payload, data, ctx, state)
+        torch.testing.assert_close(get_params(model) - theta, want.delta, rtol=0, atol=1e-6)
+        saved = part.state["grad"]
+        torch.testing.assert_close(saved, state["grad"], rtol=0, atol=1e-6)

@@ -69,6 +69,7 @@ _LAZY = {
             "FLTrust",
             "FedACG",
             "FedCART",
+            "FedDyn",
             "FedExP",
             "FedshieldRule",
             "GeoMed",
@@ -79,6 +80,7 @@ _LAZY = {
             "TrimmedMean",
         )
     },  # fmt: skip
+    "AlgorithmClient": "fedshield.flower.client_tools",
     "FedCARTTrainer": "fedshield.flower.client_tools",
     "ScaffoldClient": "fedshield.flower.client_tools",
     "drag_calibrate_local": "fedshield.flower.client_tools",

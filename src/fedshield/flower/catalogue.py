@@ -85,6 +85,15 @@ class SCAFFOLD(FedshieldRule):
         super().__init__(server="scaffold", **kwargs)
 
 
+class FedDyn(FedshieldRule):
+    """FedDyn (Acar et al. 2021): h ← h − α(m/M)Δ, θ ← θ + Δ − h/α; broadcasts α
+    (``fs.alpha``); clients add the dynamic regulariser with
+    :class:`fedshield.flower.client_tools.AlgorithmClient` ``("feddyn", ...)``."""
+
+    def __init__(self, alpha: float | None = None, **kwargs: Any) -> None:
+        super().__init__(server="feddyn", server_args=_given(alpha=alpha), **kwargs)
+
+
 class FedCART(FedshieldRule):
     """FedCART's server (SPEC §7): the configured rule on Δθ and, class by class, on the
     clients' gradient prototypes, then the CART step (virtual features matched to the
@@ -191,6 +200,7 @@ __all__ = [
     "FLTrust",
     "FedACG",
     "FedCART",
+    "FedDyn",
     "FedExP",
     "FedshieldRule",
     "GeoMed",

@@ -174,6 +174,88 @@ class ScaffoldClient:
         return {DH: param_record(out.extras["dh"], self.model)}
 
 
+class AlgorithmClient:
+    """Any fedshield client algorithm's gradient correction and upload in a user's own
+    training loop (FedDyn's, SCAFFOLD's, FedProx's ...): the algorithm's own pieces
+    (:meth:`ClientAlgorithm.adjust_grads` / :meth:`ClientAlgorithm.finish`), not a copy.
+
+    The payload is θ^t (read from ``model`` after the received arrays are loaded) and the
+    broadcast extras the algorithm declares it reads (``payload_extras``), from the records
+    ``fs.<name>`` (:func:`fedshield.flower.keys.record_key`): a record keyed like the
+    model's parameters is a parameter-shaped extra, a one-array record a tensor. The
+    client's state lives in ``context.state`` (lost when a SuperNode restarts; fedshield's
+    own app keeps it in a file). ::
+
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        part = AlgorithmClient("feddyn", model, msg, context)
+        for x, y in batches:
+            opt.zero_grad(); F.cross_entropy(model(x), y).backward()
+            part.correct()
+            opt.step()
+        reply = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                            "metrics": MetricRecord({"num-examples": n}), **part.reply()})
+    """
+
+    def __init__(
+        self, algorithm: str, model: nn.Module, msg: Message, context: Context, **params: object
+    ) -> None:
+        from fedshield.algorithms.client import CLIENT_ALGORITHMS
+
+        entry = CLIENT_ALGORITHMS.entry(algorithm, "algorithm")
+        self.algorithm = entry.obj(
+            LocalSpec(lr=1.0, batch_size=1, steps=1), entry.parse(dict(params), "params")
+        )
+        self.model = model
+        self.context = context
+        self.start = get_params(model)
+        names = set(_param_names(model))
+        extras: dict[str, Tensor] = {}
+        for name in type(self.algorithm).payload_extras:
+            record = msg.content.array_records.get(record_key(name))
+            if record is None:
+                raise ValueError(
+                    f"the train message carries no {record_key(name)!r} record, which "
+                    f"client algorithm {algorithm!r} reads: is the strategy its server's?"
+                )
+            if set(record) == names:
+                value = flat_params(record, model)
+            else:
+                value = torch.from_numpy(np.array(next(iter(record.values())).numpy()))
+            extras[name] = value.to(self.start.device)
+        self.payload = Payload(self.start, self.start.new_zeros(0), extras)
+        self._state_key = f"{EXTRA_PREFIX}{algorithm}-state"
+        self.state: dict[str, Tensor] = {}
+        saved = context.state.array_records.get(self._state_key)
+        if saved is not None:
+            self.state = {k: torch.from_numpy(np.array(a.numpy())) for k, a in saved.items()}
+        self.steps = 0
+
+    def correct(self) -> None:
+        """The algorithm's gradient correction on ``model``'s ``p.grad``; call it between
+        ``loss.backward()`` and ``optimizer.step()``."""
+        self.algorithm.adjust_grads(self.model, self.payload, self.state, [], self.steps)
+        self.steps += 1
+
+    def reply(self) -> dict[str, ArrayRecord]:
+        """The algorithm's extras for the reply (``fs.<name>``); its state kept in
+        ``context.state``."""
+        delta = get_params(self.model) - self.start
+        update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
+        ctx = ClientContext(0, 0, torch.Generator(), delta.device)
+        no_data = TensorData(torch.zeros(max(self.steps, 1)), torch.zeros(0, dtype=torch.int64))
+        self.algorithm.spec = LocalSpec(lr=1.0, batch_size=1, steps=max(self.steps, 1))
+        out = self.algorithm.finish(self.model, update, self.payload, no_data, ctx, self.state)
+        self.context.state[self._state_key] = ArrayRecord(
+            {k: Array(v.detach().cpu().numpy()) for k, v in self.state.items()}
+        )
+        return {
+            record_key(name): (
+                param_record(v, self.model) if v.shape == self.start.shape else encode_tensor(v)
+            )
+            for name, v in out.extras.items()
+        }
+
+
 def drag_calibrate_local(
     model: nn.Module, msg: Message, arrays_key: str = "arrays"
 ) -> dict[str, float]:
@@ -280,6 +362,7 @@ class FedCARTTrainer:
 
 
 __all__ = [
+    "AlgorithmClient",
     "COUNTS_RECORD",
     "HEAD_SHAPE_RECORD",
     "PROTOTYPES_RECORD",

@@ -27,7 +27,7 @@ from fedshield.sim.callbacks import Callback, RunView
 
 if TYPE_CHECKING:
 
-    from fedshield.sim.builder import Experiment
+    from fedshield.sim.state import Experiment
 
 
 @dataclass

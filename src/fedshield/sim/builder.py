@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,14 +15,15 @@ import torch
 from torch import nn
 
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
-from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientAlgorithm, LocalSpec
-from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerAlgorithm
-from fedshield.attacks.base import ATTACKS, DataAttack, UpdateAttack
+from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
+from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.attacks.base import ATTACKS
 from fedshield.config import ExperimentConfig
-from fedshield.data import DataBundle, TensorData, carve, load_dataset, make_long_tail, partition
+from fedshield.data import TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.registry import Entry
+from fedshield.sim.state import Components, Experiment
 
 log = logging.getLogger("fedshield")
 
@@ -49,16 +49,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"run.device={name!r} but MPS is not available")
     return dev
-
-
-@dataclass
-class Components:
-    """The data-independent parts of an experiment."""
-
-    client: ClientAlgorithm
-    server: ServerAlgorithm
-    aggregator: Aggregator
-    attack: UpdateAttack | DataAttack | None
 
 
 def partition_params(d: Any) -> dict[str, Any]:
@@ -235,20 +225,6 @@ def build_components(cfg: ExperimentConfig) -> Components:
         if cfg.privacy.local is not None:
             check_local(cfg, comp, meta)
     return comp
-
-
-@dataclass
-class Experiment:
-    cfg: ExperimentConfig
-    components: Components
-    bundle: DataBundle
-    clients: list[TensorData]
-    train: TensorData
-    root: TensorData | None
-    val: TensorData | None
-    model: nn.Module
-    byzantine: tuple[int, ...]
-    device: torch.device
 
 
 def check_coverage(

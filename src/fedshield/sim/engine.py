@@ -159,7 +159,7 @@ class Simulator:
         rng = np.random.default_rng([self.cfg.seed, rnd, BYZ])
         return tuple(sorted(int(k) for k in rng.choice(cohort, count, replace=False)))
 
-    def _client_data(self, k: int, byzantine: bool) -> TensorData:
+    def client_data(self, k: int, byzantine: bool) -> TensorData:
         data = self.exp.clients[k]
         attack = self.comp.attack
         if not (byzantine and isinstance(attack, DataAttack)):
@@ -244,7 +244,7 @@ class Simulator:
     ) -> ClientUpdate:
         """Local training of client ``k`` on its (possibly poisoned) data, seeded by
         (seed, round, client); the Flower ClientApp calls this with its own state."""
-        return self._train(self._client_data(k, byzantine), payload, k, rnd, state)
+        return self._train(self.client_data(k, byzantine), payload, k, rnd, state)
 
     def train_cohort(self, plan: RoundPlan) -> list[ClientUpdate]:
         """Every selected client's upload (before update attacks), in cohort order.

@@ -1,16 +1,52 @@
-"""The values of a run: what a checkpoint holds (:class:`RunState`) and a round's decisions
-before any client trains (:class:`RoundPlan`). Value types only, below the engine, so the
-batched trainer, the Flower strategy and the callbacks can name them without the engine."""
+"""The values of a run: its built parts (:class:`Components`, :class:`Experiment`), what a
+checkpoint holds (:class:`RunState`), a round's decisions before any client trains
+(:class:`RoundPlan`), and what the batched trainer needs of the run (:class:`CohortHost`).
+Value types only, below the builder and the engine, so the batched trainer, the privacy
+set-up, the Flower strategy and the callbacks name them without importing either."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from fedshield.core.context import RoundContext
+from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.data.bundle import DataBundle, TensorData
+
+if TYPE_CHECKING:
+    from fedshield.aggregators.base import Aggregator
+    from fedshield.algorithms.client import ClientAlgorithm
+    from fedshield.algorithms.server import ServerAlgorithm
+    from fedshield.attacks.base import DataAttack, UpdateAttack
+    from fedshield.config import ExperimentConfig
+
+
+@dataclass
+class Components:
+    """The data-independent parts of an experiment."""
+
+    client: ClientAlgorithm
+    server: ServerAlgorithm
+    aggregator: Aggregator
+    attack: UpdateAttack | DataAttack | None
+
+
+@dataclass
+class Experiment:
+    cfg: ExperimentConfig
+    components: Components
+    bundle: DataBundle
+    clients: list[TensorData]
+    train: TensorData
+    root: TensorData | None
+    val: TensorData | None
+    model: nn.Module
+    byzantine: tuple[int, ...]
+    device: torch.device
+
+
 
 
 @dataclass
@@ -62,4 +98,19 @@ class RoundPlan:
         return not (self.skip_training and k in self.ctx.byzantine)
 
 
-__all__ = ["RoundPlan", "RunState"]
+class CohortHost(Protocol):
+    """What the batched trainer reads of the run (the :class:`Simulator`)."""
+
+    exp: Experiment
+    cfg: ExperimentConfig
+    comp: Components
+    model: nn.Module
+    device: torch.device
+    state: RunState
+
+    def client_data(self, k: int, byzantine: bool) -> TensorData: ...
+
+    def untrained_upload(self, k: int, delta: Tensor) -> ClientUpdate: ...
+
+
+__all__ = ["CohortHost", "Components", "Experiment", "RoundPlan", "RunState"]

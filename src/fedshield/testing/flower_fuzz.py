@@ -63,6 +63,7 @@ STRATEGIES: dict[str, Callable[[], FedshieldRule]] = {
     "FLTrust": lambda: C.FLTrust(reference_fn=_reference),
     "FedExP": lambda: C.FedExP(),
     "FedACG": lambda: C.FedACG(),
+    "FedDyn": lambda: C.FedDyn(),
     "SCAFFOLD": lambda: C.SCAFFOLD(),
     "Krum": lambda: C.Krum(),
     "MultiKrum": lambda: C.MultiKrum(),

@@ -25,7 +25,6 @@ it can.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedshield.adversarial.linf import Draws, GeneratorDraws
-from fedshield.algorithms.client.pieces import Batch, ClientRound, GradStep, Trained, split_like
+from fedshield.algorithms.client.pieces import (
+    Batch,
+    ClientRound,
+    GradStep,
+    LocalSpec,
+    Trained,
+    split_like,
+)
 from fedshield.core.context import ClientUpdate, Payload
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.core.integrity import FieldSpec
@@ -46,24 +52,6 @@ from fedshield.registry import Registry
 
 #: The sequential loop's random numbers: the global RNG, seeded per (seed, round, client).
 GLOBAL_RNG = GeneratorDraws(None)
-
-
-@dataclass(frozen=True)
-class LocalSpec:
-    """Local-training hyper-parameters shared by every client algorithm."""
-
-    lr: float
-    batch_size: int
-    steps: int | None = 10
-    epochs: int | None = None
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-
-    def num_steps(self, n: int) -> int:
-        if self.epochs is not None:
-            return self.epochs * math.ceil(n / self.batch_size)
-        assert self.steps is not None
-        return self.steps
 
 
 @dataclass(frozen=True)
@@ -102,6 +90,9 @@ class ClientAlgorithm:
     """Plain local SGD; the base of every client algorithm."""
 
     params_schema: type[Params] = NoParams
+    #: The server's broadcast extras its pieces read (a Flower client helper decodes them:
+    #: :class:`fedshield.flower.client_tools.AlgorithmClient`).
+    payload_extras: tuple[str, ...] = ()
     #: :meth:`adjust` applies to parameters the loss never reaches (FedCART's h', a frozen
     #: exit): they get a zero gradient first, so the optimizer steps them (weight decay,
     #: SCAFFOLD's correction). Otherwise SGD skips them, as ``torch.optim.SGD`` skips a

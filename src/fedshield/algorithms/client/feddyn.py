@@ -32,6 +32,7 @@ class FedDynClient(ClientAlgorithm):
 
     # The regulariser reaches every parameter, those the loss does not included.
     fills_missing_grads = True
+    payload_extras = (ALPHA,)
 
     def init_state(self, num_params: int) -> dict[str, Tensor]:
         return {}  # g_k = 0 until the first participation (allocated lazily)

@@ -6,9 +6,9 @@ pieces are written once, so that the same arithmetic broadcasts over both.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -17,8 +17,23 @@ from fedshield.adversarial.linf import Draws
 from fedshield.core.context import Payload
 from fedshield.data.bundle import TensorData
 
-if TYPE_CHECKING:
-    from fedshield.algorithms.client.base import LocalSpec
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """Local-training hyper-parameters shared by every client algorithm."""
+
+    lr: float
+    batch_size: int
+    steps: int | None = 10
+    epochs: int | None = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def num_steps(self, n: int) -> int:
+        if self.epochs is not None:
+            return self.epochs * math.ceil(n / self.batch_size)
+        assert self.steps is not None
+        return self.steps
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ FIRST_GRAD = "scaffold/first_grad"
 class ScaffoldClient(ClientAlgorithm):
     """Control-variate corrected local SGD; uploads the control-variate change."""
 
+    payload_extras = ("h",)
+
     params_schema = ScaffoldParams
     # A parameter the loss does not reach (FedCART's h', a frozen exit) has ∇F = 0, and
     # the correction h − h_m still applies to it.

@@ -32,8 +32,7 @@ from fedshield.sim.vectorized.trainer import VectorizedTrainer
 
 if TYPE_CHECKING:
     from fedshield.config import ExperimentConfig
-    from fedshield.sim.builder import Experiment
-    from fedshield.sim.engine import RoundPlan, Simulator
+    from fedshield.sim.state import CohortHost, Experiment, RoundPlan
 
 log = logging.getLogger("fedshield")
 
@@ -168,7 +167,7 @@ def _names(cfg_model: str, client: ClientAlgorithm) -> str:
     return f"model.name={cfg_model!r} with client.algorithm={name!r}"
 
 
-def trainer_for(sim: Simulator, plan: RoundPlan) -> VectorizedTrainer | None:
+def trainer_for(sim: CohortHost, plan: RoundPlan) -> VectorizedTrainer | None:
     """The simulator's batched trainer, or None (logged once) when it trains one by one."""
     cfg = sim.cfg
     mode = cfg.run.vectorize

@@ -43,7 +43,7 @@ from fedshield.sim.vectorized.modules import batched_forwards
 from fedshield.sim.vectorized.rng import CohortStreams, GroupDraws
 
 if TYPE_CHECKING:
-    from fedshield.sim.engine import RoundPlan, Simulator
+    from fedshield.sim.state import CohortHost, RoundPlan
 
 
 class _Bound(nn.Module):
@@ -217,7 +217,7 @@ class VectorizedTrainer:
         return self.layout.split_params(payload.params), self.layout.split_params(params_out), bufs
 
     # -- a round -------------------------------------------------------------------------
-    def train(self, sim: Simulator, plan: RoundPlan) -> list[ClientUpdate]:
+    def train(self, sim: CohortHost, plan: RoundPlan) -> list[ClientUpdate]:
         """Every selected client's upload in cohort order. The deltas are the rows of one
         [S, d] tensor and the trained clients' buffers rows of one [S, b] tensor; attackers
         that skip training upload a zero row and the broadcast buffers, as sequentially."""
@@ -234,7 +234,7 @@ class VectorizedTrainer:
         # Clients of equal size step with equal batch sizes: chunks ordered by size keep
         # each step's groups few and contiguous (see Rows).
         byz = plan.ctx.byzantine
-        size = {i: len(sim._client_data(cohort[i], cohort[i] in byz)) for i in trained}
+        size = {i: len(sim.client_data(cohort[i], cohort[i] in byz)) for i in trained}
         trained.sort(key=size.__getitem__)
         self.model.train()
         for begin in range(0, len(trained), self.chunk):
@@ -258,7 +258,7 @@ class VectorizedTrainer:
 
     def train_chunk(
         self,
-        sim: Simulator,
+        sim: CohortHost,
         plan: RoundPlan,
         ks: Sequence[int],
         params_out: Tensor,
@@ -274,7 +274,7 @@ class VectorizedTrainer:
         rnd, dev = plan.ctx.round, self.device
         payload = algo.round_payload(plan.payload, rnd)
         c = len(ks)
-        data = [sim._client_data(k, k in plan.ctx.byzantine) for k in ks]
+        data = [sim.client_data(k, k in plan.ctx.byzantine) for k in ks]
         d = st.params.numel()
         states = [st.client_states.setdefault(k, algo.init_state(d)) for k in ks]
         steps = [spec.num_steps(len(x)) for x in data]

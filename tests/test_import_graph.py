@@ -1,0 +1,33 @@
+"""No import circle in src/fedshield (issue #19): every import counts — at module level,
+inside a function, under TYPE_CHECKING (fedshield.testing.imports)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedshield.testing.imports import cycles, import_graph
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "fedshield"
+
+
+def test_no_import_circle_in_the_package() -> None:
+    graph = import_graph(SRC, "fedshield")
+    assert len(graph) > 100  # the whole package was read
+    found = cycles(graph)
+    assert not found, [" -> ".join(c) for c in found]
+
+
+def test_the_reader_finds_a_circle_and_lazy_and_type_only_imports(tmp_path) -> None:  # noqa: ANN001
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from pkg import c\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n"
+    )
+    (pkg / "d.py").write_text("import pkg.a\n")
+    graph = import_graph(pkg, "pkg")
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.d"] == {"pkg.a"}
+    assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
