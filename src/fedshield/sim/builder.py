@@ -142,6 +142,10 @@ def build_components(cfg: ExperimentConfig) -> Components:
     entries["aggregator"] = AGGREGATORS.entry(s.aggregator, "server.aggregator")
     agg_args = entries["aggregator"].parse(s.aggregator_args, "server.aggregator_args")
     aggregator = entries["aggregator"].obj(**agg_args.kwargs())
+    if s.pre_aggregators or s.pre_aggregator_args:  # NNM, Bucketing, ... in front of the rule
+        from fedshield.preaggregators import compose
+
+        aggregator = compose(s.pre_aggregators, s.pre_aggregator_args, aggregator, cfg.seed)
     try:
         aggregator.validate(s.clients_per_round)
     except ConfigError as err:
