@@ -44,8 +44,8 @@ from fedshield.core.params import Params
 
 
 class AdaptiveRootParams(Params):
-    angles: int = Field(24, ge=2, description="grid points of the angle φ to r over [0, π]")
-    refine: int = Field(8, ge=0, description="bisection steps around the best grid angle")
+    angles: int = Field(16, ge=2, description="grid points of the angle φ to r over [0, π]")
+    refine: int = Field(6, ge=0, description="bisection steps around the best grid angle")
     scale: float = Field(1.0, gt=0.0, description="upload norm as a multiple of ‖r‖")
     objective: Literal["directed", "distance"] = Field(
         "directed",

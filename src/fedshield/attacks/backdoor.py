@@ -96,8 +96,9 @@ class ReplacementParams(BackdoorParams):
     gamma: float | None = Field(
         None,
         gt=0.0,
-        description="boost γ of the backdoored update; unset: the round's rows S, the "
-        "paper's n/η for a server step η = 1",
+        description="boost γ of the backdoored update; unset: S/f (S rows, f attackers this "
+        "round): the paper's n/η for η = 1, shared by the f attackers so that their boosted "
+        "updates together replace the mean",
     )
     norm_bound: float | None = Field(
         None,
@@ -113,7 +114,8 @@ class ModelReplacement(UpdateAttack, DataAttack):
     data, boost the update.
 
     The attacker poisons its data as ``backdoor`` does, trains on it, then uploads γ·g
-    (the paper's X̃ = γ(X − G) + G, γ = n/η replaces the global model under FedAvg);
+    (the paper's X̃ = γ(X − G) + G; γ = n/η replaces the global model under FedAvg with
+    one attacker, and the default γ = S/f splits that boost over this round's f attackers);
     ``norm_bound`` caps ‖γ·g‖ (the paper's scaling within the defense's bound S). The
     anomaly-loss term of the paper's constrained training is not applied: the client
     trains with the configured client algorithm. Both a data attack (the poisoning) and
@@ -136,7 +138,7 @@ class ModelReplacement(UpdateAttack, DataAttack):
         if not bool(mask.any()):
             return updates.clone()
         own = updates[mask]
-        gamma = float(updates.shape[0]) if self.gamma is None else self.gamma
+        gamma = updates.shape[0] / own.shape[0] if self.gamma is None else self.gamma
         factor = torch.full((own.shape[0],), gamma, dtype=torch.float64, device=own.device)
         if self.norm_bound is not None:
             norms = row_norms(own)
