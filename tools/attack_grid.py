@@ -102,7 +102,7 @@ def overrides(defense: str, attack: str, fraction: float, seed: int, rounds: int
         f"rounds={rounds}",
         f"eval.every={rounds}",
         'eval.metrics=["backdoor"]',
-        "attack.mode=\"per_round\"",
+        'attack.mode="per_round"',
         f"attack.fraction={fraction}",
         f'attack.name="{attack}"',
         "run.threads=1",
@@ -191,8 +191,7 @@ def write_spec(rounds: int, seeds: list[int]) -> None:
         f"# rounds = {rounds}, seeds = {seeds}, fractions = {list(FRACTIONS)}",
         f"# defenses = {list(DEFENSES)}",
         f"# attacks = {list(ATTACKS)}",
-        "# per-run overrides, e.g. "
-        + " ".join(overrides("nnm+krum", "fang_krum", 0.2, 0, rounds)),
+        "# per-run overrides, e.g. " + " ".join(overrides("nnm+krum", "fang_krum", 0.2, 0, rounds)),
         "",
         base,
     ]
