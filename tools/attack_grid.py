@@ -123,14 +123,15 @@ def overrides(defense: str, attack: str, fraction: float, seed: int, rounds: int
 
 
 def cells(rounds: int, seeds: list[int]) -> list[tuple[str, str, float, int]]:
+    """Every run, seed by seed (an interrupted grid has whole seeds done)."""
     out = []
-    for fraction in FRACTIONS:
-        f = math.floor(fraction * S)
-        for defense in DEFENSES:
-            if not feasible(defense.removeprefix("nnm+"), f):
-                continue
-            for attack in ATTACKS:
-                for seed in seeds:
+    for seed in seeds:
+        for fraction in FRACTIONS:
+            f = math.floor(fraction * S)
+            for defense in DEFENSES:
+                if not feasible(defense.removeprefix("nnm+"), f):
+                    continue
+                for attack in ATTACKS:
                     out.append((defense, attack, fraction, seed))
     return out
 
