@@ -122,6 +122,10 @@ class ModelReplacement(UpdateAttack, DataAttack):
     an update attack (the boost): tag ``kind=update``."""
 
     params_schema = ReplacementParams
+    #: Placement on Flower (fedshield.flower.byzantine): the boost γ = S/f reads the
+    #: cohort's size, so it is applied where every row is seen; the poisoning stays on the
+    #: SuperNode. (Its rows depend only on the attackers' own updates: no omniscient tag.)
+    omniscient = True
     gamma: float | None
     norm_bound: float | None
 
