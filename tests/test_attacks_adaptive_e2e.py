@@ -3,10 +3,12 @@ final accuracy below what every one of the eight fixed attacks of seed 000 reach
 same setting — seed 0 of the attack grid (tools/attack_grid.py: digits, 20 workers,
 Dirichlet 0.5, 10 per round with exactly ⌊wS⌋ Byzantine, MLP, 20 rounds), so the numbers
 are the grid's. Where an attack does not get below the fixed attacks on its own target
-(Fang's Krum attack on Krum, which IPM already breaks; Fang's Trim attack on Trimmed Mean
-and Median; ALIE-opt on every robust rule; the estimated-r adaptive attack on FLTrust and
-BR-DRAG), docs/results/robustness.md says so with the measured numbers; the test checks a
-rule it does beat.
+(Fang's Krum attack on Krum, which IPM already breaks; ALIE-opt on every robust rule; the
+estimated-r adaptive attack on FLTrust and BR-DRAG), docs/results/robustness.md says so
+with the measured numbers, and the test checks a rule it does beat (each case also holds
+for the grid's 3-seed means). Fang's Trim attack gets below the fixed attacks in the
+grid's 3-seed means only against NNM + BR-DRAG at 80 %, by 0.008, never on its targets:
+it has no case here, and the docs give its numbers.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ CASES = [
     ("adaptive_root", "fltrust", 0.4),  # 0.61 vs 0.84 (label_flip)
     ("mimic", "fltrust", 0.4),  # 0.82 vs 0.84
     ("adaptive_root", "brdrag", 0.6),  # 0.70 vs 0.75 (sign_flip)
-    ("fang_trim", "brdrag", 0.6),  # 0.72 vs 0.75
     ("agr_tailored", "centered_clipping", 0.4),  # 0.12 vs 0.31 (sign_flip)
     ("ipm_opt", "centered_clipping", 0.4),  # 0.00 vs 0.31
     ("fang_krum", "centered_clipping", 0.4),  # 0.08 vs 0.31
