@@ -1,6 +1,6 @@
 """Conformance over the component registries (timm's habit): every package entry of the
-attack, model, dataset, partitioner, evaluation-attack, aggregator, client- and
-server-algorithm, evaluator and routing-policy registries is checked here, so a new entry
+attack, model, dataset, partitioner, evaluation-attack, aggregator, pre-aggregator, client-
+and server-algorithm, evaluator and routing-policy registries is checked here, so a new entry
 gets these tests for free (aggregator maths: tests/test_aggregators.py).
 
 * every entry declares a schema whose fields are described, tags from the vocabulary and a
@@ -49,6 +49,7 @@ from fedshield.data import (
 from fedshield.errors import ConfigError, DataError
 from fedshield.eval.base import EVALUATORS
 from fedshield.models import MODELS, build_model, model_tags, parse_model_params
+from fedshield.preaggregators import PRE_AGGREGATORS
 from fedshield.registry import TAGS, Registry, tags_of
 from fedshield.routing import POLICIES
 from fedshield.testing.algorithms import SMALL_MODELS, families, server_for
@@ -64,6 +65,7 @@ REGISTRIES: dict[str, tuple[Registry[Any], str, str]] = {
     "partitioner": (PARTITIONERS, "data", "data.partition"),
     "eval_attack": (EVAL_ATTACKS, "eval.params", "eval attack"),
     "aggregator": (AGGREGATORS, "server.aggregator_args", "server.aggregator"),
+    "pre_aggregator": (PRE_AGGREGATORS, "server.pre_aggregator_args", "server.pre_aggregators"),
     "client_algorithm": (CLIENT_ALGORITHMS, "client.params", "client.algorithm"),
     "server_algorithm": (SERVER_ALGORITHMS, "server.params", "server.algorithm"),
     "evaluator": (EVALUATORS, "eval.params", "eval.metrics"),

@@ -19,7 +19,7 @@ from fedshield.attacks.base import ATTACKS  # noqa: E402
 from fedshield.core.context import ClientUpdate, Payload  # noqa: E402
 from fedshield.errors import ConfigError  # noqa: E402
 from fedshield.flower import client_app, codec  # noqa: E402
-from fedshield.flower.byzantine import runs_on_client  # noqa: E402
+from fedshield.flower.byzantine import local_update_attack, runs_on_client  # noqa: E402
 from fedshield.flower.experiment import FedshieldStrategy, FlowerRunError  # noqa: E402
 from fedshield.flower.local import LocalGrid  # noqa: E402
 from fedshield.flower.server_app import prepare, serve, settings_from_run_config  # noqa: E402
@@ -148,6 +148,13 @@ def test_attack_placement():
     assert placement["label_flip"] and placement["sign_flip"] and placement["scaling"]
     for name in ("min_max", "min_sum", "alie", "ipm", "noise"):
         assert not placement[name], name
+    # Defense-aware attacks need the server's rule and every row: in the strategy.
+    for name in ("alie_opt", "ipm_opt", "fang_krum", "fang_trim", "agr_tailored", "mimic",
+                 "adaptive_root", "adaptive_root_est"):  # fmt: skip
+        assert not placement[name] and not local_update_attack(ATTACKS.build(name)), name
+    # model_replacement: poisoned on the SuperNode, its boost (γ = S/f) in the strategy.
+    mr = ATTACKS.build("model_replacement")
+    assert runs_on_client(mr) and not local_update_attack(mr)
     assert not runs_on_client(None)
 
 
@@ -188,13 +195,24 @@ PARITY = {
     "min_max": {"attack": {"name": "min_max", "fraction": 0.5, "mode": "per_round"}},
     "noise": {"attack": {"name": "noise", "fraction": 0.25}},
     "label_flip": {"attack": {"name": "label_flip", "fraction": 0.25}},
+    # Defense-aware, known r^t: the strategy computes the root update for the attack too.
+    "adaptive_root": {
+        "server": {"algorithm": "brdrag"},
+        "data": {"root_size": 100},
+        "attack": {"name": "adaptive_root", "fraction": 0.5, "mode": "per_round"},
+    },
+    # Poisoned on the SuperNode, boosted (γ = S/f) in the strategy.
+    "model_replacement": {"attack": {"name": "model_replacement", "fraction": 0.25}},
     "fedcart": FEDCART,
 }
 
 
 # The three (FedAvg, BR-DRAG, a client-side method) and one attack per placement
 # run by default; the rest of the matrix is marked slow to keep the default suite short.
-FAST = {"fedavg", "brdrag", "scaffold", "median+sign_flip", "min_max", "label_flip", "fedcart"}
+FAST = {
+    "fedavg", "brdrag", "scaffold", "median+sign_flip", "min_max", "label_flip", "fedcart",
+    "adaptive_root", "model_replacement",
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(

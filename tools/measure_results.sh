@@ -45,5 +45,8 @@ else
   run_grid eevit-baselines-cpu 0
   run_grid drag-c-cpu 0
   run_grid drag-alpha-cpu 0
+  # The defense × attack grid of docs/results/robustness.md ("Under attack"), ~3 h here.
+  "$PY" tools/attack_grid.py run --rounds 20 -j "$JOBS" > runs/attack-grid.log 2>&1
+  "$PY" tools/attack_grid.py cells --rounds 20 > /dev/null
 fi
 "$PY" tools/render_results.py

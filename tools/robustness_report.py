@@ -114,6 +114,10 @@ def tampered_checkpoints() -> tuple[int, int, list[str]]:
     return refused, total, failures
 
 
+#: Everything after this line of the output file is kept as it is.
+KEEP = "<!-- robustness_report: everything below is kept -->"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="docs/results/robustness.md")
@@ -291,7 +295,14 @@ def main() -> None:
                 f"{r.corruption} ×{r.bad_rows} {r.error} {r.step_norm:.3g}/{r.bound:.3g}"
                 for r in rows
             ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    out = Path(args.out)
+    # The attack-grid section below the marker (tools/attack_grid.py, rendered by
+    # tools/render_results.py) is not this report's: keep it.
+    kept = ""
+    if out.exists() and KEEP in out.read_text():
+        kept = "\n" + KEEP + out.read_text().split(KEEP, 1)[1]
+    out.write_text("\n".join(lines) + "\n" + kept)
+    # One summary row for the README (rendered by tools/render_results.py).
     summary = {
         "pairs": len(pairs),
         "pairs_with_masks": sum(1 for p in pairs if p[2]),

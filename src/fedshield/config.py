@@ -97,6 +97,14 @@ class ServerConfig(Section):
     algorithm: str = "fedavg"
     aggregator: str = "mean"
     aggregator_args: dict[str, Any] = {}
+    pre_aggregators: list[str] = Field(
+        [],
+        description="pre-aggregators run on the updates before the rule, in order "
+        "(nnm, bucketing, arc, clip; `fedshield list pre-aggregators`)",
+    )
+    pre_aggregator_args: dict[str, dict[str, Any]] = Field(
+        {}, description="parameters per pre-aggregator, e.g. {nnm = {f = 2}}"
+    )
     weighting: Literal["samples", "uniform"] = "samples"
     clients_per_round: int = Field(
         10, ge=1, description="S; equal to num_clients = full participation"

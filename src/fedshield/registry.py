@@ -36,7 +36,8 @@ TAGS: dict[str, str] = {
     # aggregators
     "robust": "a Byzantine-robust rule: self-reported sample counts are not trusted and "
     "secondary fields (buffers, extras) are aggregated robustly",
-    "needs_reference": "needs a reference direction r (root data or server momentum)",
+    "needs_reference": "needs a reference direction r (root data or server momentum); on an "
+    "attack: the attackers know the server's r^t (it is passed in its AttackContext)",
     "needs_center": "needs a centre kept in server state (Centered Clipping)",
     "reference_free": "can aggregate any [K, p] field without a reference or server state",
     "uses_weights": "honours per-client weights (sample counts)",
@@ -57,6 +58,8 @@ TAGS: dict[str, str] = {
     "kind": "what an attack rewrites: kind=update (the uploaded update rows) or kind=data "
     "(the client's local dataset, before training)",
     "omniscient": "reads the round's benign updates (mean, std, ...), as in the literature",
+    "needs_rule": "crafts its rows through the server's configured rule (defense-aware: the "
+    "rule object reaches it in an AttackContext)",
     # datasets
     "bundled": "ships with the installed packages (works offline)",
     "files": "reads files under data.root",

@@ -2,7 +2,10 @@
 
 Update attacks rewrite the Byzantine rows of the cohort's ``[S, d]`` update matrix
 (:class:`UpdateAttack`); data attacks poison a Byzantine client's dataset once
-(:class:`DataAttack`). Build one by name with keyword hyper-parameters::
+(:class:`DataAttack`). Defense-aware attacks (``needs_rule``: ``alie_opt``, ``ipm_opt``,
+``fang_krum``, ``fang_trim``, ``agr_tailored``, ``adaptive_root``, ``adaptive_root_est``)
+craft their rows through the configured rule, which reaches them in an
+:class:`AttackContext`. Build one by name with keyword hyper-parameters::
 
     from fedshield import attacks
     attack = attacks.build("min_max", vector="sign")
@@ -15,8 +18,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedshield.attacks import data, minmax, omniscient, simple  # noqa: F401  (registers)
-from fedshield.attacks.base import ATTACKS, DataAttack, UpdateAttack
+from fedshield.attacks import (  # noqa: F401  (importing registers the attacks)
+    adaptive,
+    backdoor,
+    data,
+    fang,
+    mimic,
+    minmax,
+    omniscient,
+    optimal,
+    simple,
+    tailored,
+)
+from fedshield.attacks.base import ATTACKS, AttackContext, DataAttack, UpdateAttack
 from fedshield.attacks.minmax import find_gamma, halving_search
 from fedshield.attacks.omniscient import alie_z
 from fedshield.core.params import Params
@@ -46,6 +60,7 @@ def names() -> list[str]:
 
 __all__ = [
     "ATTACKS",
+    "AttackContext",
     "DataAttack",
     "UpdateAttack",
     "alie_z",

@@ -9,19 +9,45 @@
 Every attack declares its parameters as a :class:`~fedshield.core.params.Params` schema
 (``params_schema``) and its registry tags: ``kind=update`` or ``kind=data``, and
 ``omniscient`` when it reads the round's benign updates.
+
+**Defense-aware attacks** (tag ``needs_rule``, class attribute ``needs_rule = True``) craft
+their rows through the server's configured rule. The round loop then calls them with a
+keyword ``context=`` :class:`AttackContext` holding that rule object (pre-aggregators
+included, so a plugin rule is attacked like a built-in one) and the weights it will be
+given. Only an attack that also declares ``needs_reference = True`` (tag
+``needs_reference``: the threat model "the attackers know the server's root update")
+receives the server's reference r^t in the context; every other attack gets ``None`` there
+and must estimate what it needs. Called without a context (a direct call, a test), a
+defense-aware attack targets the plain mean (ByzFL's default ``agg=Average()``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from fedshield.aggregators.base import Aggregator
 from fedshield.core.params import NoParams, Params, parse_params
 from fedshield.registry import Registry
 
-#: Tag words the attacks use (to be merged into :data:`fedshield.registry.TAGS`).
+
+@dataclass(frozen=True)
+class AttackContext:
+    """What the round loop tells a defense-aware attack about the server (see the module
+    docstring). Everything here is the server's own object or value, never a copy to be
+    trusted by the server afterwards."""
+
+    #: The configured rule the server will run on the rows (a composed rule when
+    #: ``server.pre_aggregators`` is set); None: the plain mean.
+    rule: Aggregator | None = None
+    #: ``[S]`` weights the server will give the rule (None: uniform).
+    weights: Tensor | None = None
+    #: The server's reference r^t (root-data update, momentum or Centered Clipping's
+    #: centre) — only for attacks with ``needs_reference = True``; None otherwise.
+    reference: Tensor | None = None
 
 
 class _Attack:
@@ -44,11 +70,18 @@ class UpdateAttack(_Attack):
     #: False when the attack ignores the attacker's own honest update (noise, min_max, ...),
     #: so the engine can skip training that worker.
     needs_own_update: bool = True
+    #: True when the attack crafts its rows through the configured rule: the round loop
+    #: then passes ``context=AttackContext(...)`` (tag ``needs_rule``).
+    needs_rule: ClassVar[bool] = False
+    #: True for the threat model "the attackers know the server's reference r^t": the
+    #: round loop computes it and puts it in the context (tag ``needs_reference``).
+    needs_reference: ClassVar[bool] = False
 
     def __call__(
         self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
     ) -> Tensor:
-        """Return a new ``[S, d]`` matrix; ``byzantine`` is a ``[S]`` bool mask."""
+        """Return a new ``[S, d]`` matrix; ``byzantine`` is a ``[S]`` bool mask. An attack
+        with ``needs_rule`` also takes ``context: AttackContext | None = None``."""
         raise NotImplementedError
 
 

@@ -188,6 +188,10 @@ def build_components(cfg: ExperimentConfig) -> Components:
     aggregator = derive_byzantine_count(
         entries["aggregator"].obj(**agg_args.kwargs()), entries["aggregator"], cfg
     )
+    if s.pre_aggregators or s.pre_aggregator_args:  # NNM, Bucketing, ... in front of the rule
+        from fedshield.preaggregators import compose
+
+        aggregator = compose(s.pre_aggregators, s.pre_aggregator_args, aggregator, cfg.seed)
     try:
         aggregator.validate(s.clients_per_round)
     except ConfigError as err:

@@ -28,7 +28,7 @@ from torch import Tensor
 from fedshield import config as config_mod
 from fedshield.algorithms.client import ClientContext
 from fedshield.algorithms.server.step import RoundStart, server_round_step
-from fedshield.attacks.base import DataAttack, UpdateAttack
+from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack
 from fedshield.core.context import (
     ClientUpdate,
     RoundContext,
@@ -351,9 +351,28 @@ class Simulator:
         matrix = stack_rows([updates[i].delta for i in ok])
         mask = torch.tensor([updates[i].client_id in byz for i in ok], device=matrix.device)
         gen = make_generator(self.cfg.seed, plan.ctx.round, ATTACK, device=self.device)
-        forged = self.comp.attack(matrix, mask, generator=gen)  # type: ignore[operator]
+        attack = self.comp.attack
+        kw = {}
+        if getattr(attack, "needs_rule", False):  # defense-aware: the rule reaches the attack
+            kw["context"] = self._attack_context(plan, [updates[i] for i in ok], matrix)
+        forged = attack(matrix, mask, generator=gen, **kw)  # type: ignore[operator]
         for j, i in enumerate(ok):
             updates[i].delta = forged[j]
+
+    def _attack_context(
+        self, plan: RoundPlan, rows: list[ClientUpdate], matrix: Tensor
+    ) -> AttackContext:
+        """The configured rule and its weights; the server's reference r^t only for an
+        attack of the threat model that knows it (``needs_reference``)."""
+        st, server = self.state, self.comp.server
+        ref = None
+        if getattr(self.comp.attack, "needs_reference", False):
+            reference = getattr(server, "reference", None)
+            if reference is not None:
+                ref = reference(st.params, st.buffers, st.server_state, rows, plan.ctx, self)
+            if ref is None:
+                ref = st.server_state.get("center")  # Centered Clipping's reference
+        return AttackContext(self.comp.aggregator, server.weights(rows, matrix), ref)
 
     def evaluate(self) -> dict[str, float]:
         set_params(self.model, self.state.params)

@@ -1,0 +1,98 @@
+"""The server's rule as a defense-aware attack sees it
+(:class:`~fedshield.attacks.base.AttackContext`).
+
+:class:`RuleOracle` returns the aggregate the configured rule would compute on a candidate
+``[S, d]`` matrix: the rule object itself (a plugin rule or a composed rule with
+pre-aggregators is called exactly like a built-in one), run on as many rows as it can
+(``Aggregator.adapted``, what the server does after screening) with the server's weights
+and, for rules that need a reference or a centre, the reference the attacker has: the
+server's r^t for attacks that know it, else a stand-in the attack chooses (an estimate).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from fedshield.aggregators.base import Aggregator
+from fedshield.attacks.base import AttackContext
+from fedshield.errors import ConfigError
+from fedshield.registry import tags_of
+
+
+def needs_reference(rule: Aggregator | None) -> bool:
+    """True when ``rule`` is run with a reference (r^t) or a centre (Centered Clipping)."""
+    if rule is None:
+        return False
+    return bool(getattr(rule, "needs_reference", False)) or "needs_center" in tags_of(rule)
+
+
+class RuleOracle:
+    """``oracle(x) -> [d] aggregate or None`` (None: the rule cannot run on these rows).
+
+    ``stand_in``: the reference to use when the context carries none and the rule needs
+    one (an attack that does not know r^t estimates it, e.g. by the mean benign update).
+    """
+
+    def __init__(self, context: AttackContext | None, stand_in: Tensor | None = None) -> None:
+        ctx = context or AttackContext()
+        self.rule = ctx.rule
+        self.weights = ctx.weights
+        ref = ctx.reference
+        if ref is None and needs_reference(self.rule):
+            ref = stand_in
+        self.reference = ref
+        self._runs: dict[int, Aggregator | None] = {}
+        self.calls = 0
+
+    def _run(self, n: int) -> Aggregator | None:
+        if n not in self._runs:
+            assert self.rule is not None
+            adapted = getattr(self.rule, "adapted", None)
+            self._runs[n] = adapted(n) if adapted is not None else self.rule
+        return self._runs[n]
+
+    def __call__(self, x: Tensor) -> Tensor | None:
+        self.calls += 1
+        n = x.shape[0]
+        w = self.weights
+        if w is not None and w.shape != (n,):
+            w = None
+        if self.rule is None:
+            if w is None:
+                return x.mean(dim=0)
+            w = w.to(device=x.device, dtype=x.dtype)
+            return (w / w.sum()) @ x
+        run = self._run(n)
+        if run is None:
+            return None
+        ref = self.reference
+        if ref is not None:
+            ref = ref.to(device=x.device, dtype=x.dtype)
+        try:
+            return run(x, w, reference=ref)
+        except (ValueError, ConfigError):  # e.g. a reference rule given no stand-in
+            return None
+
+
+def distance(out: Tensor | None, target: Tensor) -> float:
+    """‖out − target‖ in float64; −inf when the rule gave nothing or a non-finite result
+    (never a better candidate than one that works)."""
+    if out is None:
+        return -math.inf
+    value = float(torch.linalg.vector_norm(out.double() - target.double()))
+    return value if math.isfinite(value) else -math.inf
+
+
+def directed(out: Tensor | None, before: Tensor, s: Tensor) -> float:
+    """Fang et al.'s directed deviation sᵀ(g − g′) of the aggregate ``out`` from the
+    before-attack aggregate g (−inf when the rule gave nothing)."""
+    if out is None:
+        return -math.inf
+    value = float(s.double() @ (before.double() - out.double()))
+    return value if math.isfinite(value) else -math.inf
+
+
+__all__ = ["RuleOracle", "directed", "distance", "needs_reference"]

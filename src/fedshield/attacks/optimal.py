@@ -1,0 +1,145 @@
+"""``alie_opt`` and ``ipm_opt``: ALIE and IPM with the attack factor searched against the
+configured rule (Allouah et al., AISTATS 2023, "Fixing by Mixing"; ByzFL's
+``Optimal_ALittleIsEnough`` / ``Optimal_InnerProductManipulation``).
+
+Every attacker uploads the same vector b(τ): μ + τσ (ALIE, μ and σ the benign coordinate
+mean and unbiased std) or −τμ (IPM). τ maximises the distance ‖A(x(τ)) − μ‖ of the rule's
+aggregate from the benign mean, x(τ) the round's matrix with the Byzantine rows set to
+b(τ), A the configured rule (:class:`~fedshield.attacks._oracle.RuleOracle`). The search is
+ByzFL 0.0.11's line search, step for step (:func:`line_search`), so with the same rule and
+inputs the uploads are equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedshield.attacks._common import check_inputs, coord_std, honest_pool, with_rows
+from fedshield.attacks._oracle import RuleOracle, distance
+from fedshield.attacks.base import ATTACKS, AttackContext, UpdateAttack
+from fedshield.core.params import Params
+
+
+def line_search(
+    objective: Callable[[float], float],
+    start: float = 0.0,
+    delta: float = 10.0,
+    evals: int = 20,
+    ratio: float = 0.8,
+) -> float:
+    """ByzFL's search for the τ maximising ``objective`` with ``evals`` evaluations.
+
+    Expansion: from τ = ``start``, try τ + δ, doubling δ after each improvement; at the
+    first failure δ ← ratio·δ. Contraction: with the evaluations left, try best + δ and
+    shrink δ by ``ratio`` after every try, keeping improvements. Only the direction of
+    the sign of ``delta`` is explored (ByzFL's choice; a negative δ searches the other side).
+    """
+    best_x, best_y = start, objective(start)
+    remaining = evals - 1
+    while remaining > 0:
+        prop = best_x + delta
+        y = objective(prop)
+        remaining -= 1
+        if y > best_y:
+            best_x, best_y = prop, y
+            delta *= 2
+        else:
+            delta *= ratio
+            break
+    while remaining > 0:
+        prop = best_x + delta
+        y = objective(prop)
+        remaining -= 1
+        if y > best_y:
+            best_x, best_y = prop, y
+        delta *= ratio
+    return best_x
+
+
+class OptimalParams(Params):
+    evals: int = Field(20, ge=1, description="rule evaluations of the line search (ByzFL: 20)")
+    start: float = Field(0.0, description="first attack factor τ tried (ByzFL: 0.0)")
+    delta: float = Field(
+        10.0, description="first step of the search; its sign is the side searched (ByzFL: 10.0)"
+    )
+    ratio: float = Field(
+        0.8, gt=0.5, lt=1.0, description="step contraction ratio in (0.5, 1) (ByzFL: 0.8)"
+    )
+
+
+class _OptimalAttack(UpdateAttack):
+    """Shared search; subclasses give the Byzantine vector b(τ) from the benign rows."""
+
+    params_schema = OptimalParams
+    needs_own_update = False
+    needs_rule = True
+    evals: int
+    start: float
+    delta: float
+    ratio: float
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        #: τ chosen in the last call (None before the first call or with no attacker).
+        self.last_tau: float | None = None
+
+    def vector(self, pool: Tensor, tau: float) -> Tensor:
+        raise NotImplementedError
+
+    def __call__(
+        self,
+        updates: Tensor,
+        byzantine: Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        context: AttackContext | None = None,
+    ) -> Tensor:
+        mask = check_inputs(updates, byzantine)
+        if not bool(mask.any()):
+            self.last_tau = None
+            return updates.clone()
+        pool = honest_pool(updates, mask)
+        mean = pool.mean(dim=0)
+        # A rule that needs r^t, run by an attacker who does not know it, gets the mean
+        # benign update as the stand-in (the attacker's best guess of the server's r).
+        oracle = RuleOracle(context, stand_in=mean)
+
+        def objective(tau: float) -> float:
+            return distance(oracle(with_rows(updates, mask, self.vector(pool, tau))), mean)
+
+        tau = line_search(objective, self.start, self.delta, self.evals, self.ratio)
+        self.last_tau = tau
+        return with_rows(updates, mask, self.vector(pool, tau))
+
+
+@ATTACKS.register("alie_opt", tags=["kind=update", "omniscient", "needs_rule"])
+class OptimalALIE(_OptimalAttack):
+    """ALIE with τ searched against the configured rule: upload μ + τσ (ByzFL Optimal_ALIE).
+
+    Allouah et al. 2023 (the ByzFL team's attack). τ maximises ‖A(x) − μ‖ for the
+    configured rule A (a ByzFL-identical line search, ``evals`` rule calls per round); the
+    uploaded vector and ByzFL's ``Optimal_ALittleIsEnough(agg=A, pre_agg_list=[], f)`` are
+    equal on the same inputs. σ is the unbiased std; τ = −z of ``alie``."""
+
+    def vector(self, pool: Tensor, tau: float) -> Tensor:
+        return pool.mean(dim=0) + tau * coord_std(pool)
+
+
+@ATTACKS.register("ipm_opt", tags=["kind=update", "omniscient", "needs_rule"])
+class OptimalIPM(_OptimalAttack):
+    """IPM with ε searched against the configured rule: upload −τμ (ByzFL Optimal_IPM).
+
+    Allouah et al. 2023. τ maximises ‖A(x) − μ‖ for the configured rule A with ByzFL's
+    line search; equal to ``Optimal_InnerProductManipulation(agg=A, pre_agg_list=[], f)``
+    on the same inputs."""
+
+    def vector(self, pool: Tensor, tau: float) -> Tensor:
+        return pool.mean(dim=0) * -tau
+
+
+__all__ = ["OptimalALIE", "OptimalIPM", "line_search"]
