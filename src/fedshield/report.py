@@ -28,8 +28,8 @@ COLUMNS = ("name", "rounds", "final_test_acc", "best_test_acc", "best_round", "r
 
 #: Final-record keys shown next to test accuracy when a run has them (evaluator outputs).
 HEADLINE = (
-    r"robust/(natural|fgsm|pgd20|cw|aa|avg)",
-    r"groups/(majority|medium|minority)/(natural|pgd20)",
+    r"robust/(natural|fgsm|pgd20|cw|aa|avg|worst)",
+    r"groups/(majority|medium|minority)/(natural|pgd20|worst)",
     r"route/[a-z_]+/(acc|depth_saving)",
     r"route_local/[a-z_]+/(mean_acc|worst_acc)",
     r"route_adv/(fgsm|pgd)/[0-9.e+-]+/(fixed|robust|full)/acc",
@@ -38,6 +38,16 @@ HEADLINE = (
     r"comm/cum_gib",
 )
 _HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
+
+#: Final-record keys kept in a comparison's CSV files only (comparison.csv, cells.csv), for
+#: the result documents: per-exit accuracy and the routing risk decomposition (seed 002).
+DETAIL = (
+    r"route/exit/[0-9]+/acc",
+    r"route/[a-z_]+/exit/[0-9]+/(deferral_gain|frac)",
+    r"route_adv/(fgsm|pgd)/[0-9.e+-]+/exit/[0-9]+/acc",
+    r"route_adv/(fgsm|pgd)/[0-9.e+-]+/[a-z_]+/exit/[0-9]+/deferral_gain",
+)
+_DETAIL_RE = re.compile("^(" + "|".join(DETAIL) + ")$")
 
 
 def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
@@ -50,6 +60,11 @@ def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
         return i, k
 
     return sorted(keys, key=rank)
+
+
+def detail_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
+    """The ``DETAIL`` keys present in any of the final records, sorted."""
+    return sorted({k for f in finals for k, v in f.items() if _DETAIL_RE.match(k) and _is_num(v)})
 
 
 def _is_num(v: Any) -> bool:
@@ -149,7 +164,10 @@ def seed_cells(
     summaries: list[dict[str, Any]], params: list[dict[str, Any]], metrics: Sequence[str]
 ) -> list[dict[str, Any]]:
     """One row per cell (runs equal but for their seed): n, and per metric its mean, std
-    and 95 % interval half-width (``<metric>`` = "mean ± std", ``<metric>_ci95``)."""
+    and 95 % interval half-width (``<metric>`` = "mean ± std", ``<metric>_ci95``), the
+    lowest and highest seed (``<metric>_min``, ``_max``) and every seed's value
+    (``<metric>_seeds``: "seed:value" pairs), so a collapsed seed is never hidden by a
+    mean."""
     groups: dict[Any, list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault(cell_key(p), []).append(i)
@@ -166,6 +184,12 @@ def seed_cells(
             mean, std, half = t_interval(vals)
             row[m] = f"{mean:.4f} ± {std:.4f}"
             row[f"{m}_mean"], row[f"{m}_std"], row[f"{m}_ci95"] = mean, std, half
+            row[f"{m}_min"], row[f"{m}_max"] = min(vals), max(vals)
+            row[f"{m}_seeds"] = " ".join(
+                f"{params[i].get('seed', j)}:{summaries[i][m]:.4g}"
+                for j, i in enumerate(idx)
+                if _is_num(summaries[i].get(m))
+            )
         rows.append(row)
     return rows
 
@@ -256,21 +280,26 @@ def compare_runs(
     for s, e in zip(summaries, params):
         s.update(e)
     heads = headline_keys(summaries)
+    finals = [s.get("final") if isinstance(s.get("final"), dict) else {} for s in summaries]
+    details = detail_keys(finals)
+    for s, f in zip(summaries, finals):
+        s.update({k: f[k] for k in details if k in f and k not in s})
     keys = [k for k in dict.fromkeys(k for p in params for k in p)]
     keys = [k for k in keys if k != "variant" or any(p.get("variant") for p in params)]
     columns = ("label", *keys, *COLUMNS[1:], *heads)
     atomic_write_text(out / "comparison.md", markdown_table(summaries, columns))
-    atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
+    atomic_write_text(out / "comparison.csv", csv_table(summaries, (*columns, *details)))
     seeded = any("seed" in p for p in params)
     if seeded:
         metrics = ["final_test_acc", "best_test_acc", "rounds_to_target", *heads]
-        cells = seed_cells(summaries, params, metrics)
+        cells = seed_cells(summaries, params, [*metrics, *details])
         ckeys = [k for k in keys if k != "seed"]
         cols = (*ckeys, "n_seeds", *[m for m in metrics if any(m in c for c in cells)])
         ci = [f"{m}_ci95" for m in metrics if any(f"{m}_ci95" in c for c in cells)]
         atomic_write_text(out / "cells.md", markdown_table(cells, (*cols, *ci)))
         # The CSV also keeps the numbers apart (mean, std, interval) for tools to read.
-        nums = [f"{m}_{x}" for m in metrics for x in ("mean", "std", "ci95", "n")]
+        stats = ("mean", "std", "ci95", "n", "min", "max", "seeds")
+        nums = [f"{m}_{x}" for m in [*metrics, *details] for x in stats]
         nums = [k for k in nums if any(k in c for c in cells)]
         atomic_write_text(out / "cells.csv", csv_table(cells, (*cols, *nums)))
     vary = varying_keys(params)
