@@ -12,15 +12,20 @@ count-weighted mean
 1. virtual features Z_v (V per class, server state, warm-started across rounds, initialised
    N(0, 1)) follow at most T_V optimiser steps of gradient matching (eq. 9):
    min Σ_c ‖∇_{h'} CE(h'(Z_{v,c}), c) − ḡ_c‖²  (MSE; ``distance = "cos"``: CReFF's cosine);
-2. h' is re-trained on (Z_v, labels) for at most T_R SGD steps (eq. 10), warm start from h'.
+2. h' is re-trained on (Z_v, labels) by mini-batch SGD (eq. 10): a fresh head every round
+   (CReFF; ``retrain_warm_start`` keeps the current one), for at most T_R = 300 passes over
+   Z_v (CReFF's 300 epochs).
 
-Both phases stop on a plateau of their own loss (:func:`~fedshield.losses.plateaued`:
-relative improvement below a tolerance over a window), so T_V and T_R are caps (SPEC §7,
-updated). The defaults were chosen by the sweep in ``docs/results/cart_step.md``
-(``tools/cart_step_sweep.py``); CReFF's counts (T_V = 100 at SGD lr 0.1, T_R = 300 at
-lr 0.01) leave both phases far from converged on the bundled data. Logged per round:
+Matching stops on a plateau of its MSE (:func:`~fedshield.losses.plateaued`: relative
+improvement below a tolerance over a window). Re-training stops on the same rule over its
+full-data CE, or at a target loss, but never before ``retrain_min_epochs`` passes: the
+previous default (300 warm-started *steps*, rule over 3 passes, no minimum) stopped after
+96 steps on round 1's flat start with h' untrained and hit its cap while the loss still fell
+in every later round (issue #20). The defaults were chosen by the sweeps in
+``docs/results/cart_step.md`` (``tools/cart_step_sweep.py``). Logged per round:
 ``cart/match_start``, ``cart/match_end``, ``cart/match_steps``, ``cart/retrain_start``,
-``cart/retrain_loss`` (full-data CE of h' on Z_v after re-training), ``cart/retrain_steps``.
+``cart/retrain_loss`` (full-data CE of h' on Z_v after re-training), ``cart/retrain_steps``,
+``cart/retrain_epochs``.
 
 Ablations: ``cart = false`` (no CART step; h' := h every round, so inference uses r + h)
 and ``aux_head = false`` (no h': the CART step re-trains h itself, then h' := h).
@@ -65,10 +70,10 @@ from fedshield.losses.gradient_matching import (
     synthesize_features,
 )
 
-# Defaults of the CART step, chosen by the sweep in docs/results/cart_step.md: Adam at 0.1
+# Defaults of the CART step, chosen by the sweeps in docs/results/cart_step.md: Adam at 0.1
 # brings the matching MSE to its plateau in 200–550 steps where CReFF's SGD at 0.1 is still
-# far off after 100 (and SGD at 1 after 1000); re-training keeps CReFF's lr 0.01 and 300
-# steps (larger steps or caps traded PGD-20 for natural accuracy within seed noise).
+# far off after 100 (and SGD at 1 after 1000); re-training is CReFF's (a fresh head, lr
+# 0.01, 300 epochs) with a plateau rule that may fire only after 50 epochs.
 MATCH_ITERS, MATCH_OPTIMIZER, MATCH_LR = 1000, "adam", 0.1
 MATCH_WINDOW, MATCH_TOL = 50, 1e-3
 RETRAIN_EPOCHS, RETRAIN_MIN_EPOCHS, RETRAIN_LR = 300, 50, 0.01
