@@ -38,8 +38,8 @@ declare -A EXTRA_OF=(
   [fedcart-baselines-cpu]=$LAST [fedcart-ablations-cpu]=$LAST
 )
 ORDER=(
-  fedcart-methods-cpu fedcart-rho-cpu drag-server-lr-cpu drag-c-cpu brdrag-root-cpu
-  brdrag-ct-cpu eevit-alpha-cpu eevit-tiers-cpu fedcart-ablations-cpu fedcart-plugins-cpu
+  fedcart-methods-cpu brdrag-root-cpu brdrag-ct-cpu drag-server-lr-cpu drag-c-cpu
+  fedcart-rho-cpu eevit-alpha-cpu eevit-tiers-cpu fedcart-ablations-cpu fedcart-plugins-cpu
   fedcart-baselines-cpu
   # measured before issue #20 and unchanged by it (same code path, same data):
   demo clean-digits-cpu brdrag-attacks-20-cpu brdrag-attacks-40-cpu brdrag-attacks-60-cpu
