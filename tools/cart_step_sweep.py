@@ -491,6 +491,8 @@ def _run_table(runs: list[dict[str, Any]]) -> str:
     head = "| variant | " + " | ".join(names) + " | CART s a run (mean) |"
     lines = [head, "|" + "---|" * (len(names) + 2)]
     for i, rec in enumerate(runs[0]["records"]):
+        if rec["group"] == "recorded":  # the validation line, not a variant
+            continue
         rows = [run["records"][i] for run in runs]
         assert all(r["label"] == rec["label"] for r in rows)
         secs = sum(r["server_s"] for r in rows) / len(rows)
@@ -519,6 +521,8 @@ def _fit_table(runs: list[dict[str, Any]]) -> str:
         return f"{c['retrain_start']:.3f} → {c['retrain_loss']:.3f} ({unit})"
 
     for i, rec in enumerate(runs[0]["records"]):
+        if rec["group"] == "recorded":
+            continue
         for run in runs:
             r = run["records"][i]
             cart = r["cart"]
@@ -532,8 +536,8 @@ def _fit_table(runs: list[dict[str, Any]]) -> str:
 
 def collect(args: argparse.Namespace) -> None:
     """The final metrics and test-accuracy curve of full runs, as one JSON result file."""
-    keys = ("robust/natural", "robust/pgd20", "groups/minority/natural",
-            "groups/minority/pgd20", "test_acc")  # fmt: skip
+    keys = ("robust/natural", "robust/pgd20", "robust/cw", "robust/worst",
+            "groups/minority/natural", "groups/minority/worst", "test_acc")  # fmt: skip
     out = []
     for spec in args.runs:
         name, path = spec.split("=", 1)
@@ -542,7 +546,7 @@ def collect(args: argparse.Namespace) -> None:
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         out.append({
             "name": name,
-            "final": {k: summary["final"][k] for k in keys},
+            "final": {k: summary["final"][k] for k in keys if k in summary["final"]},
             "curve": {r["round"]: r["test_acc"] for r in rows if "test_acc" in r},
             "wall_s": summary.get("wall_s_this_session"),
             "server_params": tomllib.loads((run / "config.toml").read_text())["server"].get(
@@ -554,18 +558,17 @@ def collect(args: argparse.Namespace) -> None:
 
 def _e2e_table(runs: list[dict[str, Any]]) -> str:
     lines = [
-        "| full run (`fedshield run`) | natural (500) | PGD-20 (500) | Minority nat "
-        "| Minority PGD | test acc r5 / r10 / r15 / r20 |",
-        "|---|---|---|---|---|---|",
+        "| full run | natural | PGD-20 | CW∞ | worst case | Minority natural | Minority worst "
+        "| test acc r5 / r10 / r15 / r20 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    keys = ("robust/natural", "robust/pgd20", "robust/cw", "robust/worst",
+            "groups/minority/natural", "groups/minority/worst")  # fmt: skip
     for run in runs:
         f, acc = run["final"], run["curve"]
         curve = " / ".join(_pct(acc.get(str(k))) for k in (5, 10, 15, 20))
-        lines.append(
-            f"| {run['name']} | {_pct(f['robust/natural'])} | {_pct(f['robust/pgd20'])} | "
-            f"{_pct(f['groups/minority/natural'])} | {_pct(f['groups/minority/pgd20'])} "
-            f"| {curve} |"
-        )
+        cells = " | ".join(_pct(f.get(k)) for k in keys)
+        lines.append(f"| {run['name']} | {cells} | {curve} |")
     return "\n".join(lines) + "\n"
 
 
