@@ -163,11 +163,10 @@ class DragACGParams(Params):
 
 @SERVER_ALGORITHMS.register("drag_acg", tags=["needs_aggregator=needs_reference"])
 class DragACG(DRAG):
-    """DRAG's calibration inside FedACG's server loop (our composition, issue #20): FedACG
-    wins the drift table with an effective server step up to 1/(1 − λ) times FedAvg's;
-    this asks whether DRAG's directions add to that step.
+    """DRAG's calibration inside FedACG's look-ahead momentum loop (our composition).
 
-    Broadcast θ̂ = θ^t + λ m^{t−1} (FedACG); clients (the ``fedacg`` client: proximal term
+    FedACG wins the drift table with an effective server step up to 1/(1 − λ) times
+    FedAvg's (issue #20); this asks whether DRAG's directions add to that step. Broadcast θ̂ = θ^t + λ m^{t−1} (FedACG); clients (the ``fedacg`` client: proximal term
     towards θ̂) return g_m relative to θ̂; the ``drag`` rule calibrates them towards DRAG's
     reference r^t (eq. 10–11), Δ^t = (1/S) Σ v_m; then r^{t+1} = (1 − α) r^t + α Δ^t (eq. 8),
     m^t = λ m^{t−1} + Δ^t and θ^{t+1} = θ^t + η_g m^t. λ = 0 is DRAG; c = 0 is FedACG."""
