@@ -227,6 +227,25 @@ def test_autoattack_adapter_runs_and_keeps_mode() -> None:
     assert all(p.grad is None and p.requires_grad for p in model.parameters())
 
 
+def test_autoattack_apgd_version_is_torchattacks_apgd_ce_then_apgd_t() -> None:
+    """version 'apgd' = torchattacks' APGD-CE, then APGD-T on the points it left correct,
+    with the given steps: the same adversarial batch as building them by hand."""
+    import torchattacks
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 5)).eval()
+    x, y = torch.rand(8, 3, 8, 8), torch.randint(0, 5, (8,))
+    eps = 8 / 255
+    ours = EVAL_ATTACKS.build("autoattack", eps=eps, version="apgd", steps=5, seed=2)(model, x, y)
+    ref = torchattacks.MultiAttack([
+        torchattacks.APGD(model, eps=eps, steps=5, seed=2, loss="ce", n_restarts=1),
+        torchattacks.APGDT(model, eps=eps, steps=5, seed=2, n_classes=5, n_restarts=1),
+    ])(x, y)  # fmt: skip
+    torch.testing.assert_close(ours, ref)
+    assert (ours - x).abs().max() <= eps + 1e-6
+    assert (model(ours).argmax(1) == y).sum() <= (model(x).argmax(1) == y).sum()
+
+
 def test_autoattack_missing_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torchattacks", None)  # makes `import` raise ImportError
     with pytest.raises(MissingDependencyError, match="pip install torchattacks"):

@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -74,6 +76,44 @@ def test_collect_records_provenance_and_a_changed_file_is_noticed(tmp_path) -> N
     problems = render.check_provenance(data)
     assert any(p.startswith("g.csv: changed since") for p in problems)
     assert any(p.startswith("other.csv: no *.provenance.json") for p in problems)
+
+
+def test_rendering_shows_the_seed_spread_next_to_the_interval(tmp_path) -> None:  # noqa: ANN001
+    """mean ± h [min, max] by default; spread=seeds lists every seed; spread=none hides it."""
+    render = _tool("render_results")
+    (tmp_path / "cells.csv").write_text(
+        "variant,n_seeds,acc_mean,acc_ci95,acc_min,acc_max,acc_seeds\n"
+        "fedcart,3,0.621,0.320,0.474,0.714,0:0.714 1:0.474 2:0.676\n"
+    )
+    opts = {"source": "cells.csv", "columns": "variant,acc"}
+    assert render.render(opts, tmp_path).splitlines()[-1] == (
+        "| fedcart | 0.621 ± 0.320 [0.474, 0.714] |"
+    )
+    seeds = render.render(opts | {"spread": "seeds"}, tmp_path).splitlines()[-1]
+    assert seeds == "| fedcart | 0.621 ± 0.320 (0.714, 0.474, 0.676) |"
+    assert render.render(opts | {"spread": "none"}, tmp_path).splitlines()[-1] == (
+        "| fedcart | 0.621 ± 0.320 |"
+    )
+
+
+def test_collect_writes_per_round_curves_over_the_seeds(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    render = _tool("render_results")
+    sweep = tmp_path / "g"
+    rows = []
+    for seed, vals in ((0, (0.2, 0.5)), (1, (0.4, 0.7))):
+        run = sweep / f"a_seed={seed}"
+        run.mkdir(parents=True)
+        recs = [{"round": r, "robust/worst": v, "test_acc": 0.9} for r, v in zip((5, 10), vals)]
+        run.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+        rows.append(f"a_seed={seed},a,{seed},10")
+    (sweep / "comparison.csv").write_text("label,variant,seed,rounds\n" + "\n".join(rows) + "\n")
+    out, cols = render.round_rows(sweep)
+    assert cols[:3] == ["variant", "round", "n_seeds"]
+    assert [r["round"] for r in out] == [5, 10]
+    assert [r["robust/worst_mean"] for r in out] == pytest.approx([0.3, 0.6])
+    assert out[0]["robust/worst_min"] == 0.2 and out[1]["robust/worst_max"] == 0.7
 
 
 def test_the_generated_presets_equal_their_generator(tmp_path, monkeypatch) -> None:  # noqa: ANN001

@@ -194,3 +194,115 @@ def test_fig10_diagnostics_cover_benign_rows_only():
     assert out["agg/benign_rho_min"] == pytest.approx(0.25)
     assert out["agg/benign_rho_max"] == pytest.approx(0.5)
     assert out["agg/benign_mean_cos"] == pytest.approx(0.5)
+
+
+# -- DRAG's calibration under FedACG's look-ahead momentum (drag_acg, issue #20) --------------
+
+
+def test_drag_acg_with_lambda_zero_is_drag():
+    ups = _updates([[1.0, 0.0], [0.0, 1.0]])
+    drag = _server("drag", agg="drag", alpha=0.25)
+    both = _server("drag_acg", agg="drag", alpha=0.25, lam=0.0)
+    a = drag.update(torch.zeros(2), torch.zeros(0), {}, ups, CTX, None)
+    b = both.update(torch.zeros(2), torch.zeros(0), {}, ups, CTX, None)
+    torch.testing.assert_close(a.params, b.params)
+    torch.testing.assert_close(a.state["ref"], b.state["ref"])
+    ups2 = _updates([[0.5, -1.0], [2.0, 0.0]])
+    a2 = drag.update(a.params, torch.zeros(0), a.state, ups2, CTX, None)
+    b2 = both.update(b.params, torch.zeros(0), b.state, ups2, CTX, None)
+    torch.testing.assert_close(a2.params, b2.params)
+
+
+def test_drag_acg_with_c_zero_is_fedacg_and_broadcasts_the_lookahead():
+    theta = torch.tensor([1.0, 1.0])
+    state = {"m": torch.tensor([2.0, 0.0]), "ref": torch.tensor([1.0, 0.0])}
+    acg = _server("fedacg", lam=0.5)
+    both = _server("drag_acg", agg="drag", lam=0.5)
+    both.aggregator = aggregators.build("drag", c=0.0)
+    payload = both.broadcast(theta, torch.zeros(0), state, CTX)
+    torch.testing.assert_close(payload.params, torch.tensor([2.0, 1.0]))  # θ + λ m
+    torch.testing.assert_close(payload.extras["ref"], state["ref"])
+    ups = _updates([[0.0, 1.0], [0.0, 3.0]])
+    a = acg.update(theta, torch.zeros(0), state, ups, CTX, None)
+    b = both.update(theta, torch.zeros(0), state, ups, CTX, None)
+    torch.testing.assert_close(a.params, b.params)  # θ + λ m + mean g
+    torch.testing.assert_close(b.state["m"], torch.tensor([1.0, 2.0]))
+
+
+def test_drag_acg_calibrates_before_the_momentum():
+    """m^t = λ m + Δ with Δ the calibrated mean (eq. 11), r updated with the same Δ."""
+    theta, r = torch.zeros(2), torch.tensor([1.0, 0.0])
+    state = {"m": torch.tensor([1.0, 1.0]), "ref": r}
+    both = _server("drag_acg", agg="drag", lam=0.5, alpha=0.25)
+    rows = torch.tensor([[0.0, 2.0], [-1.0, 0.0]])
+    step = both.update(theta, torch.zeros(0), state, _updates(rows.tolist()), CTX, None)
+    v, _, _ = aggregators.drag_calibrate(rows, r, 0.2)
+    delta = v.mean(0)
+    torch.testing.assert_close(step.state["m"], 0.5 * state["m"] + delta)
+    torch.testing.assert_close(step.params, 0.5 * state["m"] + delta)
+    torch.testing.assert_close(step.state["ref"], 0.75 * r + 0.25 * delta)
+
+
+# -- DRAG's component along r (docs/results/drag.md) ------------------------------------------
+
+
+def test_drag_component_along_the_reference_is_cos_plus_c_one_minus_cos_squared():
+    """v = (1 − λ) g + λ (‖g‖/‖r‖) r with λ = c(1 − cos): ⟨v, r̂⟩ = ‖g‖ (cos + c (1 − cos)²).
+    Worked example: g = 2·(cos 120°, sin 120°), r = e₁, c = 0.5: cos = −½, λ = ¾,
+    ⟨v, r̂⟩ = 2 (−½ + ½ · (3/2)²) = 1.25 > 0 — the client's reversal is turned around."""
+    g = 2 * torch.tensor([[-0.5, 3**0.5 / 2]], dtype=torch.float64)
+    r = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    v, lam, cos = aggregators.drag_calibrate(g, r, 0.5)
+    assert float(cos[0]) == pytest.approx(-0.5) and float(lam[0]) == pytest.approx(0.75)
+    assert float(v[0, 0]) == pytest.approx(1.25)
+    # For every cosine the sign is that of cos + c(1 − cos)²: ≥ 0 for all cos iff c ≥ 1/4.
+    angles = torch.linspace(0, torch.pi, 181, dtype=torch.float64)
+    rows = torch.stack([angles.cos(), angles.sin()], 1)
+    for c, ok in ((0.2, False), (0.25, True), (0.3, True), (1.0, True)):
+        v, _, cos = aggregators.drag_calibrate(rows, r, c)
+        torch.testing.assert_close(v[:, 0], cos + c * (1 - cos) ** 2)
+        assert bool((v[:, 0] >= -1e-12).all()) == ok, c
+
+
+# -- BR-DRAG with the theorem's per-round c^t (brdrag_ct) -------------------------------------
+
+
+def test_theorem_c_worked_example():
+    from fedshield.algorithms.server.brdrag_ct import theorem_c
+
+    cos = torch.tensor([0.9, 0.8, -1.0, -0.2])
+    flag = torch.tensor([False, False, True, True])
+    # w = 2/4, x = (−1 − 0.2)/4 = −0.3: c = 0.5 / 0.8 = 0.625
+    assert theorem_c(cos, flag) == pytest.approx(0.625)
+    assert theorem_c(cos, torch.zeros(4, dtype=torch.bool)) == 0.5  # no attacker: c_min
+    assert theorem_c(torch.tensor([-1.0, -1.0]), torch.tensor([True, True])) == 0.5
+    assert theorem_c(torch.tensor([0.5, 0.1]), torch.tensor([True, False])) == 1.0  # x > 0
+
+
+class _Root:
+    """Services whose root-data direction is a fixed r (the server's U root steps)."""
+
+    def __init__(self, r: torch.Tensor) -> None:
+        self.r = r
+
+    def root_update(self, params, buffers, ctx):  # noqa: ANN001, ANN201
+        return ClientUpdate(-1, self.r, 1, torch.zeros(0))
+
+
+def test_brdrag_ct_calibrates_with_the_rounds_c():
+    r = torch.tensor([1.0, 0.0])
+    rows = [[2.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [-1.0, 1.0]]
+    ctx = RoundContext(1, (0, 1, 2, 3), (2,), 0, 4, torch.device("cpu"))
+    x = torch.tensor(rows)
+    for rule, c_t in (("estimate", 0.5 / (0.5 + (1 + 2**-0.5) / 4)), ("oracle", 0.25 / 0.5)):
+        srv = _server("brdrag_ct", agg="brdrag", c_rule=rule)
+        step = srv.update(torch.zeros(2), torch.zeros(0), {}, _updates(rows), ctx, _Root(r))
+        assert step.metrics["agg/c_t"] == pytest.approx(c_t)
+        v, _, _ = aggregators.brdrag_calibrate(x, r, c_t)
+        torch.testing.assert_close(step.params, v.mean(0))
+        assert srv.aggregator.c == 0.5  # the configured rule is left as it was
+
+
+def test_brdrag_ct_needs_the_brdrag_rule():
+    with pytest.raises(ConfigError, match="'brdrag'"):
+        _server("brdrag_ct", agg="fltrust")

@@ -624,9 +624,25 @@ def test_eevit_presets_are_the_generators_output() -> None:
     spec.loader.exec_module(gen)
     presets = resources.files("fedshield.presets")
     files = gen.eevit_files()
-    assert len(files) == 15
+    assert len(files) == 16
     for rel, text in files.items():
         assert presets.joinpath(rel).read_text() == text, f"{rel}: run tools/make_presets.py"
+
+
+def test_early_exit_presets_train_every_client_at_full_depth_and_tiers_are_a_grid() -> None:
+    """SPEC §8's default is m_k = L for every client; the depth tiers (2, 4, 6) are a
+    choice of their own grid (issue #20), and attacks read the whole test split."""
+    from fedshield.sweep import expand, read_grid
+
+    for name in ("eevit-mnist5k-dir0.5-cpu", "eevit-mnist5k-dir0.1-cpu", "eevit-cifar10-dir0.5"):
+        cfg = config.load(preset=name)
+        assert "depths" not in cfg.client.params, name
+    cpu = config.load(preset="eevit-mnist5k-dir0.5-cpu")
+    assert cpu.eval.params["routing_adv"].get("adv_samples") is None
+    _, tiers = expand(*read_grid(grid="eevit-tiers-cpu"))
+    _, full = expand(*read_grid(grid="eevit-alpha-cpu"))
+    assert all(config.validate(r.raw).client.params["depths"] == [2, 4, 6] for r in tiers)
+    assert all("depths" not in config.validate(r.raw).client.params for r in full)
 
 
 def test_baseline_grid_variants_build_every_client_subnet() -> None:

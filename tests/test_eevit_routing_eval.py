@@ -137,6 +137,35 @@ def test_profile_is_taken_on_the_initial_model_by_default() -> None:
         routing_eval(model, _inputs(bundle, clients), **args)
 
 
+def test_attacked_routing_reports_every_exit_and_the_risk_decomposition() -> None:
+    """Beside a policy's accuracy under attack: each exit's accuracy on the attacked inputs
+    and the policy's per-exit deferral gain; the gains add up to routed minus exit-1
+    accuracy (the decomposition telescopes: Σ_e Pr(D_e)(𝓔_{e|D_e} − 𝓔_{e+1|D_e}) =
+    𝓔_1 − risk)."""
+    torch.manual_seed(0)
+    test = _test_set(per_class=10)
+    bundle = DataBundle("t", test, test, 4, (1, 8, 8), ("a", "b", "c", "d"))
+    model = build_model("eevit", (1, 8, 8), 4, patch_size=4, embed_dim=16, num_heads=1, depth=3)
+    out = routing_adv_eval(model.eval(), _inputs(bundle, [test]), attacks=["pgd"], eps=[0.05],
+                           policies=["fixed", "robust"])  # fmt: skip
+    key = "route_adv/pgd/0.05"
+    assert {f"{key}/exit/{e}/acc" for e in (1, 2, 3)} <= set(out)
+    assert out[f"{key}/exit/3/acc"] == out[f"{key}/full/acc"]
+    for policy in ("fixed", "robust"):
+        assert {f"{key}/{policy}/exit/{e}/deferral_gain" for e in (1, 2)} <= set(out)
+        assert f"{key}/{policy}/exit/3/deferral_gain" not in out  # the last exit accepts all
+    # The telescoping identity, on the routed decision itself (fixed policy).
+    from fedshield.eval.routing_eval import exit_probs as probs_of
+    from fedshield.routing import route, routing_metrics
+
+    p = probs_of(model, test.x, 64, torch.device("cpu"))
+    m = routing_metrics(p, test.y, route(p, "fixed")[0])
+    n = len(test.y)
+    total = sum(d.deferral_gain * d.reached / n for d in m.decomposition)
+    exit1 = float((p[0].argmax(-1) == test.y).double().mean())
+    assert total == pytest.approx(m.accuracy - exit1)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [

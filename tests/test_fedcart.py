@@ -324,6 +324,21 @@ def test_prototype_aggregation_is_count_weighted():
     assert aggregate_prototypes([ClientUpdate(0, torch.zeros(1), 1, torch.zeros(0))]) is None
 
 
+def test_prototype_aggregation_by_client_sample_counts_is_seed_003s_formula():
+    """ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k over the holders of c (seed 003), N_k the client's
+    sample count: client 0 (N = 3) and client 1 (N = 3) weigh alike on class 0 although
+    client 1 holds one class-0 sample against client 0's three."""
+    ups = [
+        _proto_update(0, [[1.0, 1.0], [0.0, 0.0]], [3, 0]),
+        _proto_update(1, [[5.0, -3.0], [2.0, 4.0]], [1, 2]),
+    ]
+    mean, total = aggregate_prototypes(ups, None, weighting="client_samples")
+    torch.testing.assert_close(mean, torch.tensor([[3.0, -1.0], [2.0, 4.0]]))
+    assert total.tolist() == [4.0, 2.0]  # the class totals are still n_{k,c}
+    srv = server(proto_weighting="client_samples")
+    assert srv.p.proto_weighting == "client_samples"
+
+
 class _RobustMedian:
     """A stand-in robust, reference-free rule (tags as a registered robust rule carries)."""
 
@@ -521,7 +536,7 @@ def test_head_shape_is_what_most_clients_upload():
 def test_cold_start_retraining_is_seeded():
     a = _round(server(retrain_warm_start=False))[2].params
     b = _round(server(retrain_warm_start=False))[2].params
-    warm = _round(server())[2].params
+    warm = _round(server(retrain_warm_start=True))[2].params
     torch.testing.assert_close(a, b)
     assert (a[-P:] - warm[-P:]).abs().max() > 0
 

@@ -183,7 +183,8 @@ def _inputs(num_classes: int = 3) -> tuple[torch.nn.Module, EvalInputs]:
     x = torch.rand(30, *shape, generator=g)
     y = torch.arange(30) % num_classes
     train = TensorData(x, torch.tensor([0] * 20 + [1] * 8 + [2] * 2))
-    bundle = DataBundle("t", train, TensorData(x, y), num_classes, shape, ("a", "b", "c"))
+    names = tuple("abcd"[:num_classes])
+    bundle = DataBundle("t", train, TensorData(x, y), num_classes, shape, names)
     model = build_model("mlp", shape, num_classes, hidden=8).eval()
     inputs = EvalInputs(bundle, [train], train, torch.device("cpu"), 16, 0, 1)
     return model, inputs
@@ -216,6 +217,47 @@ def test_robust_evaluator_skips_autoattack_when_torchattacks_is_missing(monkeypa
     out = EVALUATORS.get("robust")(model, inputs, cw_steps=3, pgd_steps=3)
     assert out["robust/aa_skipped"] == 1.0 and "robust/aa" not in out
     assert "robust/pgd3" in out and out["robust/eps"] == pytest.approx(0.1)
+
+
+def test_robust_worst_case_is_per_sample_over_every_attack():
+    """robust/worst counts a sample only if natural and every attack leave it correct: at
+    most the smallest single accuracy, and equal to the AND of the per-sample results."""
+    from fedshield.eval.robust import worst_case
+
+    res = {
+        "natural": torch.tensor([True, True, True, False]),
+        "pgd": torch.tensor([True, False, True, False]),
+        "cw": torch.tensor([True, True, False, False]),
+        "aa": torch.tensor([True, True]),  # run on samples 0 and 2 only
+    }
+    no_aa = {k: v for k, v in res.items() if k != "aa"}
+    assert worst_case(no_aa, torch.arange(4)).tolist() == [True, False, False, False]
+    assert worst_case(res, torch.tensor([0, 2])).tolist() == [True, False]
+    model, inputs = _inputs()
+    out = EVALUATORS.get("robust")(
+        model, inputs, cw_steps=3, pgd_steps=3, autoattack=False, groups=True,
+        majority_min=10, minority_max=5,
+    )  # fmt: skip
+    single = min(out[f"robust/{k}"] for k in ("natural", "fgsm", "pgd3", "cw"))
+    assert out["robust/worst"] <= single and out["robust/worst_n"] == 30
+    assert "groups/minority/worst" in out
+
+
+def test_robust_evaluator_runs_autoattack_at_the_last_round_only():
+    """With eval.metrics_every the evaluator runs every k rounds; AutoAttack (the costly
+    part) runs when the inputs say the round is the run's last (or 'every' asks for it)."""
+    import dataclasses
+
+    model, inputs = _inputs(num_classes=4)
+    kw = {"cw_steps": 2, "pgd_steps": 2, "autoattack_version": "apgd", "autoattack_steps": 2}
+    early = dataclasses.replace(inputs, round=5, rounds=20)
+    assert not early.final and dataclasses.replace(inputs, round=20, rounds=20).final
+    out = EVALUATORS.get("robust")(model, early, **kw)
+    assert out["robust/aa_skipped"] == 1.0 and "robust/aa" not in out
+    every = EVALUATORS.get("robust")(model, early, autoattack_rounds="every", **kw)
+    last = EVALUATORS.get("robust")(model, dataclasses.replace(early, round=20), **kw)
+    assert "robust/aa" in every and "robust/aa" in last
+    assert last["robust/worst"] <= last["robust/aa"]
 
 
 def test_robust_evaluator_bad_param_names_the_key():
@@ -281,11 +323,12 @@ def test_baselines_and_ablations_are_overrides_of_the_preset(name):
 
 
 GRIDS = {
-    "fedcart-methods-cpu": {"fedcart", "trades_fedcart", "mart_fedcart", "taet_fedcart", "calfat"},
+    "fedcart-methods-cpu": {"fedcart", "calfat"},
+    "fedcart-plugins-cpu": {"trades_fedcart", "mart_fedcart", "taet_fedcart"},
     "fedcart-baselines-cpu": {"fedpgd", "fedtrades", "fedmart", "fedfat", "fedtaet"},
-    "fedcart-ablations-cpu": {"full", "no_at", "no_nat", "no_align", "no_cart", "no_aux"},
-    "fedcart-rho-cpu": {f"rho={r}" for r in (5, 10, 50, 100)},  # seed 003 Fig. 5
-    "fedcart-rho-calfat-cpu": {f"rho={r}" for r in (5, 10, 50, 100)},
+    "fedcart-ablations-cpu": {"no_at", "no_nat", "no_align", "no_cart", "no_aux"},
+    # seed 003 Fig. 5: the endpoints (rho = 50 is the methods grid)
+    "fedcart-rho-cpu": {f"{m}_rho={r}" for m in ("fedcart", "calfat") for r in (5, 100)},
 }
 
 
@@ -298,9 +341,9 @@ def test_fedcart_grids_expand_to_valid_runs(grid):
     for r in runs:
         build_components(config.validate(r.raw))
     assert {r.name for r in runs} == GRIDS[grid]
-    algorithms = {config.validate(r.raw).client.algorithm for r in runs}
-    if grid == "fedcart-rho-calfat-cpu":
-        assert algorithms == {"calfat"}
+    for r in runs:  # robust accuracy on the whole test split, AutoAttack's APGD included
+        robust = config.validate(r.raw).eval.params["robust"]
+        assert "max_samples" not in robust and robust["autoattack"] is True
 
 
 def test_autoattack_subset_and_robust_avg(monkeypatch):

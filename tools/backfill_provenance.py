@@ -30,12 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "data"
 sys.path.insert(0, str(ROOT / "tools"))
 
-from render_results import PROVENANCE, check_provenance  # noqa: E402
+from render_results import PROVENANCE, SELF_RECORDING, check_provenance  # noqa: E402
 
 #: The ``--set`` options tools/measure_results.sh passes per grid.
-MEASURE_SETS = {g: ["eval.every=20"] for g in (
-    "fedcart-methods-cpu", "fedcart-ablations-cpu", "fedcart-rho-cpu", "fedcart-rho-calfat-cpu",
-    "fedcart-baselines-cpu",
+MEASURE_SETS = {g: ["eval.every=20", "eval.metrics_every=20"] for g in (
+    "fedcart-ablations-cpu", "fedcart-rho-cpu", "fedcart-plugins-cpu", "fedcart-baselines-cpu",
 )}  # fmt: skip
 
 #: Run in a subprocess against one commit's sources: the config hash of every run.
@@ -130,8 +129,9 @@ def main() -> int:
         n for side in DATA.glob(f"*{PROVENANCE}") for n in json.loads(side.read_text())["files"]
     }
     for f in sorted(DATA.glob("*.csv")):
-        if f.name not in covered:
+        if f.name not in covered and f.name not in SELF_RECORDING:
             stem = f.name.removesuffix(".csv").removesuffix("-cells").removesuffix("-curves")
+            stem = stem.removesuffix("-rounds")
             groups.setdefault(stem, []).append(f)
     with tempfile.TemporaryDirectory() as tmp:
         for name, files in groups.items():

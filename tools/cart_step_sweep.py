@@ -52,12 +52,13 @@ from fedshield.algorithms.server.fedcart import (
 )
 from fedshield.core.flat import set_buffers, set_params
 from fedshield.core.params import parse_params
-from fedshield.eval.robust import class_groups, subset_indices
+from fedshield.eval.robust import class_groups
 from fedshield.sim.builder import build
 from fedshield.sim.checkpoint import load_checkpoint
 from fedshield.sim.engine import RunState, Simulator
 
-#: CReFF's counts and step sizes: the defaults before this sweep.
+#: CReFF's counts and step sizes as SPEC §7 first read them (T_R = 300 warm-started steps):
+#: the defaults before the first sweep, the base every variant below overrides.
 OLD = {
     "match_iters": 100,
     "match_optimizer": "sgd",
@@ -65,11 +66,27 @@ OLD = {
     "match_window": 0,
     "match_tol": 0.0,
     "retrain_steps": 300,
+    "retrain_epochs": None,
+    "retrain_min_epochs": 0,
     "retrain_lr": 0.01,
     "retrain_window": 0,
     "retrain_tol": 0.0,
+    "retrain_warm_start": True,
 }
 
+#: Converged matching (the first sweep's choice, still the default).
+MATCH = {"match_iters": 1000, "match_optimizer": "adam", "match_lr": 0.1, "match_window": 50,
+         "match_tol": 1e-3}  # fmt: skip
+
+#: The first sweep's defaults: converged matching, then 300 warm-started SGD steps at lr
+#: 0.01 with a plateau rule over 3 passes — the re-training issue #20 found under-fitted
+#: (the rule fired after 96 steps on round 1's flat start; the cap bound from round 2 on).
+PREVIOUS = {**MATCH, "retrain_window": 3, "retrain_tol": 1e-3}
+
+#: CReFF's re-training as its code runs it: a fresh linear head, 300 epochs over Z_v at
+#: lr 0.01, batch 32, no early stop.
+CREFF_RETRAIN = {"retrain_steps": None, "retrain_epochs": 300, "retrain_warm_start": False,
+                 "retrain_window": 0, "retrain_tol": 0.0}  # fmt: skip
 
 #: The defaults this sweep chose (the FedCARTServerParams defaults).
 NEW = {name: FedCARTServerParams.model_fields[name].default for name in OLD}
@@ -103,23 +120,27 @@ def variants() -> list[tuple[str, str, dict[str, Any]]]:
         over = {**conv, "retrain_lr": 0.1, "retrain_steps": 10000, "retrain_window": w,
                 "retrain_tol": tol}  # fmt: skip
         out.append(("retrain_rule", f"lr 0.1, window {w} passes, tol {tol:g}", over))
+    # 5. Fresh head and epoch counts (CReFF), and the minimum before the rule may fire.
+    out.append(("retrain_fresh", "previous defaults (warm, T_R = 300 steps, rule 3 passes)",
+                PREVIOUS))  # fmt: skip
+    out.append(("retrain_fresh", "CReFF: fresh head, 300 epochs, lr 0.01, no rule",
+                {**conv, **CREFF_RETRAIN}))  # fmt: skip
+    out.append(("retrain_fresh", "chosen defaults", {**conv, **NEW}))
     return out
 
 
 class Evaluator:
-    """Accuracy of r + h' as the ``robust`` evaluator measures it: natural accuracy on the
-    whole test set (``natural``, = test_acc) and, on its seeded 500-sample subset with its
-    batch size (256, so the PGD random starts are the same), natural (``natural500``) and
-    PGD-20 accuracy; both also on the Minority classes."""
+    """Accuracy of r + h' as the ``robust`` evaluator measures it, on the whole test set:
+    natural (``natural``, = test_acc), PGD-20 (ε, step ε/4, random start), CW∞ (κ = 50, 30
+    steps) and their per-sample worst case (``worst``: correct under both), with batch size
+    256 and the run's seed as in the evaluator; all also on the Minority classes."""
 
-    def __init__(self, sim: Simulator, pgd_samples: int = 500, batch_size: int = 256) -> None:
+    def __init__(self, sim: Simulator, batch_size: int = 256) -> None:
         cfg = sim.cfg
         self.sim = sim
         self.batch_size = batch_size
         test = sim.exp.bundle.test
         self.x, self.y = test.batch(torch.arange(len(test)), "cpu")
-        idx = subset_indices(len(test), pgd_samples, cfg.seed)
-        self.px, self.py = self.x[idx], self.y[idx]
         rob = cfg.eval.params.get("robust", {})
         counts = sim.exp.train.class_counts(sim.exp.bundle.num_classes).cpu()
         groups = class_groups(counts, rob.get("majority_min", 150), rob.get("minority_max", 45))
@@ -147,17 +168,22 @@ class Evaluator:
 
     def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
         model = self._load(params, buffers)
+        seed, bs = self.sim.cfg.seed, self.batch_size
         nat = robust_correct(model, self.x, self.y, None, batch_size=1000)
-        nat500 = robust_correct(model, self.px, self.py, None, batch_size=self.batch_size)
-        attack = EVAL_ATTACKS.build("pgd", eps=self.eps, steps=20, seed=self.sim.cfg.seed)
-        rob = robust_correct(model, self.px, self.py, attack, batch_size=self.batch_size)
-        m, pm = self.minority[self.y], self.minority[self.py]
+        pgd = EVAL_ATTACKS.build("pgd", eps=self.eps, steps=20, seed=seed)
+        cw = EVAL_ATTACKS.build("cw", eps=self.eps, steps=30, kappa=50.0, seed=seed)
+        rob = robust_correct(model, self.x, self.y, pgd, batch_size=bs)
+        rcw = robust_correct(model, self.x, self.y, cw, batch_size=bs)
+        worst = nat & rob & rcw
+        m = self.minority[self.y]
         return {
             "natural": float(nat.float().mean()),
-            "natural500": float(nat500.float().mean()),
             "pgd20": float(rob.float().mean()),
+            "cw": float(rcw.float().mean()),
+            "worst": float(worst.float().mean()),
             "minority_natural": float(nat[m].float().mean()),
-            "minority_pgd20": float(rob[pm].float().mean()),
+            "minority_pgd20": float(rob[m].float().mean()),
+            "minority_worst": float(worst[m].float().mean()),
         }
 
 
@@ -300,7 +326,8 @@ def record(args: argparse.Namespace) -> None:
     }
     torch.save(
         {"config": config.dump(cfg), "initial": sim.initial, "rounds": rounds, "features": feats,
-         "summary": summary, "wall_s": time.perf_counter() - t0},
+         "summary": summary, "wall_s": time.perf_counter() - t0,
+         "server_params": server.params.model_dump()},
         args.out,
     )  # fmt: skip
     print(f"recorded {len(rounds)} rounds of {cfg.name} in {time.perf_counter() - t0:.0f} s")
@@ -369,25 +396,24 @@ def replay_run(
 
 
 def run_variants() -> list[tuple[str, str, dict[str, Any]]]:
-    """(group, label, server.params overrides on top of OLD) replayed over a whole run."""
-    adam = {"match_optimizer": "adam", "match_lr": 0.1, "match_iters": 1000}
-    rule = {"match_window": 50, "match_tol": 1e-3}
-    conv = {**adam, **rule}
+    """(group, label, server.params overrides on top of OLD) replayed over a whole run:
+    matching converged as the first sweep chose, re-training varied (issue #20)."""
+    fresh = {**MATCH, **CREFF_RETRAIN}  # CReFF's fresh head, 300 epochs at lr 0.01
+    rule = {"retrain_window": 10, "retrain_tol": 1e-3}
     return [
-        ("baseline", "CReFF defaults", {}),
-        ("run_match", "SGD lr 1, T_V 1000 + plateau",
-         {"match_lr": 1.0, "match_iters": 1000, **rule}),
-        ("run_match", "Adam lr 0.1, T_V 1000 + plateau", conv),
-        ("run_match", "Adam lr 0.1, T_V 100 (SPEC's count as the cap) + plateau",
-         {**conv, "match_iters": 100}),
-        ("run_retrain", "+ re-train lr 0.1, T_R 300", {**conv, "retrain_lr": 0.1}),
-        ("run_retrain", "+ re-train lr 0.01, T_R 1000 + plateau",
-         {**conv, "retrain_steps": 1000, "retrain_window": 3, "retrain_tol": 1e-3}),
-        ("run_retrain", "+ re-train lr 0.1, T_R 3000 + plateau",
-         {**conv, "retrain_lr": 0.1, "retrain_steps": 3000, "retrain_window": 3,
-          "retrain_tol": 1e-3}),
-        ("chosen", "chosen defaults (Adam 0.1 + plateau; T_R 300, lr 0.01 + plateau)",
-         NEW),
+        ("baseline", "CReFF step as SPEC first read it (SGD matching, 300 warm steps)", {}),
+        ("previous", "previous defaults (Adam matching; warm, 300 steps, rule 3 passes)",
+         PREVIOUS),
+        ("run_retrain", "CReFF re-training: fresh, 300 epochs, lr 0.01, no rule", fresh),
+        ("run_retrain", "fresh, ≤ 300 epochs, lr 0.01, min 50 + rule 10 epochs",
+         {**fresh, **rule, "retrain_min_epochs": 50}),
+        ("run_retrain", "warm, ≤ 300 epochs, lr 0.01, min 50 + rule 10 epochs",
+         {**fresh, **rule, "retrain_min_epochs": 50, "retrain_warm_start": True}),
+        ("run_retrain", "fresh, ≤ 300 epochs, lr 0.1, min 20 + rule 10 epochs",
+         {**fresh, **rule, "retrain_min_epochs": 20, "retrain_lr": 0.1}),
+        ("run_retrain", "fresh, 1000 epochs, lr 0.01, no rule",
+         {**fresh, "retrain_epochs": 1000}),
+        ("chosen", "chosen defaults", NEW),
     ]  # fmt: skip
 
 
@@ -399,7 +425,9 @@ def measure_run(args: argparse.Namespace) -> None:
     ev = Evaluator(sim)
     records = []
     eval_rounds = tuple(r for r in (5, 10, 15, 20, cfg.rounds) if r <= cfg.rounds)
-    for group, label, over in run_variants():
+    # The recording's own CART step replayed: its final test accuracy must come back.
+    as_recorded = [("recorded", "as recorded", traj["server_params"])]
+    for group, label, over in as_recorded + run_variants():
         res = replay_run(traj, over, eval_rounds, ev)
         last = res["cart"][-1]
         records.append({"group": group, "label": label, "params": {**OLD, **over}, **res})
@@ -411,7 +439,7 @@ def measure_run(args: argparse.Namespace) -> None:
               f"[{res['server_s']:.0f}s]", flush=True)  # fmt: skip
     base = traj["summary"]["final"]
     meta = {"preset": cfg.name, "rounds": cfg.rounds, "seed": cfg.seed,
-            "record_wall_s": traj["wall_s"],
+            "record_wall_s": traj["wall_s"], "recorded_server_params": traj["server_params"],
             "recorded": {k: base[k] for k in ("robust/natural", "robust/pgd20", "test_acc")
                          if k in base}}  # fmt: skip
     Path(args.out).write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
@@ -449,43 +477,67 @@ def _round_table(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _spread(rows: list[dict[str, Any]], key: str) -> str:
+    """mean [min, max] over the seeds, in percent."""
+    vals = [r[key] for r in rows]
+    return f"{_pct(sum(vals) / len(vals))} [{_pct(min(vals))}, {_pct(max(vals))}]"
+
+
 def _run_table(runs: list[dict[str, Any]]) -> str:
-    """One row per variant: each seed's final natural / PGD-20 / Minority, then the mean."""
-    seeds = [r["meta"]["seed"] for r in runs]
-    head = "| variant | " + " | ".join(
-        f"seed {s}: natural / PGD-20 / Min nat / Min PGD" for s in seeds
-    )
-    head += " | mean natural | mean PGD-20 | mean Min nat | mean Min PGD | "
-    head += " | ".join(f"seed {s}: test acc r5 / r10 / r15" for s in seeds)
-    head += " | last round, seed 0: match end (steps), re-train loss (steps) | CART s a run "
-    head += "(seed 0) |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    keys = ("natural", "pgd20", "minority_natural", "minority_pgd20")
+    """One row per variant: the mean over the seeds and [lowest, highest seed] of the final
+    natural, PGD-20, CW∞, worst-case and Minority accuracies (full test set)."""
+    keys = ("natural", "pgd20", "cw", "worst", "minority_natural", "minority_worst")
+    names = ("natural", "PGD-20", "CW∞", "worst case", "Minority natural", "Minority worst")
+    head = "| variant | " + " | ".join(names) + " | CART s a run (mean) |"
+    lines = [head, "|" + "---|" * (len(names) + 2)]
     for i, rec in enumerate(runs[0]["records"]):
+        if rec["group"] == "recorded":  # the validation line, not a variant
+            continue
         rows = [run["records"][i] for run in runs]
         assert all(r["label"] == rec["label"] for r in rows)
-        cells = [" / ".join(_pct(r[k]) for k in keys) for r in rows]
-        means = [_pct(sum(r[k] for r in rows) / len(rows)) for k in keys]
-        curves = [
-            " / ".join(_pct(r["curve"].get(str(k), r["curve"].get(k))) for k in (5, 10, 15))
-            for r in rows
-        ]
-        last = rec["cart"][-1]
-        cart = (
-            f"{last['match_end']:.3g} ({last['match_steps']:.0f}), "
-            f"{last['retrain_loss']:.3f} ({last['retrain_steps']:.0f})"
+        secs = sum(r["server_s"] for r in rows) / len(rows)
+        cells = " | ".join(_spread(rows, k) for k in keys)
+        lines.append(f"| {rec['label']} | {cells} | {secs:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fit_table(runs: list[dict[str, Any]]) -> str:
+    """Per variant and seed: how re-training ended in round 1 (the flat start), round 2 and
+    the last round (full-data CE start → end, passes over Z_v or steps), and the accuracy
+    curve (natural, rounds 5 / 10 / 15)."""
+    head = (
+        "| variant | seed | round 1: CE start → end (epochs / steps) | round 2 | last round "
+        "| natural r5 / r10 / r15 |"
+    )
+    lines = [head, "|---|---|---|---|---|---|"]
+
+    def fit(c: dict[str, float]) -> str:
+        ep = c.get("retrain_epochs")
+        unit = (
+            f"{ep:.0f} ep / {c['retrain_steps']:.0f}"
+            if ep is not None
+            else (f"{c['retrain_steps']:.0f} steps")
         )
-        lines.append(
-            f"| {rec['label']} | " + " | ".join(cells) + " | " + " | ".join(means)
-            + " | " + " | ".join(curves) + f" | {cart} | {rec['server_s']:.0f} |"
-        )  # fmt: skip
+        return f"{c['retrain_start']:.3f} → {c['retrain_loss']:.3f} ({unit})"
+
+    for i, rec in enumerate(runs[0]["records"]):
+        if rec["group"] == "recorded":
+            continue
+        for run in runs:
+            r = run["records"][i]
+            cart = r["cart"]
+            curve = " / ".join(_pct(r["curve"].get(str(k), r["curve"].get(k))) for k in (5, 10, 15))
+            lines.append(
+                f"| {rec['label']} | {run['meta']['seed']} | {fit(cart[0])} | {fit(cart[1])} "
+                f"| {fit(cart[-1])} | {curve} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def collect(args: argparse.Namespace) -> None:
     """The final metrics and test-accuracy curve of full runs, as one JSON result file."""
-    keys = ("robust/natural", "robust/pgd20", "groups/minority/natural",
-            "groups/minority/pgd20", "test_acc")  # fmt: skip
+    keys = ("robust/natural", "robust/pgd20", "robust/cw", "robust/worst",
+            "groups/minority/natural", "groups/minority/worst", "test_acc")  # fmt: skip
     out = []
     for spec in args.runs:
         name, path = spec.split("=", 1)
@@ -494,7 +546,7 @@ def collect(args: argparse.Namespace) -> None:
         rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         out.append({
             "name": name,
-            "final": {k: summary["final"][k] for k in keys},
+            "final": {k: summary["final"][k] for k in keys if k in summary["final"]},
             "curve": {r["round"]: r["test_acc"] for r in rows if "test_acc" in r},
             "wall_s": summary.get("wall_s_this_session"),
             "server_params": tomllib.loads((run / "config.toml").read_text())["server"].get(
@@ -506,18 +558,17 @@ def collect(args: argparse.Namespace) -> None:
 
 def _e2e_table(runs: list[dict[str, Any]]) -> str:
     lines = [
-        "| full run (`fedshield run`) | natural (500) | PGD-20 (500) | Minority nat "
-        "| Minority PGD | test acc r5 / r10 / r15 / r20 |",
-        "|---|---|---|---|---|---|",
+        "| full run | natural | PGD-20 | CW∞ | worst case | Minority natural | Minority worst "
+        "| test acc r5 / r10 / r15 / r20 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    keys = ("robust/natural", "robust/pgd20", "robust/cw", "robust/worst",
+            "groups/minority/natural", "groups/minority/worst")  # fmt: skip
     for run in runs:
         f, acc = run["final"], run["curve"]
         curve = " / ".join(_pct(acc.get(str(k))) for k in (5, 10, 15, 20))
-        lines.append(
-            f"| {run['name']} | {_pct(f['robust/natural'])} | {_pct(f['robust/pgd20'])} | "
-            f"{_pct(f['groups/minority/natural'])} | {_pct(f['groups/minority/pgd20'])} "
-            f"| {curve} |"
-        )
+        cells = " | ".join(_pct(f.get(k)) for k in keys)
+        lines.append(f"| {run['name']} | {cells} | {curve} |")
     return "\n".join(lines) + "\n"
 
 
@@ -542,14 +593,14 @@ def render(args: argparse.Namespace) -> None:
     if args.run_results:
         runs = [json.loads(Path(f).read_text()) for f in args.run_results]
         parts["RUN_TABLE"] = _run_table(runs)
+        parts["FIT_TABLE"] = _fit_table(runs)
         lines = []
         for run in runs:
             m, base = run["meta"], run["records"][0]
-            rec = m["recorded"]
+            assert base["group"] == "recorded"
             lines.append(
-                f"seed {m['seed']}: recorded run {_pct(rec['robust/natural'])} natural / "
-                f"{_pct(rec['robust/pgd20'])} PGD-20 (500-sample subset), replayed CReFF "
-                f"defaults {_pct(base['natural500'])} / {_pct(base['pgd20'])}; recording "
+                f"seed {m['seed']}: recorded run {_pct(m['recorded']['test_acc'])} natural "
+                f"(test set), its CART step replayed {_pct(base['natural'])}; recording "
                 f"took {m['record_wall_s']:.0f} s"
             )
         parts["RUN_VALIDATION"] = "\n".join(f"- {line}" for line in lines) + "\n"

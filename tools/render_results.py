@@ -13,7 +13,10 @@ and this script replaces what lies between the markers by the table computed fro
 
 * ``pivot=ROW,COL`` — a ROW × COL table of ``value``; or ``columns=a,b,c`` — those columns;
 * ``value=KEY`` — the metric (default ``final_test_acc``); from a cells file a cell reads
-  ``mean ± h`` with h the half-width of the 95 % Student-t interval over the seeds;
+  ``mean ± h [min, max]`` with h the half-width of the 95 % Student-t interval over the
+  seeds and the lowest and highest seed in brackets (when the file has them: a collapsed
+  seed must show); ``spread=seeds`` lists every seed's value instead, ``spread=none``
+  drops the brackets;
 * ``where=KEY:V1|V2`` — keep only rows whose KEY is one of the values (repeatable, ``;``);
 * ``digits=N`` — decimals (default 3);
 * ``include=FILE`` (with optional ``lines=A-B``) — a benchmark's saved output, verbatim, in
@@ -34,6 +37,11 @@ file without such a record or changed since it was collected.
 
 A table with ``mean ± h`` cells is followed by the line :data:`PM_NOTE`, so ``±`` says what
 it is wherever it is rendered.
+
+``--collect`` also writes ``<sweep>-rounds.csv`` when the runs logged evaluator metrics in
+more than the last round (``eval.metrics_every``): per cell and round, the mean, interval,
+min and max over the seeds of the robust and per-group accuracies, for curves that show
+when rankings cross (``pivot=round,variant value=robust/worst``).
 """
 
 from __future__ import annotations
@@ -75,12 +83,21 @@ def _rows(source: Path, where: str | None) -> list[dict[str, str]]:
     return rows
 
 
-def _cell(row: dict[str, str], value: str, digits: int) -> str:
+def _cell(row: dict[str, str], value: str, digits: int, spread: str = "minmax") -> str:
     mean, half = row.get(f"{value}_mean"), row.get(f"{value}_ci95")
     if mean not in (None, ""):
         m = float(mean)
         h = float(half) if half not in (None, "", "nan") else float("nan")
-        return f"{m:.{digits}f}" if h != h else f"{m:.{digits}f} ± {h:.{digits}f}"
+        text = f"{m:.{digits}f}" if h != h else f"{m:.{digits}f} ± {h:.{digits}f}"
+        lo, hi, seeds = row.get(f"{value}_min"), row.get(f"{value}_max"), row.get(f"{value}_seeds")
+        if h != h or spread == "none":
+            return text
+        if spread == "seeds" and seeds:
+            vals = [f"{float(v.split(':')[1]):.{digits}f}" for v in seeds.split()]
+            return f"{text} ({', '.join(vals)})"
+        if lo not in (None, "") and hi not in (None, ""):
+            return f"{text} [{float(lo):.{digits}f}, {float(hi):.{digits}f}]"
+        return text
     v = row.get(value, "")
     if v.lstrip("-").isdigit():  # counts stay integers
         return v
@@ -140,11 +157,12 @@ def render(opts: dict[str, str], root: Path = ROOT) -> str:
     rows = _rows(source, opts.get("where"))
     value = opts.get("value", "final_test_acc")
     digits = int(opts.get("digits", "3"))
+    spread = opts.get("spread", "minmax")
     if "pivot" in opts:
         rk, ck = opts["pivot"].split(",")
         rkeys = list(dict.fromkeys(r[rk] for r in rows))
         ckeys = list(dict.fromkeys(r[ck] for r in rows))
-        cell = {(r[rk], r[ck]): _cell(r, value, digits) for r in rows}
+        cell = {(r[rk], r[ck]): _cell(r, value, digits, spread) for r in rows}
         lines = [f"| {rk} \\ {ck} | " + " | ".join(ckeys) + " |", "|---" * (len(ckeys) + 1) + "|"]
         for a in rkeys:
             lines.append(f"| {a} | " + " | ".join(cell.get((a, b), "-") for b in ckeys) + " |")
@@ -153,7 +171,9 @@ def render(opts: dict[str, str], root: Path = ROOT) -> str:
         lines = ["| " + " | ".join(cols) + " |", "|---" * len(cols) + "|"]
         for r in rows:
             vals = [
-                _cell(r, c, digits) if (f"{c}_mean" in r or _is_float(r.get(c))) else r.get(c, "")
+                _cell(r, c, digits, spread)
+                if (f"{c}_mean" in r or _is_float(r.get(c)))
+                else r.get(c, "")
                 for c in cols
             ]
             lines.append("| " + " | ".join(vals) + " |")
@@ -216,11 +236,24 @@ def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
             dst = data / f"{sweep_dir.name}{suffix}.csv"
             shutil.copyfile(sweep_dir / src, dst)
             out.append(dst)
+    rows, cols = round_rows(sweep_dir)
+    if rows:
+        dst = data / f"{sweep_dir.name}-rounds.csv"
+        with dst.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        out.append(dst)
     prov = json.loads(prov_file.read_text())
     prov["files"] = {p.name: _sha256(p) for p in out}
     side = data / f"{sweep_dir.name}{PROVENANCE}"
     side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
     return [*out, side]
+
+
+#: Data files that record their own origin row by row (tools/measure_results.sh appends
+#: each grid's wall time with its commit): no sidecar needed.
+SELF_RECORDING = frozenset({"campaign-times.csv"})
 
 
 def check_provenance(data: Path = DATA) -> list[str]:
@@ -244,9 +277,71 @@ def check_provenance(data: Path = DATA) -> list[str]:
                     f"(python tools/render_results.py --collect <sweep dir>)"
                 )
     for f in sorted(data.iterdir()):
-        if not f.name.endswith(PROVENANCE) and f.name not in covered:
+        skip = f.name.endswith(PROVENANCE) or f.name in SELF_RECORDING
+        if not skip and f.name not in covered:
             problems.append(f"{f.name}: no *{PROVENANCE} records the commit and config")
     return problems
+
+
+#: Per-round metrics kept in <sweep>-rounds.csv.
+ROUND_KEYS = re.compile(
+    r"^(robust/(natural|fgsm|pgd20|cw|aa|worst)|groups/minority/(natural|pgd20|worst))$"
+)
+
+
+def round_rows(sweep_dir: Path) -> tuple[list[dict[str, object]], list[str]]:
+    """Per cell (a comparison.csv row's parameters but the seed) and round: n_seeds and the
+    mean, 95 % interval half-width, min and max over the seeds of every ``ROUND_KEYS``
+    metric. Empty when no run logged such a metric before its last round."""
+    import json
+    import math
+
+    from scipy.stats import t
+
+    comp = sweep_dir / "comparison.csv"
+    if not comp.exists():
+        return [], []
+    runs = list(csv.DictReader(comp.open()))
+    fixed = ("label", "name", "rounds", "final_test_acc", "best_test_acc", "best_round",
+             "rounds_to_target")  # fmt: skip
+    keys = [k for k in (runs[0] if runs else {}) if k not in fixed and "/" not in k]
+    params = [k for k in keys if k != "seed"]
+    series: dict[tuple[str, ...], dict[int, dict[str, list[float]]]] = {}
+    early = False
+    for run in runs:
+        path = sweep_dir / run["label"] / "metrics.jsonl"
+        if not path.exists():
+            continue
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        last = max((r.get("round", 0) for r in records), default=0)
+        cell = series.setdefault(tuple(run[k] for k in params), {})
+        for r in records:
+            vals = {k: v for k, v in r.items() if ROUND_KEYS.match(k) and isinstance(v, float)}
+            if not vals:
+                continue
+            early |= r["round"] < last
+            slot = cell.setdefault(int(r["round"]), {})
+            for k, v in vals.items():
+                slot.setdefault(k, []).append(v)
+    if not early:
+        return [], []
+    metrics = sorted({k for c in series.values() for s in c.values() for k in s})
+    rows: list[dict[str, object]] = []
+    for cell_key, by_round in series.items():
+        for rnd in sorted(by_round):
+            row: dict[str, object] = dict(zip(params, cell_key)) | {"round": rnd}
+            for k, vals in by_round[rnd].items():
+                n = len(vals)
+                mean = sum(vals) / n
+                sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1)) if n > 1 else 0.0
+                half = float(t.ppf(0.975, n - 1)) * sd / math.sqrt(n) if n > 1 else float("nan")
+                row |= {f"{k}_mean": mean, f"{k}_ci95": half, f"{k}_min": min(vals),
+                        f"{k}_max": max(vals), f"{k}_n": n}  # fmt: skip
+            row["n_seeds"] = max(len(v) for v in by_round[rnd].values())
+            rows.append(row)
+    stats = ("mean", "ci95", "min", "max", "n")
+    cols = [*params, "round", "n_seeds", *[f"{m}_{x}" for m in metrics for x in stats]]
+    return rows, cols
 
 
 def main() -> int:

@@ -26,7 +26,13 @@ from typing import Any
 
 from fedshield.errors import DataError
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text
-from fedshield.sim.outputs import headline_keys, headline_values, integer_rounds, is_num
+from fedshield.sim.outputs import (
+    detail_keys,
+    headline_keys,
+    headline_values,
+    integer_rounds,
+    is_num,
+)
 
 COLUMNS = ("name", "rounds", "final_test_acc", "best_test_acc", "best_round", "rounds_to_target")
 
@@ -165,7 +171,9 @@ def seed_cells(
 ) -> list[dict[str, Any]]:
     """One row per cell (runs equal but for their seed): n, and per metric its mean, std
     and 95 % interval half-width (``<metric>`` = "mean ± half-width", see :func:`pm`;
-    ``<metric>_mean``, ``<metric>_std``, ``<metric>_ci95`` as numbers)."""
+    ``<metric>_mean``, ``<metric>_std``, ``<metric>_ci95`` as numbers), the lowest and
+    highest seed (``<metric>_min``, ``_max``) and every seed's value (``<metric>_seeds``:
+    "seed:value" pairs), so a collapsed seed is never hidden by a mean."""
     groups: dict[Any, list[int]] = {}
     for i, p in enumerate(params):
         groups.setdefault(cell_key(p), []).append(i)
@@ -182,6 +190,12 @@ def seed_cells(
             mean, std, half = t_interval(vals)
             row[m] = pm(mean, half)
             row[f"{m}_mean"], row[f"{m}_std"], row[f"{m}_ci95"] = mean, std, half
+            row[f"{m}_min"], row[f"{m}_max"] = min(vals), max(vals)
+            row[f"{m}_seeds"] = " ".join(
+                f"{params[i].get('seed', j)}:{summaries[i][m]:.4g}"
+                for j, i in enumerate(idx)
+                if is_num(summaries[i].get(m))
+            )
         rows.append(row)
     return rows
 
@@ -321,25 +335,30 @@ def compare_runs(
     for s, e in zip(summaries, params):
         s.update(e)
     heads = headline_keys(summaries)
+    finals = [s.get("final") if isinstance(s.get("final"), dict) else {} for s in summaries]
+    details = detail_keys(finals)
+    for s, f in zip(summaries, finals):
+        s.update({k: f[k] for k in details if k in f and k not in s})
     keys = [k for k in dict.fromkeys(k for p in params for k in p)]
     keys = [k for k in keys if k != "variant" or any(p.get("variant") for p in params)]
     status = ["status"] if any(s.get("status") == "diverged" for s in summaries) else []
     columns = ("label", *keys, *COLUMNS[1:], *status, *heads)
     atomic_write_text(out / "comparison.md", markdown_table(summaries, columns))
-    atomic_write_text(out / "comparison.csv", csv_table(summaries, columns))
+    atomic_write_text(out / "comparison.csv", csv_table(summaries, (*columns, *details)))
     atomic_write_text(out / "curves.csv", curves_table(summaries, [r for _, r in loaded]))
     tables: list[TextTable] = []
     seeded = any("seed" in p for p in params)
     if seeded:
         metrics = ["final_test_acc", "best_test_acc", "rounds_to_target", *heads]
-        cells = seed_cells(summaries, params, metrics)
+        cells = seed_cells(summaries, params, [*metrics, *details])
         ckeys = [k for k in keys if k != "seed"]
         cols = (*ckeys, "n_seeds", *[m for m in metrics if any(m in c for c in cells)])
         table = text_table("cells (mean over seeds)", cells, cols, PM_NOTE)
         atomic_write_text(out / "cells.md", table.markdown())
         tables.append(table)
         # The CSV also keeps the numbers apart (mean, std, interval) for tools to read.
-        nums = [f"{m}_{x}" for m in metrics for x in ("mean", "std", "ci95", "n")]
+        stats = ("mean", "std", "ci95", "n", "min", "max", "seeds")
+        nums = [f"{m}_{x}" for m in [*metrics, *details] for x in stats]
         nums = [k for k in nums if any(k in c for c in cells)]
         atomic_write_text(out / "cells.csv", csv_table(cells, (*cols, *nums)))
     vary = varying_keys(params)

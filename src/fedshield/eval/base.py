@@ -26,6 +26,14 @@ class EvalInputs:
     #: θ^0 as (params, buffers): the model before round 1, a pure function of the config
     #: (seed 002 profiles clients on it). None when the caller has no such model.
     initial: tuple[torch.Tensor, torch.Tensor] | None = None
+    #: The run's last round (``rounds``), so an evaluator that runs every k rounds can keep
+    #: its expensive part for the last one; None when the caller does not say.
+    rounds: int | None = None
+
+    @property
+    def final(self) -> bool:
+        """True at the run's last round, or when the caller gives no round budget."""
+        return self.rounds is None or self.round >= self.rounds
 
 
 Evaluator = Callable[..., dict[str, float]]

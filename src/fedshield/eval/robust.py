@@ -3,8 +3,17 @@
 ``robust``: natural accuracy, FGSM(ε), PGD-20 (step ε/4, random start), CW∞ (CW margin,
 κ = 50, 30 steps), AutoAttack standard (via torchattacks; skipped with a warning and
 ``robust/aa_skipped = 1`` when the package is missing or ``autoattack = false``) and
-"Robust AVG" = the mean of FGSM, CW, PGD-20 and AA (of those that ran). With
-``groups = true`` it adds the per-group metrics below from the same per-sample results.
+"Robust AVG" = the mean of FGSM, CW, PGD-20 and AA (of those that ran), and the worst
+case ``robust/worst``: the fraction of samples that every attack of the round left
+correctly classified (per sample, on the samples all of them attacked). The worst case is
+the headline: no single attack ranks methods reliably (CalFAT's CW∞ accuracy sits 5–8
+points under its PGD-20 where FedCART's moves by ≤ 1, issue #20). With ``groups = true``
+it adds the per-group metrics below from the same per-sample results.
+
+``autoattack_rounds = "final"`` (default) runs AutoAttack at the run's last round only
+when ``eval.metrics_every`` asks for the evaluator every k rounds: per-round curves of the
+cheap attacks, AutoAttack once (``robust/aa_skipped = 1`` in the other rounds, whose
+``robust/worst`` is then over FGSM, PGD and CW∞).
 
 ``groups``: natural and PGD-20 accuracy per class-frequency group. Classes are grouped by
 their training-set count n_c: Majority n_c > ``majority_min``, Minority n_c <
@@ -15,14 +24,15 @@ their training-set count n_c: Majority n_c > ``majority_min``, Minority n_c <
 ``autoattack_max_samples`` runs AutoAttack on a seeded random k of those (``robust/aa_n``);
 Robust AVG then averages each attack's accuracy on its own samples.
 Keys: ``robust/natural``, ``robust/fgsm``, ``robust/pgd20``, ``robust/cw``, ``robust/aa``,
-``robust/avg``, ``groups/<majority|medium|minority>/<natural|pgd20|classes>``.
+``robust/avg``, ``robust/worst`` (``robust/worst_n`` samples),
+``groups/<majority|medium|minority>/<natural|pgd20|worst|classes>``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -81,8 +91,16 @@ class RobustParams(GroupParams):
     autoattack: bool = Field(
         True, description="Run AutoAttack; false skips it (it is slow on a CPU)."
     )
-    autoattack_version: str = Field(
-        "standard", description="AutoAttack version passed to torchattacks ('standard')."
+    autoattack_version: Literal["standard", "plus", "rand", "apgd"] = Field(
+        "standard",
+        description="AutoAttack version passed to torchattacks ('apgd': APGD-CE + APGD-T).",
+    )
+    autoattack_steps: int = Field(
+        100, ge=1, description="Iterations of APGD-CE and APGD-T in version 'apgd'."
+    )
+    autoattack_rounds: Literal["final", "every"] = Field(
+        "final",
+        description="Run AutoAttack at the last round only ('final') or at every evaluation.",
     )
     autoattack_max_samples: int | None = Field(
         None, ge=1, description="Run AutoAttack on a seeded random k of the evaluated samples."
@@ -124,12 +142,17 @@ def _test_set(inputs: EvalInputs, max_samples: int | None, seed: int) -> tuple[T
 
 
 def _group_metrics(
-    p: GroupParams, inputs: EvalInputs, y: Tensor, results: dict[str, Tensor]
+    p: GroupParams,
+    inputs: EvalInputs,
+    y: Tensor,
+    results: dict[str, Tensor],
+    counts: bool = True,
 ) -> dict[str, float]:
-    counts = inputs.train.class_counts(inputs.bundle.num_classes).cpu()
+    n_c = inputs.train.class_counts(inputs.bundle.num_classes).cpu()
     out: dict[str, float] = {}
-    for name, mask in class_groups(counts, p.majority_min, p.minority_max).items():
-        out[f"groups/{name}/classes"] = float(mask.sum())
+    for name, mask in class_groups(n_c, p.majority_min, p.minority_max).items():
+        if counts:
+            out[f"groups/{name}/classes"] = float(mask.sum())
         for key, correct in results.items():
             acc = group_accuracy(correct, y, mask)
             if acc is not None:  # an empty group has no accuracy (and JSON has no NaN)
@@ -164,11 +187,12 @@ def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, flo
             "cw", eps=eps, steps=p.cw_steps, kappa=p.kappa, seed=seed
         )
     out: dict[str, float] = {"robust/eps": eps, "robust/n": float(len(y))}
-    if p.autoattack:
+    if p.autoattack and (p.autoattack_rounds == "every" or inputs.final):
         try:
             attacks["aa"] = EVAL_ATTACKS.build(
-                "autoattack", eps=eps, version=p.autoattack_version, seed=seed
-            )
+                "autoattack", eps=eps, version=p.autoattack_version,
+                steps=p.autoattack_steps, seed=seed,
+            )  # fmt: skip
         except MissingDependencyError as err:
             log.warning("robust evaluation: AutoAttack skipped (%s)", err)
     if "aa" not in attacks:
@@ -176,10 +200,12 @@ def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, flo
 
     t0 = time.perf_counter()
     results = {"natural": robust_correct(model, x, y, None, batch_size=p.batch_size)}
+    aa_idx = torch.arange(len(y))
     for name, attack in attacks.items():
         idx = torch.arange(len(y))
         if name == "aa":  # its own seeded subset of the evaluated samples
             idx = subset_indices(len(y), p.autoattack_max_samples, derive_seed(seed, _AA_SUBSET))
+            aa_idx = idx
         results[name] = robust_correct(model, x[idx], y[idx], attack, batch_size=p.batch_size)
     if "aa" in results:
         out["robust/aa_n"] = float(len(results["aa"]))
@@ -187,10 +213,24 @@ def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, flo
         out[f"robust/{name}"] = float(correct.float().mean())
     robust_keys = [k for k in ("fgsm", "cw", pgd_key, "aa") if k in results]
     out["robust/avg"] = sum(out[f"robust/{k}"] for k in robust_keys) / len(robust_keys)
+    worst = worst_case(results, aa_idx)
+    out["robust/worst"] = float(worst.float().mean())
+    out["robust/worst_n"] = float(len(worst))
     out["robust/wall_s"] = time.perf_counter() - t0
     if p.groups:
-        out.update(_group_metrics(p, inputs, y, {k: results[k] for k in ("natural", pgd_key)}))
+        per = {k: results[k] for k in ("natural", pgd_key)}
+        out.update(_group_metrics(p, inputs, y, per))
+        out.update(_group_metrics(p, inputs, y[aa_idx], {"worst": worst}, counts=False))
     return out
+
+
+def worst_case(results: dict[str, Tensor], subset: Tensor) -> Tensor:
+    """Per sample of ``subset``: correct naturally and under every attack in ``results``
+    (``aa`` holds its results on ``subset`` only, the others on every sample)."""
+    worst = torch.ones(len(subset), dtype=torch.bool)
+    for name, correct in results.items():
+        worst &= correct if name == "aa" else correct[subset]
+    return worst
 
 
 @EVALUATORS.register("groups", schema=GroupParams)
@@ -210,4 +250,12 @@ def groups(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, flo
     return _group_metrics(p, inputs, y, results)
 
 
-__all__ = ["GroupParams", "RobustParams", "class_groups", "group_accuracy", "groups", "robust"]
+__all__ = [
+    "GroupParams",
+    "RobustParams",
+    "class_groups",
+    "group_accuracy",
+    "groups",
+    "robust",
+    "worst_case",
+]

@@ -16,6 +16,10 @@
 
 ``routing_adv`` — the same global policies on FGSM and PGD-10 examples generated against
 the deepest exit (``model(x)``) with ε ∈ {1e-4, 1e-3, 1e-2}; no adversarial training.
+Beside each policy's accuracy and depth saving: every exit's accuracy on the attacked
+inputs and each policy's deferral gain per exit, Pr(D_e)(𝓔_{e|D_e} − 𝓔_{e+1|D_e}) (seed
+002's risk decomposition: deferring helps exactly where it is positive), so a routing
+claim under attack can be read against what the exits themselves do.
 
 Our choices (all parameters): client-local test sets are drawn from the global test set
 with each client's training label distribution (``client_test_size`` samples, per-class
@@ -358,10 +362,14 @@ def routing_adv_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dic
             probs = exit_probs(model, torch.cat(advs), bs, dev)
             key = f"route_adv/{attack}/{e:g}"
             out[f"{key}/full/acc"] = _acc(probs[-1], y_all)
+            for j in range(probs.shape[0]):
+                out[f"{key}/exit/{j + 1}/acc"] = _acc(probs[j], y_all)
             for name in names:
                 m = routing_metrics(probs, y_all, route(probs, name)[0])
                 out[f"{key}/{name}/acc"] = m.accuracy
                 out[f"{key}/{name}/depth_saving"] = m.depth_saving
+                for dec in m.decomposition:
+                    out[f"{key}/{name}/exit/{dec.exit}/deferral_gain"] = dec.deferral_gain
     return out
 
 

@@ -402,6 +402,7 @@ class Simulator:
             seed=self.cfg.seed,
             round=rnd,
             initial=self.initial,
+            rounds=self.cfg.rounds,
         )
         return run_evaluators(self.model, inputs, self.cfg.eval.metrics, self.cfg.eval.params)
 

@@ -12,8 +12,8 @@ from fedshield.sim.checkpoint import atomic_write_text, dumps
 
 #: Final-record keys shown next to test accuracy when a run has them (evaluator outputs).
 HEADLINE = (
-    r"robust/(natural|fgsm|pgd20|cw|aa|avg)",
-    r"groups/(majority|medium|minority)/(natural|pgd20)",
+    r"robust/(natural|fgsm|pgd20|cw|aa|avg|worst)",
+    r"groups/(majority|medium|minority)/(natural|pgd20|worst)",
     r"route/[a-z_]+/(acc|depth_saving)",
     r"route_local/[a-z_]+/(mean_acc|worst_acc)",
     r"route_adv/(fgsm|pgd)/[0-9.e+-]+/(fixed|robust|full)/acc",
@@ -22,6 +22,16 @@ HEADLINE = (
     r"comm/cum_gib",
 )
 _HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
+
+#: Final-record keys kept in a comparison's CSV files only (comparison.csv, cells.csv), for
+#: the result documents: per-exit accuracy and the routing risk decomposition (seed 002).
+DETAIL = (
+    r"route/exit/[0-9]+/acc",
+    r"route/[a-z_]+/exit/[0-9]+/(deferral_gain|frac)",
+    r"route_adv/(fgsm|pgd)/[0-9.e+-]+/exit/[0-9]+/acc",
+    r"route_adv/(fgsm|pgd)/[0-9.e+-]+/[a-z_]+/exit/[0-9]+/deferral_gain",
+)
+_DETAIL_RE = re.compile("^(" + "|".join(DETAIL) + ")$")
 
 
 def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
@@ -34,6 +44,11 @@ def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
         return i, k
 
     return sorted(keys, key=rank)
+
+
+def detail_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
+    """The ``DETAIL`` keys present in any of the final records, sorted."""
+    return sorted({k for f in finals for k, v in f.items() if _DETAIL_RE.match(k) and is_num(v)})
 
 
 def is_num(v: Any) -> bool:
@@ -114,7 +129,7 @@ def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -
 
 
 def headline_values(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The evaluators' headline metrics (``report.HEADLINE``) of a run: each from the last
+    """The evaluators' headline metrics (``HEADLINE``) of a run: each from the last
     record holding it, since an evaluator appears only in the rounds it ran."""
 
     latest: dict[str, Any] = {}

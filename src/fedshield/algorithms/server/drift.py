@@ -1,4 +1,5 @@
-"""Drift-mitigating servers of seed 000: DRAG (SPEC §2), FedExP, FedACG, SCAFFOLD (SPEC §4)."""
+"""Drift-mitigating servers of seed 000: DRAG (SPEC §2), FedExP, FedACG, SCAFFOLD (SPEC §4),
+and DRAG's calibration under FedACG's look-ahead momentum (``drag_acg``, our composition)."""
 
 from __future__ import annotations
 
@@ -153,6 +154,51 @@ class FedACG(FedAvg):
         m = lam * state["m"] + agg.delta if "m" in state else agg.delta
         metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
         new_state = state | agg.state | {"m": m}
+        return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
+
+
+class DragACGParams(Params):
+    alpha: float = Field(0.25, gt=0.0, lt=1.0, description="DRAG's reference momentum α (eq. 8)")
+    lam: float = Field(0.85, ge=0.0, lt=1.0, description="FedACG's look-ahead momentum λ")
+
+
+@SERVER_ALGORITHMS.register("drag_acg", tags=["needs_aggregator=needs_reference"])
+class DragACG(DRAG):
+    """DRAG's calibration inside FedACG's look-ahead momentum loop (our composition).
+
+    FedACG wins the drift table with an effective server step up to 1/(1 − λ) times
+    FedAvg's (issue #20); this asks whether DRAG's directions add to that step.
+    Broadcast θ̂ = θ^t + λ m^{t−1} (FedACG); clients (the ``fedacg`` client: proximal
+    term towards θ̂) return g_m relative to θ̂; the ``drag`` rule calibrates them towards
+    DRAG's reference r^t (eq. 10–11), Δ^t = (1/S) Σ v_m; then r^{t+1} = (1 − α) r^t +
+    α Δ^t (eq. 8), m^t = λ m^{t−1} + Δ^t and θ^{t+1} = θ^t + η_g m^t. λ = 0 is DRAG;
+    c = 0 is FedACG."""
+
+    params_schema = DragACGParams
+
+    def broadcast(
+        self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
+    ) -> Payload:
+        lam = self.params.lam  # type: ignore[attr-defined]
+        start = params + lam * state["m"] if "m" in state else params
+        extras = {"ref": state["ref"]} if "ref" in state else {}
+        return Payload(start, buffers, extras)
+
+    def update(
+        self,
+        params: Tensor,
+        buffers: Tensor,
+        state: State,
+        updates: list[ClientUpdate],
+        ctx: RoundContext,
+        services: ServerServices,
+    ) -> ServerStep:
+        agg = self.aggregate(params, buffers, state, updates, ctx, services)
+        ref = self.reference(params, buffers, state, updates, ctx, services)
+        p: DragACGParams = self.params  # type: ignore[assignment]
+        m = p.lam * state["m"] + agg.delta if "m" in state else agg.delta
+        metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
+        new_state = state | agg.state | {"ref": (1 - p.alpha) * ref + p.alpha * agg.delta, "m": m}
         return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
 
 

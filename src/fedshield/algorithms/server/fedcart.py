@@ -12,15 +12,20 @@ count-weighted mean
 1. virtual features Z_v (V per class, server state, warm-started across rounds, initialised
    N(0, 1)) follow at most T_V optimiser steps of gradient matching (eq. 9):
    min Σ_c ‖∇_{h'} CE(h'(Z_{v,c}), c) − ḡ_c‖²  (MSE; ``distance = "cos"``: CReFF's cosine);
-2. h' is re-trained on (Z_v, labels) for at most T_R SGD steps (eq. 10), warm start from h'.
+2. h' is re-trained on (Z_v, labels) by mini-batch SGD (eq. 10): a fresh head every round
+   (CReFF; ``retrain_warm_start`` keeps the current one), for at most T_R = 300 passes over
+   Z_v (CReFF's 300 epochs).
 
-Both phases stop on a plateau of their own loss (:func:`~fedshield.losses.plateaued`:
-relative improvement below a tolerance over a window), so T_V and T_R are caps (SPEC §7,
-updated). The defaults were chosen by the sweep in ``docs/results/cart_step.md``
-(``tools/cart_step_sweep.py``); CReFF's counts (T_V = 100 at SGD lr 0.1, T_R = 300 at
-lr 0.01) leave both phases far from converged on the bundled data. Logged per round:
+Matching stops on a plateau of its MSE (:func:`~fedshield.losses.plateaued`: relative
+improvement below a tolerance over a window). Re-training stops on the same rule over its
+full-data CE, or at a target loss, but never before ``retrain_min_epochs`` passes: the
+previous default (300 warm-started *steps*, rule over 3 passes, no minimum) stopped after
+96 steps on round 1's flat start with h' untrained and hit its cap while the loss still fell
+in every later round (issue #20). The defaults were chosen by the sweeps in
+``docs/results/cart_step.md`` (``tools/cart_step_sweep.py``). Logged per round:
 ``cart/match_start``, ``cart/match_end``, ``cart/match_steps``, ``cart/retrain_start``,
-``cart/retrain_loss`` (full-data CE of h' on Z_v after re-training), ``cart/retrain_steps``.
+``cart/retrain_loss`` (full-data CE of h' on Z_v after re-training), ``cart/retrain_steps``,
+``cart/retrain_epochs``.
 
 Ablations: ``cart = false`` (no CART step; h' := h every round, so inference uses r + h)
 and ``aux_head = false`` (no h': the CART step re-trains h itself, then h' := h).
@@ -37,10 +42,11 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
@@ -64,14 +70,14 @@ from fedshield.losses.gradient_matching import (
     synthesize_features,
 )
 
-# Defaults of the CART step, chosen by the sweep in docs/results/cart_step.md: Adam at 0.1
+# Defaults of the CART step, chosen by the sweeps in docs/results/cart_step.md: Adam at 0.1
 # brings the matching MSE to its plateau in 200–550 steps where CReFF's SGD at 0.1 is still
-# far off after 100 (and SGD at 1 after 1000); re-training keeps CReFF's lr 0.01 and 300
-# steps (larger steps or caps traded PGD-20 for natural accuracy within seed noise).
+# far off after 100 (and SGD at 1 after 1000); re-training is CReFF's (a fresh head, lr
+# 0.01, 300 epochs) with a plateau rule that may fire only after 50 epochs.
 MATCH_ITERS, MATCH_OPTIMIZER, MATCH_LR = 1000, "adam", 0.1
 MATCH_WINDOW, MATCH_TOL = 50, 1e-3
-RETRAIN_STEPS, RETRAIN_LR = 300, 0.01
-RETRAIN_WINDOW, RETRAIN_TOL = 3, 1e-3
+RETRAIN_EPOCHS, RETRAIN_MIN_EPOCHS, RETRAIN_LR = 300, 50, 0.01
+RETRAIN_WINDOW, RETRAIN_TOL, RETRAIN_WARM_START = 10, 1e-3, False
 
 log = logging.getLogger("fedshield")
 
@@ -114,8 +120,29 @@ class FedCARTServerParams(Params):
     feature_init_std: float = Field(
         1.0, gt=0.0, description="Standard deviation of the N(0, std²) initial Z_v."
     )
-    retrain_steps: int = Field(
-        RETRAIN_STEPS, ge=0, description="T_R, the cap on re-training SGD steps per round."
+    retrain_epochs: int | None = Field(
+        RETRAIN_EPOCHS,
+        ge=1,
+        description="T_R, the cap on re-training passes over Z_v per round (CReFF: 300 epochs; "
+        "unset: only retrain_steps caps it).",
+    )
+    retrain_steps: int | None = Field(
+        None,
+        ge=0,
+        description="A cap on re-training SGD steps per round (unset: none; 300 with "
+        "retrain_epochs unset was the previous default).",
+    )
+    retrain_min_epochs: int = Field(
+        RETRAIN_MIN_EPOCHS,
+        ge=0,
+        description="Passes over Z_v before the stopping rule may fire (a flat start never "
+        "stops re-training).",
+    )
+    retrain_target_loss: float | None = Field(
+        None,
+        ge=0.0,
+        description="Stop re-training once the full-data CE on Z_v is at most this (after "
+        "the minimum; unset: the plateau rule alone).",
     )
     retrain_lr: float = Field(RETRAIN_LR, gt=0.0, description="SGD step size of re-training.")
     retrain_batch: int = Field(32, ge=1, description="Mini-batch size of re-training.")
@@ -131,8 +158,21 @@ class FedCARTServerParams(Params):
         description="Relative-improvement tolerance of the re-training plateau.",
     )
     retrain_warm_start: bool = Field(
-        True, description="Start re-training from the current head (false: a fresh one)."
+        RETRAIN_WARM_START,
+        description="Start re-training from the current head; false: a fresh one every round "
+        "(CReFF).",
     )
+    proto_weighting: Literal["class_counts", "client_samples"] = Field(
+        "class_counts",
+        description="Weights of the prototype mean over the holders of a class: their class "
+        "counts n_{k,c} (SPEC) or their sample counts N_k (seed 003's formula).",
+    )
+
+    @model_validator(mode="after")
+    def _a_cap(self) -> FedCARTServerParams:
+        if self.retrain_epochs is None and self.retrain_steps is None:
+            raise ValueError("set retrain_epochs or retrain_steps: re-training needs a cap")
+        return self
 
 
 def _valid_rows(updates: list[ClientUpdate], c: int, p: int) -> list[ClientUpdate]:
@@ -152,6 +192,7 @@ def aggregate_prototypes(
     updates: list[ClientUpdate],
     rule: Aggregator | None = None,
     shape: tuple[int, int] | None = None,
+    weighting: Literal["class_counts", "client_samples"] = "class_counts",
 ) -> tuple[Tensor, Tensor] | None:
     """(ḡ [C, P], Σ_k n_{k,c} [C]) over the updates that carry prototypes, or None.
 
@@ -160,8 +201,12 @@ def aggregate_prototypes(
     as weights: the count-weighted mean ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c} under a
     non-robust rule (``rule = None`` too), the configured robust rule (holders weighted
     alike: a self-reported count cannot buy a class) or the coordinate-wise median otherwise
-    (SPEC §12); the simulator also replaces the counts by the label counts it knows. A
-    class nobody holds gets a zero row and a zero total. Rows whose shape is not ``shape``
+    (SPEC §12); the simulator also replaces the counts by the label counts it knows.
+    ``weighting = "client_samples"`` is seed 003's formula, ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k
+    with N_k the client's sample count (over the holders of c: a client without the class
+    has no g_{k,c}); a class-c prototype of a client with many samples but few of class c
+    then weighs as much as its head classes'. A class nobody holds gets a zero row and a
+    zero total. Rows whose shape is not ``shape``
     ([C, C·D + C]; unset: the shape most rows have) or that hold non-finite values are left
     out."""
     rows = [u for u in updates if PROTOTYPES in u.extras]
@@ -177,29 +222,35 @@ def aggregate_prototypes(
         return None
     counts = torch.stack([u.extras[COUNTS] for u in rows]).clamp_min(0.0)  # [K, C]
     protos = torch.stack([u.extras[PROTOTYPES] for u in rows])  # [K, C, P]
+    if weighting == "client_samples":  # N_k: the client's whole sample count, every class
+        sizes = counts.sum(1, keepdim=True).expand_as(counts)
+    else:
+        sizes = counts
     mean = protos.new_zeros(c, p)
     for k in range(c):
         holders = counts[:, k] > 0
         if not bool(holders.any()):
             continue
         if rule is None:
-            w = counts[holders, k]
+            w = sizes[holders, k]
             mean[k] = (w / w.sum()) @ protos[holders, k]
         else:  # a robust rule weighs the holders alike: counts are self-reported on Flower
-            w = None if is_robust(rule) else counts[holders, k]
+            w = None if is_robust(rule) else sizes[holders, k]
             mean[k], _ = aggregate_field(protos[holders, k], w, rule)
     return mean, counts.sum(0)
 
 
 @dataclass(frozen=True)
 class RetrainResult:
-    """The re-trained head, its full-data CE before and after, and the SGD steps taken."""
+    """The re-trained head, its full-data CE before and after, the SGD steps taken and the
+    passes over the data they completed."""
 
     weight: Tensor
     bias: Tensor
     start: float
     loss: float
     steps: int
+    epochs: int = 0
 
 
 def retrain_linear(
@@ -208,40 +259,60 @@ def retrain_linear(
     z: Tensor,
     y: Tensor,
     *,
-    steps: int,
+    steps: int | None = None,
     lr: float,
     batch_size: int,
     generator: torch.Generator,
     window: int = 0,
     tol: float = 0.0,
+    epochs: int | None = None,
+    min_epochs: int = 0,
+    target_loss: float | None = None,
 ) -> RetrainResult:
-    """Mini-batch SGD on CE(W z + b, y) from (weight, bias) (FedCART eq. 10): at most
-    ``steps`` steps, stopping at the end of a pass over (z, y) when the full-data CE has
-    plateaued over the last ``window`` passes (:func:`plateaued`, relative ``tol``)."""
-    w = weight.detach().clone().requires_grad_(True)
-    b = bias.detach().clone().requires_grad_(True)
-    opt = torch.optim.SGD([w, b], lr=lr)
-    per_pass = max(1, -(-len(y) // batch_size))  # batch_indices draws one permutation a pass
+    """Mini-batch SGD on CE(W z + b, y) from (weight, bias) (FedCART eq. 10).
+
+    At most ``epochs`` passes over (z, y) (CReFF counts its 300 in passes) and at most
+    ``steps`` steps (``None``: no cap of that kind; one of them must be set). At the end of
+    every pass the full-data CE L is computed; once ``min_epochs`` passes are done, the run
+    stops when L ≤ ``target_loss`` or L has plateaued over the last ``window`` passes
+    (:func:`plateaued`, relative ``tol``). The minimum is what keeps a flat start (a head
+    that barely moves in its first passes, as in round 1) from looking converged.
+
+    The gradient of the batch-mean CE of a linear head is written out, (p − e_y) zᵀ / B and
+    mean(p − e_y), as in :mod:`fedshield.losses.gradient_matching`: the same SGD step as
+    autograd + ``torch.optim.SGD``, without their per-step overhead (CReFF's 300 epochs
+    are ~10⁴ steps a round)."""
+    n = len(y)
+    per_pass = max(1, -(-n // batch_size))  # batch_indices draws one permutation a pass
+    caps = [c for c in (steps, None if epochs is None else epochs * per_pass) if c is not None]
+    if not caps:
+        raise ValueError("retrain_linear: set steps or epochs (a cap on the re-training)")
+    w, b = weight.detach().clone(), bias.detach().clone()
+    target = F.one_hot(y, w.shape[0]).to(z.dtype)
 
     def full_loss() -> float:
-        with torch.no_grad():
-            return float(F.cross_entropy(z @ w.T + b, y))
+        return float(F.cross_entropy(z @ w.T + b, y))
 
-    history = [full_loss()]
-    done = 0
-    for idx in batch_indices(len(y), batch_size, steps, generator):
-        idx = idx.to(z.device)
-        loss = F.cross_entropy(z[idx] @ w.T + b, y[idx])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        done += 1
-        if done % per_pass == 0:
+    with torch.no_grad():
+        history = [full_loss()]
+        done = 0
+        for idx in batch_indices(n, batch_size, min(caps), generator):
+            idx = idx.to(z.device)
+            zb = z[idx]
+            e = torch.softmax(zb @ w.T + b, dim=-1) - target[idx]
+            w -= lr * (e.T @ zb) / len(idx)
+            b -= lr * e.mean(0)
+            done += 1
+            if done % per_pass:
+                continue
             history.append(full_loss())
-            if plateaued(history, window, tol):
+            if done // per_pass < min_epochs:
+                continue
+            reached = target_loss is not None and history[-1] <= target_loss
+            if reached or plateaued(history, window, tol):
                 break
-    end = history[-1] if done % per_pass == 0 else full_loss()
-    return RetrainResult(w.detach(), b.detach(), history[0], end, done)
+        end = history[-1] if done % per_pass == 0 else full_loss()
+    return RetrainResult(w, b, history[0], end, done, done // per_pass)
 
 
 def _head_shape(updates: list[ClientUpdate], num_params: int) -> Tensor | None:
@@ -301,7 +372,11 @@ class FedCARTServer(FedAvg):
             new["head_shape"] = shape
         c, d = (int(v) for v in new["head_shape"].tolist())
         shape = (c, c * d + c)
-        agg = aggregate_prototypes(updates, self.aggregator, shape) if self.p.cart else None
+        agg = (
+            aggregate_prototypes(updates, self.aggregator, shape, self.p.proto_weighting)
+            if self.p.cart
+            else None
+        )
         if agg is not None:
             mean, total = agg
             seen = total > 0
@@ -359,7 +434,8 @@ class FedCARTServer(FedAvg):
             weight, bias = fresh[: c * d].view(c, d), fresh[c * d :]
         fit = retrain_linear(
             weight, bias, match.features.reshape(-1, d), labels,
-            steps=p.retrain_steps, lr=p.retrain_lr, batch_size=p.retrain_batch,
+            steps=p.retrain_steps, epochs=p.retrain_epochs, min_epochs=p.retrain_min_epochs,
+            target_loss=p.retrain_target_loss, lr=p.retrain_lr, batch_size=p.retrain_batch,
             generator=gen, window=p.retrain_window, tol=p.retrain_tol,
         )  # fmt: skip
         if not (bool(torch.isfinite(fit.weight).all()) and bool(torch.isfinite(fit.bias).all())):
@@ -375,6 +451,7 @@ class FedCARTServer(FedAvg):
                 "cart/retrain_start": fit.start,
                 "cart/retrain_loss": fit.loss,
                 "cart/retrain_steps": float(fit.steps),
+                "cart/retrain_epochs": float(fit.epochs),
                 "cart/classes": float(len(classes)),
             }
         )
