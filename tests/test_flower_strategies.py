@@ -261,6 +261,9 @@ class Plain(nn.Module):
         super().__init__()
         self.fc = nn.Linear(8, 5)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
 
 @pytest.mark.parametrize(
     ("ours", "theirs"),
@@ -652,7 +655,7 @@ def test_feddyn_client_part_in_a_users_loop_is_fedshields_own_update():
     g = torch.Generator().manual_seed(0)
     data = TensorData(torch.randn(24, 8, generator=g), torch.randint(0, 5, (24,), generator=g))
     strategy = S.FedDyn(alpha=0.1)
-    grid = LocalGrid(1, scripted_app())
+    grid = LocalGrid(M, scripted_app())  # FedAvg samples at least its minimum of nodes
     msg = list(strategy.configure_train(1, initial(Plain), ConfigRecord(), grid))[0]
     context = Context(0, 1, {}, RecordDict(), {})
     ref = CLIENT_ALGORITHMS.get("feddyn")(

@@ -242,8 +242,10 @@ class AlgorithmClient:
         delta = get_params(self.model) - self.start
         update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
         ctx = ClientContext(0, 0, torch.Generator(), delta.device)
-        no_data = TensorData(torch.zeros(max(self.steps, 1)), torch.zeros(0, dtype=torch.int64))
-        self.algorithm.spec = LocalSpec(lr=1.0, batch_size=1, steps=max(self.steps, 1))
+        # finish() reads the number of steps taken from the spec and the data's length.
+        n = max(self.steps, 1)
+        no_data = TensorData(torch.zeros(n), torch.zeros(n, dtype=torch.int64))
+        self.algorithm.spec = LocalSpec(lr=1.0, batch_size=1, steps=n)
         out = self.algorithm.finish(self.model, update, self.payload, no_data, ctx, self.state)
         self.context.state[self._state_key] = ArrayRecord(
             {k: Array(v.detach().cpu().numpy()) for k, v in self.state.items()}
