@@ -55,7 +55,10 @@ def final_acc(defense: str, attack: str, fraction: float) -> float:
     sets = grid.overrides(defense, attack, fraction, 0, ROUNDS)
     cfg = cfgmod.load(preset=grid.BASE, overrides=sets)
     cfg.eval.metrics = []  # the backdoor score plays no part here
-    return float(Simulator(build(cfg)).run()["final_test_acc"])
+    summary = Simulator(build(cfg)).run()
+    if summary["status"] == "diverged":  # the attack drove θ non-finite: nothing is left
+        return 0.0
+    return float(summary["final_test_acc"])
 
 
 @pytest.mark.parametrize(("attack", "defense", "fraction"), CASES)

@@ -20,6 +20,8 @@ import random
 
 import pytest
 
+from fedshield.aggregators.base import AGGREGATORS
+from fedshield.algorithms.server.base import SERVER_ALGORITHMS
 from fedshield.testing import fuzz
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -35,13 +37,14 @@ def _quiet():
 def test_round_loop_fuzz() -> None:
     rng = random.Random(0)
     grid = list(itertools.product(fuzz.CORRUPTIONS, fuzz.POSITIONS))
-    results, refused = [], 0
+    results: list[fuzz.CaseResult] = []
+    refused: list[tuple[str, str, bool]] = []
     for masks in (False, True):
         for server, agg in fuzz.pairs(masks):
             # Counts are trusted: the cap under a robust rule must hold by itself.
             pair = fuzz.make_pair(server, agg, masks, trust_counts=True)
             if pair is None:
-                refused += 1
+                refused.append((server, agg, masks))
                 continue
             # The hardest cases for a robust rule: one finite row at float32's edge, a
             # bought weight, and (with masks) 2 rows that are the majority of the deepest
@@ -68,7 +71,16 @@ def test_round_loop_fuzz() -> None:
     ]
     frozen = [r for r in ran if r.held and r.robust and r.in_budget]
     assert not frozen, [(r.server, r.aggregator, r.masks, r.corruption) for r in frozen]
-    assert refused < 40  # only the combinations the builder refuses by their tags
+    # Only the combinations the builder refuses by declaration: a server's needs_aggregator
+    # tag the rule lacks, or (with depth tiers) a rule whose minimum rows (Krum n > 2f + 2,
+    # Bulyan n ≥ 4f + 3) exceed the smallest tier.
+    for server, agg, masks in refused:
+        s_entry, a_entry = SERVER_ALGORITHMS.entry(server), AGGREGATORS.entry(agg)
+        by_tag = any(
+            not (a_entry.has(t) or getattr(a_entry.obj, t, False) is True)
+            for t in s_entry.tag_values("needs_aggregator")
+        )
+        assert by_tag or (masks and agg in {"krum", "multikrum", "bulyan"}), (server, agg, masks)
 
 
 def test_flower_transport_fuzz() -> None:

@@ -171,7 +171,10 @@ def run_one(task: tuple[str, str, float, int], rounds: int, sha: str) -> dict[st
         "fraction": fraction,
         "seed": seed,
         "rounds": rounds,
-        "final_test_acc": summary.get("final_test_acc"),
+        # A run the attack drove non-finite stops (status "diverged"): nothing is left of θ.
+        "final_test_acc": summary.get(
+            "final_test_acc", 0.0 if summary.get("status") == "diverged" else None
+        ),
         "best_test_acc": summary.get("best_test_acc"),
         "backdoor_asr": summary.get("final", {}).get("backdoor/asr"),
         "wall_s": round(time.perf_counter() - t0, 3),

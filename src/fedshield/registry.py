@@ -44,6 +44,8 @@ TAGS: dict[str, str] = {
     "sample_weighted": "defined with sample-count weights n_m whatever server.weighting says "
     "(RFA); the server passes the counts it trusts",
     "min_clients": "has a minimum number of rows (validate(S) may refuse)",
+    "dod_scale": "has a degree-of-divergence scale c that a server algorithm may set every "
+    "round (BR-DRAG's rule, for brdrag_ct)",
     # models
     "family": "model family: family=classifier|dual_head|multi_exit|width",
     "batchnorm": "has BatchNorm running statistics (buffers)",

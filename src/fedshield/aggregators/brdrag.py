@@ -90,7 +90,7 @@ def brdrag_calibrate(
     return (v[0], lam[0], cos[0]) if single else (v, lam, cos)
 
 
-@AGGREGATORS.register("brdrag", tags=["robust", "needs_reference"])
+@AGGREGATORS.register("brdrag", tags=["robust", "needs_reference", "dod_scale"])
 class BrDrag(Aggregator):
     """BR-DRAG (SPEC §3 eq. 15): rescale every update to ‖r‖ and pull it towards r."""
 

@@ -41,6 +41,7 @@ from fedshield.algorithms.server.fedavg import BRDRAG
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
+from fedshield.registry import tags_of
 
 
 class BRDragCtParams(Params):
@@ -71,7 +72,9 @@ def theorem_c(cos: Tensor, attacker: Tensor, c_min: float = 0.5, c_max: float = 
     return min(max(c, c_min), c_max)
 
 
-@SERVER_ALGORITHMS.register("brdrag_ct", tags=["needs_root"])
+@SERVER_ALGORITHMS.register(
+    "brdrag_ct", tags=["needs_root", "needs_aggregator=dod_scale"]
+)
 class BRDragCt(BRDRAG):
     """BR-DRAG whose DoD scale is the theorem's per-round c^t ∈ [1/2, 1] (seed 000 Thm. 2)."""
 
@@ -79,8 +82,9 @@ class BRDragCt(BRDRAG):
 
     def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
         super().__init__(aggregator, **kwargs)
-        name = getattr(type(aggregator), "registry_name", type(aggregator).__name__)
-        if name != "brdrag":
+        # The builder refuses a rule without the tag first; this guards direct library use.
+        if "dod_scale" not in tags_of(aggregator):
+            name = getattr(type(aggregator), "registry_name", type(aggregator).__name__)
             raise ConfigError(
                 f"server.algorithm='brdrag_ct' sets the 'brdrag' rule's c every round; "
                 f"server.aggregator must be 'brdrag', not {name!r}"
