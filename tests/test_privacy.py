@@ -598,12 +598,12 @@ def test_dp_run_with_attack_robust_rule_and_adversarial_training(tmp_path):
 )  # fmt: skip
 def test_what_cannot_be_private_is_refused_before_any_data(
     tmp_path, capsys, monkeypatch, sets, message
-) -> None:  # noqa: ANN001
+) -> None:
     """These were refused by the Simulator, after the data was loaded and split."""
     import fedshield.sim.builder as builder
     from fedshield.testing.cli import one_line_error
 
-    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+    def refuse(*a, **k):
         raise AssertionError("data was loaded before the privacy check")
 
     monkeypatch.setattr(builder, "load_dataset", refuse)

@@ -115,7 +115,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: corrupt checkpoint (not a torch file{cause})") from None
     except EOFError:
         raise DataError(f"{path}: corrupt checkpoint (empty or cut short)") from None
-    except Exception as err:  # noqa: BLE001 - whatever torch makes of a torn or foreign file
+    except Exception as err:
         cause = " ".join(str(err).split())[:200]
         raise DataError(
             f"{path}: corrupt checkpoint (damaged or cut short: {type(err).__name__}: {cause})"

@@ -77,7 +77,7 @@ class BRDragCt(BRDRAG):
 
     params_schema = BRDragCtParams
 
-    def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
+    def __init__(self, aggregator, **kwargs) -> None:
         super().__init__(aggregator, **kwargs)
         name = getattr(type(aggregator), "registry_name", type(aggregator).__name__)
         if name != "brdrag":

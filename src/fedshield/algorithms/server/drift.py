@@ -38,7 +38,7 @@ class DRAG(FedAvg):
     default_aggregator = "drag"
     optional_broadcast = ("ref",)
 
-    def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
+    def __init__(self, aggregator, **kwargs) -> None:
         super().__init__(aggregator, **kwargs)
         if not aggregator.needs_reference:
             raise ConfigError(
