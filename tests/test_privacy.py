@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -346,6 +347,31 @@ def test_central_dp_refuses_what_it_cannot_cover(over, words):
         build(config.validate(raw))
     for w in words:
         assert w in str(err.value)
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_plugin_declares_its_dp_compatibility_with_tags(monkeypatch, declared):
+    """Compatibility is read from the registry tags (``central_dp``, ``local_dp``), so a
+    plugin's subclass of a compatible component is refused until it declares them."""
+    from fedshield.algorithms.client.sgd import LocalSGD
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    for reg in (SERVER_ALGORITHMS, CLIENT_ALGORITHMS):  # registrations undone after the test
+        monkeypatch.setattr(reg, "_entries", dict(reg._entries))
+    server_tags, client_tags = (["central_dp"], ["local_dp"]) if declared else ([], [])
+    SERVER_ALGORITHMS.register("_dp_plugin", tags=server_tags)(type("S", (FedAvg,), {}))
+    CLIENT_ALGORITHMS.register("_dp_plugin", tags=client_tags)(type("C", (LocalSGD,), {}))
+    raw = _raw(**{"server.algorithm": "_dp_plugin", "client.algorithm": "_dp_plugin"})
+    for key, words in [
+        ("central", "server.algorithm='_dp_plugin' computes more than the noised aggregate"),
+        ("local", "client.algorithm='_dp_plugin' runs its own training loop"),
+    ]:
+        raw["privacy"] = {key: {"noise_multiplier": 1.0}}
+        if declared:
+            attach_privacy(build(config.validate(raw)))
+        else:
+            with pytest.raises(ConfigError, match=re.escape(f"privacy.{key}: {words}")):
+                attach_privacy(build(config.validate(raw)))
 
 
 def test_local_dp_refuses_attacks_in_training_mode():

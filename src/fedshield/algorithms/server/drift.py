@@ -125,7 +125,7 @@ class FedACGParams(Params):
     lam: float = Field(0.85, ge=0.0, lt=1.0, description="momentum λ of the look-ahead")
 
 
-@SERVER_ALGORITHMS.register("fedacg")
+@SERVER_ALGORITHMS.register("fedacg", tags=["central_dp"])
 class FedACG(FedAvg):
     """FedACG (Kim et al. 2024; SPEC §4): broadcast θ̂ = θ^t + λ m^{t−1};
     m^t = λ m^{t−1} + AGG(g) with g relative to θ̂; θ^{t+1} = θ^t + m^t.
