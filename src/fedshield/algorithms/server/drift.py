@@ -21,6 +21,21 @@ from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 
 
+def look_ahead(params: Tensor, state: State, lam: float) -> Tensor:
+    """FedACG's broadcast θ̂ = θ^t + λ m^{t−1} (θ^t before the first round)."""
+    return params + lam * state["m"] if "m" in state else params
+
+
+def momentum(state: State, delta: Tensor, lam: float) -> Tensor:
+    """FedACG's m^t = λ m^{t−1} + Δ^t (Δ^t in the first round)."""
+    return lam * state["m"] + delta if "m" in state else delta
+
+
+def _ref_extras(state: State) -> dict[str, Tensor]:
+    """DRAG's reference r^t, broadcast when there is one (a client may calibrate locally)."""
+    return {"ref": state["ref"]} if "ref" in state else {}
+
+
 class DragParams(Params):
     # Our default: α = 0.25 from the bundled-data sweep (docs/results/drag.md): 0.01 and 0.05
     # lag behind, 0.25 and 0.5 are best and within 1 point; the seed finds > 0.25 too large.
@@ -54,8 +69,7 @@ class DRAG(FedAvg):
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
-        extras = {"ref": state["ref"]} if "ref" in state else {}
-        return Payload(params, buffers, extras)
+        return Payload(params, buffers, _ref_extras(state))
 
     def reference(
         self,
@@ -137,8 +151,7 @@ class FedACG(FedAvg):
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
         lam = self.params.lam  # type: ignore[attr-defined]
-        start = params + lam * state["m"] if "m" in state else params
-        return Payload(start, buffers)
+        return Payload(look_ahead(params, state, lam), buffers)
 
     def update(
         self,
@@ -151,7 +164,7 @@ class FedACG(FedAvg):
     ) -> ServerStep:
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
         lam = self.params.lam  # type: ignore[attr-defined]
-        m = lam * state["m"] + agg.delta if "m" in state else agg.delta
+        m = momentum(state, agg.delta, lam)
         metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
         new_state = state | agg.state | {"m": m}
         return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
@@ -180,9 +193,7 @@ class DragACG(DRAG):
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
         lam = self.params.lam  # type: ignore[attr-defined]
-        start = params + lam * state["m"] if "m" in state else params
-        extras = {"ref": state["ref"]} if "ref" in state else {}
-        return Payload(start, buffers, extras)
+        return Payload(look_ahead(params, state, lam), buffers, _ref_extras(state))
 
     def update(
         self,
@@ -196,7 +207,7 @@ class DragACG(DRAG):
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
         ref = self.reference(params, buffers, state, updates, ctx, services)
         p: DragACGParams = self.params  # type: ignore[assignment]
-        m = p.lam * state["m"] + agg.delta if "m" in state else agg.delta
+        m = momentum(state, agg.delta, p.lam)
         metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
         new_state = state | agg.state | {"ref": (1 - p.alpha) * ref + p.alpha * agg.delta, "m": m}
         return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
