@@ -28,7 +28,7 @@ _NUMERIC_FILES = {
 }  # fmt: skip
 
 
-def pytest_collection_modifyitems(config, items):  # noqa: ANN001, ARG001
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in _SERIAL_FILES:
             item.add_marker(pytest.mark.xdist_group("processes"))

@@ -784,7 +784,7 @@ def test_user_rule_helpers_keep_their_contract() -> None:
         def __init__(self, factor: float = 0.5) -> None:
             self.factor = factor
 
-        def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001, ANN202
+        def aggregate(self, updates, weights=None, *, reference=None):
             w = check_updates(updates, weights)
             return self.factor * (w @ updates), {}
 
@@ -826,7 +826,7 @@ def test_a_plugin_rule_without_a_schema_takes_its_options_from_its_signature() -
         def __init__(self, alpha: float = 0.5) -> None:
             self.alpha = alpha
 
-        def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001, ANN201
+        def aggregate(self, updates, weights=None, *, reference=None):
             return self.alpha * updates.mean(0), {}
 
     rule = reg.build("scaled_mean_test", alpha=0.25)

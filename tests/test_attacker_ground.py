@@ -48,7 +48,7 @@ def tiered():
     return sim, plan, honest, copy.deepcopy(sim.state)
 
 
-def _replay(tiered, rule: str, forge) -> tuple[torch.Tensor, dict, list]:  # noqa: ANN001
+def _replay(tiered, rule: str, forge) -> tuple[torch.Tensor, dict, list]:
     sim, plan, honest, start = tiered
     sim.comp.server.aggregator = AGGREGATORS.build(rule)
     sim.state = copy.deepcopy(start)
@@ -132,7 +132,7 @@ def test_attackers_placed_in_the_smallest_tier_stay_bounded_for_every_tiered_fam
 flwr = pytest.importorskip("flwr")
 
 
-def _flower_round(strategy, forge):  # noqa: ANN001, ANN202
+def _flower_round(strategy, forge):
     """Round 1 of ``strategy`` on 10 scripted nodes (tests/test_flower_strategies.py's
     replies); ``forge(replies, sent)`` rewrites the reply list before aggregation."""
     from flwr.app import ConfigRecord
@@ -153,7 +153,7 @@ def _flower_round(strategy, forge):  # noqa: ANN001, ANN202
     return float((after - before).double().norm()), dict(metrics)
 
 
-def _huge_reply(reply, instruction, node: int | None = None):  # noqa: ANN001, ANN202
+def _huge_reply(reply, instruction, node: int | None = None):
     """A reply to ``instruction`` with ``reply``'s records but every model array at 1e30,
     sent by ``node`` (default: the instruction's own node)."""
     from flwr.app import Array, ArrayRecord, Message, RecordDict
@@ -176,7 +176,7 @@ def test_a_reply_delivered_again_and_again_counts_at_most_once() -> None:
     has every reply dropped (sys/rejected/duplicate)."""
     from fedshield.flower import strategies as S
 
-    def forge(replies, sent):  # noqa: ANN001, ANN202
+    def forge(replies, sent):
         bad = _huge_reply(replies[0], sent[0])
         return replies[1:] + [bad] * 11
 
@@ -189,7 +189,7 @@ def test_a_reply_delivered_again_and_again_counts_at_most_once() -> None:
 def test_replies_to_other_nodes_instructions_and_from_unsampled_nodes_are_dropped() -> None:
     from fedshield.flower import strategies as S
 
-    def forge(replies, sent):  # noqa: ANN001, ANN202
+    def forge(replies, sent):
         # node 0 answers node 1's instruction 10 times; a stranger answers node 2's.
         node0 = sent[0].metadata.dst_node_id
         spoofed = [_huge_reply(replies[0], sent[1], node=node0) for _ in range(10)]
@@ -208,7 +208,7 @@ def test_a_claimed_count_of_2_pow_53_cannot_buy_a_weighted_geometric_median() ->
 
     from fedshield.flower import strategies as S
 
-    def forge(replies, sent):  # noqa: ANN001, ANN202
+    def forge(replies, sent):
         bad = _huge_reply(replies[0], sent[0])
         bad.content["metrics"] = MetricRecord({"num-examples": 2**53})
         return [bad, *replies[1:]]
@@ -314,7 +314,7 @@ def test_drag_with_every_row_forged_keeps_theta_instead_of_aborting() -> None:
 
 
 # -- resumed state is checked like an upload --------------------------------------------
-def _saved_run(tmp_path, aggregator: str = "centered_clipping"):  # noqa: ANN001, ANN202
+def _saved_run(tmp_path, aggregator: str = "centered_clipping"):
     from fedshield.runner import run
 
     raw = fuzz.base_config("fedavg", aggregator)
@@ -348,7 +348,7 @@ TAMPER = {
 
 
 @pytest.mark.parametrize("case", sorted(TAMPER))
-def test_a_tampered_checkpoint_is_refused_with_one_line(tmp_path, capsys, case: str) -> None:  # noqa: ANN001
+def test_a_tampered_checkpoint_is_refused_with_one_line(tmp_path, capsys, case: str) -> None:
     """Issue: a checkpoint whose Centered Clipping centre is 1e30 sent θ to 1e30 after
     --resume; a NaN θ was resumed (exit 0); a 1e30 or float64 θ froze every later round; a
     wrong shape gave a raw ValueError. Now: one error line naming the field, exit 2."""

@@ -109,7 +109,7 @@ def _tr_mean(all_updates: torch.Tensor, n_attackers: int) -> torch.Tensor:
     return torch.mean(sorted_updates, 0)
 
 
-def _ndss_tailored_trmean(all_updates, model_re, n_attackers, dev_type):  # noqa: ANN001, ANN202
+def _ndss_tailored_trmean(all_updates, model_re, n_attackers, dev_type):
     """The authors' AGR-tailored attack on Trimmed Mean (our_attack_trmean), transcribed:
     γ halving driven by whether ‖agg − ḡ‖ grew over the previous step."""
     if dev_type == "unit_vec":
@@ -196,7 +196,7 @@ def test_a_plugin_rule_is_attacked_through_the_same_object() -> None:
     calls = []
 
     class Recorder(agg.Aggregator):
-        def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001, ANN201
+        def aggregate(self, updates, weights=None, *, reference=None):
             calls.append(updates.shape)
             return updates.median(dim=0).values, {}
 
@@ -235,7 +235,7 @@ def test_adaptive_root_reaches_cao_et_al_gradient_ascent_on_fltrust(seed: int) -
     torch.testing.assert_close(norms, r.norm().expand_as(norms))  # ‖upload‖ = ‖r‖
 
 
-def _fltrust_cao_gradient_ascent(u, m, r, steps=400, lr=0.05):  # noqa: ANN001, ANN202
+def _fltrust_cao_gradient_ascent(u, m, r, steps=400, lr=0.05):
     """Cao et al. 2021's adaptive attack on FLTrust as they solve it: projected gradient
     ascent on the unit vectors e_i of sᵀ(g − g′), g′ = FLTrust with the uploads ‖r‖·e_i in
     place of the attackers' honest rows (autograd on FLTrust's closed form), g and s from

@@ -169,7 +169,7 @@ def test_static_clip_equals_byzfl(c: float) -> None:
         (["clip"], ("krum", {"f": F}), lambda: ([byzfl.Clipping(c=2.0)], byzfl.Krum(f=F + 1))),
     ],
 )
-def test_composed_rule_equals_byzfl_pipeline(chain, rule, theirs) -> None:  # noqa: ANN001
+def test_composed_rule_equals_byzfl_pipeline(chain, rule, theirs) -> None:
     u, _ = cohort(4)
     u = u * 3  # norms above the clip radius
     # f given where the rule has none (median, mean); from Trimmed Mean's / Krum's own f.

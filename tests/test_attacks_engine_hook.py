@@ -53,7 +53,7 @@ class ProbeKnown(_Probe):
 class ProbeFLTrust(FLTrust):
     """Test probe: FLTrust recording the reference the server passes."""
 
-    def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001, ANN201
+    def aggregate(self, updates, weights=None, *, reference=None):
         SEEN["server_refs"].append(reference.clone())
         return super().aggregate(updates, weights, reference=reference)
 

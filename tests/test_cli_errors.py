@@ -11,7 +11,7 @@ from fedshield.cli import main
 from fedshield.testing.cli import one_line_error
 
 
-def _cfg(tmp_path, raw, name="c.toml") -> str:  # noqa: ANN001
+def _cfg(tmp_path, raw, name="c.toml") -> str:
     p = tmp_path / name
     p.write_text(tomli_w.dumps(raw))
     return str(p)
@@ -38,7 +38,7 @@ def _cfg(tmp_path, raw, name="c.toml") -> str:  # noqa: ANN001
         ("plugins=['no_such_module_xyz']", ["plugins", "no_such_module_xyz"]),
     ],
 )
-def test_bad_values_are_one_line_errors(tmp_path, capsys, small_cfg, override, expected) -> None:  # noqa: ANN001
+def test_bad_values_are_one_line_errors(tmp_path, capsys, small_cfg, override, expected) -> None:
     key, _, value = override.partition("=")
     argv = [
         "run",
@@ -52,13 +52,13 @@ def test_bad_values_are_one_line_errors(tmp_path, capsys, small_cfg, override, e
     assert not (tmp_path / "o" / "metrics.jsonl").exists()  # before any work
 
 
-def test_aggregator_parameter_typo_suggests(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+def test_aggregator_parameter_typo_suggests(tmp_path, capsys, small_cfg) -> None:
     small_cfg["server"] |= {"aggregator": "krum", "aggregator_args": {"ff": 1}}
     argv = ["run", _cfg(tmp_path, small_cfg), "--out", str(tmp_path / "o")]
     one_line_error(capsys, argv, "server.aggregator_args.ff", "did you mean 'f'")
 
 
-def test_binary_and_empty_config_files(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_binary_and_empty_config_files(tmp_path, capsys) -> None:
     binary = tmp_path / "model.pt"
     binary.write_bytes(bytes(range(256)) * 4)
     one_line_error(capsys, ["run", str(binary)], "model.pt", "not a TOML text file")
@@ -67,13 +67,13 @@ def test_binary_and_empty_config_files(tmp_path, capsys) -> None:  # noqa: ANN00
     one_line_error(capsys, ["run", str(empty)], "empty.toml", "empty", "rounds", "--preset")
 
 
-def test_resume_of_a_missing_run_is_an_error(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+def test_resume_of_a_missing_run_is_an_error(tmp_path, capsys, small_cfg) -> None:
     argv = ["run", _cfg(tmp_path, small_cfg), "--out", str(tmp_path / "nope"), "--resume"]
     one_line_error(capsys, argv, "--resume", "no run to resume", "nope")
     assert not (tmp_path / "nope").exists()
 
 
-def test_summary_is_strict_json(tmp_path, small_cfg) -> None:  # noqa: ANN001
+def test_summary_is_strict_json(tmp_path, small_cfg) -> None:
     small_cfg["rounds"] = 2
     out = tmp_path / "o"
     assert main(["run", _cfg(tmp_path, small_cfg), "--out", str(out), "-q"]) == 0
@@ -87,7 +87,7 @@ def test_summary_is_strict_json(tmp_path, small_cfg) -> None:  # noqa: ANN001
         json.loads(line, parse_constant=reject)
 
 
-def test_a_plugin_from_a_temporary_module_through_the_cli(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+def test_a_plugin_from_a_temporary_module_through_the_cli(tmp_path, capsys, small_cfg) -> None:
     (tmp_path / "my_rules.py").write_text(
         '''
 from pydantic import Field
@@ -127,7 +127,7 @@ class HalfMean(Aggregator):
     one_line_error(capsys, argv, "server.aggregator_args.factr", "did you mean 'factor'")
 
 
-def test_plugin_files_of_the_same_name_in_two_places_both_load(tmp_path) -> None:  # noqa: ANN001
+def test_plugin_files_of_the_same_name_in_two_places_both_load(tmp_path) -> None:
     """A module per plugin *path*: `a/my_rules.py` and `b/my_rules.py` register different
     components in one process (a sweep, a test session), and loading one twice is a no-op."""
     from fedshield.aggregators.base import AGGREGATORS

@@ -12,7 +12,7 @@ from fedshield.testing.config_fuzz import PARAM_TABLES, cases, run_fuzz
 
 
 @pytest.mark.slow
-def test_500_mutated_configs_give_no_traceback(tmp_path) -> None:  # noqa: ANN001
+def test_500_mutated_configs_give_no_traceback(tmp_path) -> None:
     counts, bad = run_fuzz(500, tmp_path, seed=0)
     assert sum(counts.values()) == 500
     assert not bad, "\n\n".join(f"{b.case.preset} {b.case.mutations}\n{b.detail}" for b in bad)

@@ -387,7 +387,7 @@ def _client_cases() -> list[Any]:
     return out
 
 
-def _local_update(entry, family: str, client_id: int):  # noqa: ANN001, ANN202
+def _local_update(entry, family: str, client_id: int):
     from fedshield.algorithms.client import LocalSpec
     from fedshield.algorithms.client.base import ClientContext
     from fedshield.core.context import RoundContext, make_generator, seed_global_rng

@@ -24,7 +24,7 @@ def _fake_run(root: Path, name: str, accs: list[float]) -> Path:
 
 def test_sweep_tables_are_printed_as_tables_not_raw_markdown(
     tmp_path, small_cfg, capsys, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     monkeypatch.setenv("COLUMNS", "80")
     small_cfg["rounds"] = 1
     (tmp_path / "base.toml").write_text(tomli_w.dumps(small_cfg))
@@ -44,7 +44,7 @@ def test_sweep_tables_are_printed_as_tables_not_raw_markdown(
     assert not re.search(r"\bnan\b", printed)
 
 
-def test_a_start_up_line_before_the_data_is_loaded(tmp_path, small_cfg, capsys) -> None:  # noqa: ANN001
+def test_a_start_up_line_before_the_data_is_loaded(tmp_path, small_cfg, capsys) -> None:
     small_cfg["rounds"] = 1
     cfg = tmp_path / "c.toml"
     cfg.write_text(tomli_w.dumps(small_cfg))
@@ -56,7 +56,7 @@ def test_a_start_up_line_before_the_data_is_loaded(tmp_path, small_cfg, capsys) 
     assert "starting" not in capsys.readouterr().out  # -q: quiet
 
 
-def test_report_prints_its_own_output_folder(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_report_prints_its_own_output_folder(tmp_path, capsys, monkeypatch) -> None:
     """``report --out cmp`` printed the inputs' folder ("outputs under: runs")."""
     monkeypatch.setenv("COLUMNS", "300")
     runs = tmp_path / "runs"
@@ -82,13 +82,13 @@ def test_every_option_of_every_subcommand_has_help() -> None:
     assert set(subs.choices) == {"run", "list", "report", "sweep"}
 
 
-def _xticks(monkeypatch, draw) -> list[list[float]]:  # noqa: ANN001
+def _xticks(monkeypatch, draw) -> list[list[float]]:
     from matplotlib.figure import Figure
 
     ticks: list[list[float]] = []
     real = Figure.savefig
 
-    def spy(self, *a, **k):  # noqa: ANN001, ANN002, ANN003
+    def spy(self, *a, **k):
         self.canvas.draw()
         ticks.append([t for t in self.axes[0].get_xticks() if self.axes[0].get_xlim()[0] <= t])
         return real(self, *a, **k)
@@ -98,7 +98,7 @@ def _xticks(monkeypatch, draw) -> list[list[float]]:  # noqa: ANN001
     return ticks
 
 
-def test_round_axes_tick_at_whole_rounds(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_round_axes_tick_at_whole_rounds(tmp_path, monkeypatch) -> None:
     from fedshield.report import plot_overlay
     from fedshield.sim.outputs import plot_curves
 
@@ -115,7 +115,7 @@ def test_round_axes_tick_at_whole_rounds(tmp_path, monkeypatch) -> None:  # noqa
 
 
 @pytest.mark.parametrize("n", [1, 3])
-def test_cells_say_what_plus_minus_is(n) -> None:  # noqa: ANN001
+def test_cells_say_what_plus_minus_is(n) -> None:
     from fedshield.report import PM_NOTE, seed_cells, text_table
 
     params = [{"variant": "a", "seed": s} for s in range(n)]

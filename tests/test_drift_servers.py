@@ -285,7 +285,7 @@ class _Root:
     def __init__(self, r: torch.Tensor) -> None:
         self.r = r
 
-    def root_update(self, params, buffers, ctx):  # noqa: ANN001, ANN201
+    def root_update(self, params, buffers, ctx):
         return ClientUpdate(-1, self.r, 1, torch.zeros(0))
 
 

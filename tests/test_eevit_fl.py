@@ -673,7 +673,7 @@ def test_baseline_grid_variants_build_every_client_subnet() -> None:
 )
 def test_a_tier_or_exit_layout_the_model_lacks_fails_before_any_data(
     tmp_path, capsys, sets, message
-) -> None:  # noqa: ANN001
+) -> None:
     """These were found at the first local update, after data, model and config.toml."""
     from fedshield.cli import main
 

@@ -173,7 +173,7 @@ def test_attacked_routing_reports_every_exit_and_the_risk_decomposition() -> Non
         ("routing_adv.policies", '["client_robust"]', "client-local"),
     ],
 )
-def test_a_routing_policy_typo_fails_before_any_work(tmp_path, capsys, key, value, message) -> None:  # noqa: ANN001
+def test_a_routing_policy_typo_fails_before_any_work(tmp_path, capsys, key, value, message) -> None:
     """Issue #10's reproducer: the typo used to surface after the last round's training."""
     from fedshield.cli import main
 

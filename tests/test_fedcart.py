@@ -61,7 +61,7 @@ def data(n: int = 24, seed: int = 0, signal: bool = False) -> TensorData:
     return TensorData(x, y)
 
 
-def client(**params) -> FedCARTClient:  # noqa: ANN003
+def client(**params) -> FedCARTClient:
     spec = LocalSpec(lr=0.05, batch_size=8, steps=2)
     return FedCARTClient(spec, parse_params(FedCARTParams, {"steps": 2, **params}, "p"))
 
@@ -117,7 +117,7 @@ def _fixed_adv(cl: FedCARTClient, x_adv: torch.Tensor) -> None:
     cl.trades_examples = lambda model, x, draws=None, transform=None: x_adv  # type: ignore[method-assign]
 
 
-def _terms(m: DualHead, x, x_adv, y):  # noqa: ANN001, ANN202
+def _terms(m: DualHead, x, x_adv, y):
     z, za = m.forward_features(x), m.forward_features(x_adv)
     lo, la = m.main_head(z), m.main_head(za)
     gamma = 1.0 - (lo.argmax(1) == la.argmax(1)).float().mean()
@@ -220,7 +220,7 @@ def test_client_refuses_a_single_head_model():
 
 
 def _per_sample_grads(head: nn.Linear, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    def ce(w, b, zi, yi):  # noqa: ANN001, ANN202
+    def ce(w, b, zi, yi):
         return F.cross_entropy((zi @ w.T + b)[None], yi[None])
 
     gw, gb = vmap(grad(ce, argnums=(0, 1)), in_dims=(None, None, 0, 0))(
@@ -305,7 +305,7 @@ def _proto_update(k: int, protos: list[list[float]], counts: list[float]) -> Cli
     return u
 
 
-def _aggregator(name: str):  # noqa: ANN202
+def _aggregator(name: str):
     import fedshield.aggregators  # noqa: F401
     from fedshield.aggregators.base import AGGREGATORS
 
@@ -403,7 +403,7 @@ def test_registry_tags_and_schemas():
             assert field.description and field.description.endswith("."), (entry.name, name)
 
 
-def server(**params) -> FedCARTServer:  # noqa: ANN003
+def server(**params) -> FedCARTServer:
     import fedshield.aggregators  # noqa: F401
     from fedshield.aggregators.base import AGGREGATORS
 
@@ -412,7 +412,7 @@ def server(**params) -> FedCARTServer:  # noqa: ANN003
     return FedCARTServer(agg, params=parse_params(FedCARTServerParams, {**base, **params}, "s"))
 
 
-def _round(srv: FedCARTServer, rnd: int = 1, state=None, signal: bool = False):  # noqa: ANN001, ANN202
+def _round(srv: FedCARTServer, rnd: int = 1, state=None, signal: bool = False):
     """One FedCART round on two clients; returns (θ before, step after post_step)."""
     m = model()
     theta, buffers = get_params(m), get_buffers(m)

@@ -28,7 +28,7 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def fedcart_cfg(**over) -> dict:  # noqa: ANN003
+def fedcart_cfg(**over) -> dict:
     """Seconds-long FedCART run: long-tailed digits, 3 clients, an MLP backbone."""
     raw = {
         "name": "fedcart-tiny",
@@ -80,7 +80,7 @@ def fedcart_cfg(**over) -> dict:  # noqa: ANN003
     return raw
 
 
-def run(raw: dict, out=None, resume: bool = False) -> dict:  # noqa: ANN001
+def run(raw: dict, out=None, resume: bool = False) -> dict:
     return Simulator(build(config.validate(raw)), out, resume=resume).run()
 
 
@@ -207,7 +207,7 @@ def test_robust_evaluator_skips_autoattack_when_torchattacks_is_missing(monkeypa
 
     real = EVAL_ATTACKS.build
 
-    def build_without_aa(name, /, **kw):  # noqa: ANN001, ANN003, ANN202
+    def build_without_aa(name, /, **kw):
         if name == "autoattack":
             raise MissingDependencyError("needs the 'torchattacks' package")
         return real(name, **kw)
@@ -354,7 +354,7 @@ def test_autoattack_subset_and_robust_avg(monkeypatch):
 
     real = EVAL_ATTACKS.build
 
-    def identity_aa(name, /, **kw):  # noqa: ANN001, ANN003, ANN202
+    def identity_aa(name, /, **kw):
         return (lambda model, x, y: x) if name == "autoattack" else real(name, **kw)
 
     monkeypatch.setattr(EVAL_ATTACKS, "build", identity_aa)

@@ -12,19 +12,19 @@ import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import MessageType, RecordDict  # noqa: E402
+from flwr.app import MessageType, RecordDict
 
-from fedshield import config  # noqa: E402
-from fedshield.attacks.base import ATTACKS  # noqa: E402
-from fedshield.core.context import ClientUpdate, Payload  # noqa: E402
-from fedshield.errors import ConfigError  # noqa: E402
-from fedshield.flower import client_app, codec  # noqa: E402
-from fedshield.flower.byzantine import local_update_attack, runs_on_client  # noqa: E402
-from fedshield.flower.experiment import FedshieldStrategy, FlowerRunError  # noqa: E402
-from fedshield.flower.local import LocalGrid  # noqa: E402
-from fedshield.flower.server_app import prepare, serve, settings_from_run_config  # noqa: E402
-from fedshield.sim.builder import build, load_plugins  # noqa: E402
-from fedshield.sim.engine import Simulator  # noqa: E402
+from fedshield import config
+from fedshield.attacks.base import ATTACKS
+from fedshield.core.context import ClientUpdate, Payload
+from fedshield.errors import ConfigError
+from fedshield.flower import client_app, codec
+from fedshield.flower.byzantine import local_update_attack, runs_on_client
+from fedshield.flower.experiment import FedshieldStrategy, FlowerRunError
+from fedshield.flower.local import LocalGrid
+from fedshield.flower.server_app import prepare, serve, settings_from_run_config
+from fedshield.sim.builder import build, load_plugins
+from fedshield.sim.engine import Simulator
 
 
 def raw_config(**sections: Any) -> dict[str, Any]:

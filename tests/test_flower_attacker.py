@@ -14,16 +14,16 @@ from torch import nn
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import strategy as flwr_strategy  # noqa: E402
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import strategy as flwr_strategy
 
-import fedshield.aggregators as agg  # noqa: E402
-from fedshield import attacks  # noqa: E402
-from fedshield.attacks import AttackContext  # noqa: E402
-from fedshield.flower import strategies as S  # noqa: E402
-from fedshield.flower.attacker import MARK, AttackedStrategy, attacker_mod  # noqa: E402
-from fedshield.flower.local import LocalGrid  # noqa: E402
+import fedshield.aggregators as agg
+from fedshield import attacks
+from fedshield.attacks import AttackContext
+from fedshield.flower import strategies as S
+from fedshield.flower.attacker import MARK, AttackedStrategy, attacker_mod
+from fedshield.flower.local import LocalGrid
 
 M = 6
 ATTACKERS = {0, 1}
@@ -46,7 +46,7 @@ def move(rnd: int, k: int, shape: tuple[int, ...]) -> np.ndarray:
     return (0.1 * (1 + k % 3) * torch.randn(shape, generator=g) + 0.05).numpy()
 
 
-def app_with(mod) -> ClientApp:  # noqa: ANN001
+def app_with(mod) -> ClientApp:
     app = ClientApp(mods=[mod])
 
     @app.train()
@@ -147,7 +147,7 @@ def test_without_the_wrapper_the_mark_reaches_the_strategy_and_marks_are_strippe
     seen = []
 
     class Spy(flwr_strategy.FedAvg):
-        def aggregate_train(self, server_round, replies):  # noqa: ANN001, ANN201
+        def aggregate_train(self, server_round, replies):
             replies = list(replies)
             seen.extend(MARK in m.content for m in replies)
             return super().aggregate_train(server_round, replies)

@@ -24,18 +24,18 @@ import torch
 pytest.importorskip("flwr")
 pytest.importorskip("sklearn")
 
-import torch.nn.functional as F  # noqa: E402
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import Grid, ServerApp  # noqa: E402
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
 
-from fedshield import config  # noqa: E402
-from fedshield.data.bundle import DataBundle, TensorData  # noqa: E402
-from fedshield.flower.client_tools import SCAFFOLD_STATE, ScaffoldClient, flat_params  # noqa: E402
-from fedshield.flower.local import LocalGrid  # noqa: E402
-from fedshield.flower.strategies import SCAFFOLD  # noqa: E402
-from fedshield.sim.builder import Experiment, build_components  # noqa: E402
-from fedshield.sim.engine import Simulator  # noqa: E402
+from fedshield import config
+from fedshield.data.bundle import DataBundle, TensorData
+from fedshield.flower.client_tools import SCAFFOLD_STATE, ScaffoldClient, flat_params
+from fedshield.flower.local import LocalGrid
+from fedshield.flower.strategies import SCAFFOLD
+from fedshield.sim.builder import Experiment, build_components
+from fedshield.sim.engine import Simulator
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "flower-brdrag"
@@ -48,7 +48,7 @@ def example_order(cls: type) -> type:
     """fedshield client algorithm ``cls`` drawing its mini-batches in the example's order."""
 
     class ExampleOrder(cls):
-        def local_update(self, model, payload, data, ctx, state):  # noqa: ANN001, ANN201
+        def local_update(self, model, payload, data, ctx, state):
             g = task.batch_generator(SEED, ctx.round, ctx.client_id)
             return super().local_update(model, payload, data, replace(ctx, generator=g), state)
 

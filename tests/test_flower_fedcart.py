@@ -15,20 +15,20 @@ import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, Context, Message, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
 
-from fedshield import config  # noqa: E402
-from fedshield.core.flat import get_params  # noqa: E402
-from fedshield.errors import ConfigError  # noqa: E402
-from fedshield.flower import strategies as S  # noqa: E402
-from fedshield.flower.client_tools import (  # noqa: E402
+from fedshield import config
+from fedshield.core.flat import get_params
+from fedshield.errors import ConfigError
+from fedshield.flower import strategies as S
+from fedshield.flower.client_tools import (
     PROTOTYPES_RECORD,
     FedCARTTrainer,
 )
-from fedshield.flower.local import LocalGrid  # noqa: E402
-from fedshield.sim.builder import build  # noqa: E402
-from fedshield.sim.engine import Simulator  # noqa: E402
+from fedshield.flower.local import LocalGrid
+from fedshield.sim.builder import build
+from fedshield.sim.engine import Simulator
 
 CLIENT = {"lr": 0.1, "batch_size": 32, "local_steps": 3}
 CLIENT_PARAMS = {"steps": 2}
@@ -52,7 +52,7 @@ def raw_config(rounds: int = 2) -> dict:
     }  # fmt: skip
 
 
-def flower_run(sim: Simulator, rounds: int, forge=None, **strategy_kwargs):  # noqa: ANN001, ANN003, ANN201
+def flower_run(sim: Simulator, rounds: int, forge=None, **strategy_kwargs):
     """The simulator's data and initial model, trained by FedCART on Flower's side."""
     model0 = copy.deepcopy(sim.model)
     trainer = FedCARTTrainer(**CLIENT, seed=0, **CLIENT_PARAMS)

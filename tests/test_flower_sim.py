@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-from test_flower import FEDCART, assert_same, raw_config, simulate  # noqa: E402
+from test_flower import FEDCART, assert_same, raw_config, simulate
 
-from fedshield import config  # noqa: E402
+from fedshield import config
 
 REPO = Path(__file__).resolve().parents[1]
 

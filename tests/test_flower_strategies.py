@@ -19,7 +19,7 @@ from torch import nn
 
 pytest.importorskip("flwr")
 
-from flwr.app import (  # noqa: E402
+from flwr.app import (
     Array,
     ArrayRecord,
     ConfigRecord,
@@ -28,23 +28,23 @@ from flwr.app import (  # noqa: E402
     MetricRecord,
     RecordDict,
 )
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp import strategy as flwr_strategy  # noqa: E402
+from flwr.clientapp import ClientApp
+from flwr.serverapp import strategy as flwr_strategy
 
-from fedshield.aggregators import AGGREGATORS  # noqa: E402
-from fedshield.algorithms.server import SERVER_ALGORITHMS  # noqa: E402
-from fedshield.algorithms.server.base import ServerStep  # noqa: E402
-from fedshield.core.context import ClientUpdate, RoundContext  # noqa: E402
-from fedshield.errors import ConfigError  # noqa: E402
-from fedshield.flower import strategies as S  # noqa: E402
-from fedshield.flower.client_tools import (  # noqa: E402
+from fedshield.aggregators import AGGREGATORS
+from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.algorithms.server.base import ServerStep
+from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.errors import ConfigError
+from fedshield.flower import strategies as S
+from fedshield.flower.client_tools import (
     DH,
     REF,
     H,
     ScaffoldClient,
     drag_calibrate_local,
 )
-from fedshield.flower.local import LocalGrid  # noqa: E402
+from fedshield.flower.local import LocalGrid
 
 M = 5  # nodes
 ROUNDS = 2
@@ -126,7 +126,7 @@ def scripted_app(forge: dict[int, Callable[[RecordDict], None]] | None = None) -
     return app
 
 
-def run(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS, model=BNNet):  # noqa: ANN001, ANN201
+def run(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS, model=BNNet):
     return strategy.start(grid, initial(model), num_rounds=rounds)
 
 
@@ -149,16 +149,16 @@ def reference_fn(arrays: ArrayRecord, server_round: int) -> ArrayRecord:
 class RefServices:
     """The root update of :func:`reference_fn`, as the simulator's services give it."""
 
-    def __init__(self, layout, passed) -> None:  # noqa: ANN001
+    def __init__(self, layout, passed) -> None:
         self.layout, self.passed = layout, passed
 
-    def root_update(self, params, buffers, ctx):  # noqa: ANN001, ANN201
+    def root_update(self, params, buffers, ctx):
         record = reference_fn(self.layout.encode(params, buffers, self.passed), ctx.round)
         p, _ = self.layout.decode(record)
         return ClientUpdate(-1, p - params, 0, buffers)
 
 
-def reference(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS):  # noqa: ANN201
+def reference(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS):
     """θ, buffers and server state from a fresh instance of the strategy's server algorithm
     and rule (same registry entries and parameters) fed the scripted updates directly."""
     layout = strategy.layout
@@ -416,7 +416,7 @@ def test_non_finite_step_keeps_the_model_and_the_state(monkeypatch):
     run(strategy, grid, rounds=1)
     state = {k: v.clone() for k, v in strategy.state.items()}
 
-    def nan_step(params, buffers, st, updates, ctx, services):  # noqa: ANN001, ANN202
+    def nan_step(params, buffers, st, updates, ctx, services):
         return ServerStep(params * math.nan, buffers, {"center": st["center"] * math.nan})
 
     monkeypatch.setattr(strategy.server, "update", nan_step)
@@ -615,7 +615,7 @@ def test_a_plugin_rule_from_the_entry_point_group_is_found(monkeypatch):
     calls = []
     real = plugins.load_plugins
 
-    def spy(modules=()):  # noqa: ANN001, ANN202
+    def spy(modules=()):
         calls.append(tuple(modules))
         return real(modules)
 
@@ -643,7 +643,7 @@ def test_feddyn_client_part_in_a_users_loop_is_fedshields_own_update():
     """AlgorithmClient("feddyn") in a hand-written loop on the message S.FedDyn() sends
     gives the Δθ and the kept ∇L_k of fedshield's FedDyn client on the same batches, over
     two participations (the state carried in context.state)."""
-    import torch.nn.functional as F  # noqa: N812
+    import torch.nn.functional as F
 
     from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
     from fedshield.algorithms.client.base import ClientContext, batch_indices

@@ -17,7 +17,7 @@ def test_no_import_circle_in_the_package() -> None:
     assert not found, [" -> ".join(c) for c in found]
 
 
-def test_the_reader_finds_a_circle_and_lazy_and_type_only_imports(tmp_path) -> None:  # noqa: ANN001
+def test_the_reader_finds_a_circle_and_lazy_and_type_only_imports(tmp_path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")

@@ -21,11 +21,11 @@ def _cfg(tmp_path: Path, raw: dict, name: str = "c.toml") -> str:
 
 
 @pytest.fixture
-def no_data(monkeypatch):  # noqa: ANN001
+def no_data(monkeypatch):
     """Fail the test if any data is loaded or the experiment built."""
     import fedshield.sim.builder as builder
 
-    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+    def refuse(*a, **k):
         raise AssertionError("data was loaded before the input was checked")
 
     monkeypatch.setattr(builder, "build", refuse)
@@ -38,7 +38,7 @@ def no_data(monkeypatch):  # noqa: ANN001
 )
 def test_a_non_finite_parameter_is_one_line_before_the_run_dir(
     tmp_path, capsys, no_data, override
-) -> None:  # noqa: ANN001
+) -> None:
     """The run-dir check wrote the config back as TOML before the component schemas saw it:
     ``TypeError: Object of type 'NoneType' is not TOML serializable``, exit 1."""
     out = tmp_path / "o"
@@ -47,7 +47,7 @@ def test_a_non_finite_parameter_is_one_line_before_the_run_dir(
     assert not out.exists()
 
 
-def test_the_library_runner_checks_components_before_the_run_dir(tmp_path, no_data) -> None:  # noqa: ANN001
+def test_the_library_runner_checks_components_before_the_run_dir(tmp_path, no_data) -> None:
     """`runner.run` with a config built in Python (no TOML on the way) refuses a bad
     component parameter with its schema's message, not a TOML error from the run dir."""
     from fedshield import config, runner
@@ -61,7 +61,7 @@ def test_the_library_runner_checks_components_before_the_run_dir(tmp_path, no_da
 
 
 # -- a run whose loss turns non-finite ------------------------------------------------------
-def test_the_dod_scale_c_is_bounded_by_the_method(capsys) -> None:  # noqa: ANN001
+def test_the_dod_scale_c_is_bounded_by_the_method(capsys) -> None:
     """``c = 1e18`` made BR-DRAG's step explode (exit 0, train/loss 8e32): λ = c(1 − cos) is
     meant to lie in [0, 2] (seed 000), so c > 1 is refused before anything runs."""
     argv = ["run", "--preset", "brdrag-digits-cpu", "-q"]
@@ -86,7 +86,7 @@ class Explode(Mean):
 """
 
 
-def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, small_cfg, capsys) -> None:  # noqa: ANN001
+def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, small_cfg, capsys) -> None:
     (tmp_path / "explode_stop.py").write_text(_EXPLODE.replace("explode_1e30", "explode_stop"))
     small_cfg |= {"rounds": 4, "plugins": ["explode_stop.py"]}
     small_cfg["server"] |= {"aggregator": "explode_stop"}
@@ -102,7 +102,7 @@ def test_a_diverged_run_stops_with_status_3_and_says_so(tmp_path, small_cfg, cap
     assert json.loads(lines[-1])["round"] == summary["rounds"]
 
 
-def test_a_diverged_run_can_continue_and_stays_marked(tmp_path, small_cfg, capsys) -> None:  # noqa: ANN001
+def test_a_diverged_run_can_continue_and_stays_marked(tmp_path, small_cfg, capsys) -> None:
     (tmp_path / "explode.py").write_text(_EXPLODE)
     small_cfg |= {"rounds": 3, "plugins": ["explode.py"]}
     small_cfg["server"] |= {"aggregator": "explode_1e30"}
@@ -124,7 +124,7 @@ def test_a_diverged_run_can_continue_and_stays_marked(tmp_path, small_cfg, capsy
     ("name", "why"),
     [("", "is empty"), ("../escaped", "path separator"), ("..", "only dots"), (" a", "spaces")],
 )
-def test_run_names_are_folder_names(tmp_path, capsys, monkeypatch, no_data, name, why) -> None:  # noqa: ANN001
+def test_run_names_are_folder_names(tmp_path, capsys, monkeypatch, no_data, name, why) -> None:
     """``name = ""`` wrote the run to ``./-2``, ``name = "../escaped"`` outside ``runs/``."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
@@ -134,7 +134,7 @@ def test_run_names_are_folder_names(tmp_path, capsys, monkeypatch, no_data, name
     assert not any((tmp_path / "runs").iterdir())
 
 
-def test_sweep_labels_from_path_values_stay_folder_names(tmp_path, small_cfg) -> None:  # noqa: ANN001
+def test_sweep_labels_from_path_values_stay_folder_names(tmp_path, small_cfg) -> None:
     from fedshield.sweep import expand
 
     (tmp_path / "base.toml").write_text(tomli_w.dumps(small_cfg))
@@ -159,14 +159,14 @@ def test_sweep_labels_from_path_values_stay_folder_names(tmp_path, small_cfg) ->
 )
 def test_impossible_sizes_on_bundled_data_fail_before_loading(
     tmp_path, capsys, no_data, sets, expected
-) -> None:  # noqa: ANN001
+) -> None:
     argv = ["run", "--preset", "brdrag-digits-cpu", "--out", str(tmp_path / "o")]
     for s in sets:
         argv += ["--set", s]
     one_line_error(capsys, argv, *expected)
 
 
-def test_min_size_holds_under_iid_too(tmp_path, capsys, no_data) -> None:  # noqa: ANN001
+def test_min_size_holds_under_iid_too(tmp_path, capsys, no_data) -> None:
     """``data.min_size`` was silently ignored unless the partition was Dirichlet."""
     argv = ["run", "--preset", "demo", "--out", str(tmp_path / "o")]
     argv += ["--set", 'data.partition="iid"', "--set", "data.min_size=300"]
@@ -205,7 +205,7 @@ def test_local_update_refuses_a_client_without_data() -> None:
     ctx = ClientContext(0, 1, torch.Generator().manual_seed(0), torch.device("cpu"))
     payload = Payload(get_params(model), get_buffers(model))
 
-    def stuck(*_):  # noqa: ANN002
+    def stuck(*_):
         raise TimeoutError("local_update did not return within 10 s")
 
     old = signal.signal(signal.SIGALRM, stuck)
@@ -219,7 +219,7 @@ def test_local_update_refuses_a_client_without_data() -> None:
 
 
 # -- report and sweep inputs ----------------------------------------------------------------
-def test_report_on_records_without_test_loss(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_report_on_records_without_test_loss(tmp_path, capsys) -> None:
     """A metrics.jsonl without ``test_loss`` gave a KeyError traceback."""
     run = tmp_path / "r1"
     run.mkdir()
@@ -231,11 +231,11 @@ def test_report_on_records_without_test_loss(tmp_path, capsys) -> None:  # noqa:
 
 
 @pytest.mark.parametrize("seeds", ["", ",", "1,,2", "a"])
-def test_sweep_seeds_that_are_no_list_are_refused(tmp_path, capsys, monkeypatch, seeds) -> None:  # noqa: ANN001
+def test_sweep_seeds_that_are_no_list_are_refused(tmp_path, capsys, monkeypatch, seeds) -> None:
     """``--seeds ''`` ran the whole grid without seeds."""
     import fedshield.sweep as sweep
 
-    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+    def refuse(*a, **k):
         raise AssertionError("the sweep started")
 
     monkeypatch.setattr(sweep, "run_sweep", refuse)
@@ -251,7 +251,7 @@ def test_verbose_after_the_subcommand() -> None:
     assert parser.parse_args(["run"]).verbose is False
 
 
-def test_sweep_resume_and_the_interrupt_message(tmp_path, small_cfg, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_sweep_resume_and_the_interrupt_message(tmp_path, small_cfg, capsys, monkeypatch) -> None:
     """Ctrl-C in a sweep said "resume with --resume", which `sweep` did not accept."""
     import fedshield.sweep as sweep
 
@@ -263,7 +263,7 @@ def test_sweep_resume_and_the_interrupt_message(tmp_path, small_cfg, capsys, mon
     one_line_error(capsys, ["sweep", str(grid), "--out", str(out), "--resume"], "no sweep")
     real = sweep.run_sweep
 
-    def interrupted(runs, out, **kw):  # noqa: ANN001, ANN003
+    def interrupted(runs, out, **kw):
         real(runs[:1], out, **kw)  # the first run finishes, then Ctrl-C
         raise KeyboardInterrupt
 
@@ -279,7 +279,7 @@ def test_sweep_resume_and_the_interrupt_message(tmp_path, small_cfg, capsys, mon
 
 
 @pytest.mark.parametrize("value", ["[]", "{}", "3"])
-def test_a_dual_head_backbone_that_is_no_name(tmp_path, capsys, no_data, value) -> None:  # noqa: ANN001
+def test_a_dual_head_backbone_that_is_no_name(tmp_path, capsys, no_data, value) -> None:
     """Found by the config fuzz (seed 1): a table or list as backbone was a TypeError."""
     argv = ["run", "--preset", "fedcart-cifar10lt-cpu", "--set", f"model.params.backbone={value}"]
     one_line_error(capsys, [*argv, "--out", str(tmp_path / "o")], "model.params.backbone")

@@ -128,7 +128,7 @@ class Recorder(Aggregator):
     def __init__(self) -> None:
         self.rows: list[int] = []
 
-    def aggregate(self, updates, weights=None, *, reference=None):  # noqa: ANN001
+    def aggregate(self, updates, weights=None, *, reference=None):
         self.rows.append(updates.shape[0])
         return updates.mean(0), {}
 

@@ -23,7 +23,7 @@ def _quiet():
     logging.disable(logging.NOTSET)
 
 
-def replay(pair: fuzz.Pair, edit) -> dict:  # noqa: ANN001
+def replay(pair: fuzz.Pair, edit) -> dict:
     """Replay the pair's first round after ``edit(updates)``; returns the round's metrics."""
     pair.sim.state = copy.deepcopy(pair.start)
     pair.sim.records = []
@@ -42,7 +42,7 @@ def test_a_lying_sample_count_is_not_believed_under_a_robust_rule() -> None:
     honest = replay(pair, lambda ups: None)
     theta = pair.sim.state.params.clone()
 
-    def lie(ups):  # noqa: ANN001
+    def lie(ups):
         ups[0].num_examples = 10**9
 
     m = replay(pair, lie)
@@ -67,7 +67,7 @@ def test_depth_limited_clients_run_the_configured_rule_per_group() -> None:
     rule = pair.sim.comp.aggregator
     original = type(rule).aggregate
 
-    def spy(self, updates, weights=None, *, reference=None):  # noqa: ANN001
+    def spy(self, updates, weights=None, *, reference=None):
         calls.append(updates.shape[0])
         return original(self, updates, weights, reference=reference)
 
@@ -84,7 +84,7 @@ def test_depth_limited_clients_run_the_configured_rule_per_group() -> None:
 def test_brdrag_with_depth_limited_clients_and_a_nan_attacker_keeps_theta_finite() -> None:
     pair = fuzz.make_pair("brdrag", "brdrag", masks=True)
 
-    def nan(ups):  # noqa: ANN001
+    def nan(ups):
         ups[0].delta = torch.full_like(ups[0].delta, torch.nan)
 
     m = replay(pair, nan)
@@ -95,7 +95,7 @@ def test_brdrag_with_depth_limited_clients_and_a_nan_attacker_keeps_theta_finite
 def test_a_forged_mask_is_rejected() -> None:
     pair = fuzz.make_pair("fedavg", "mean", masks=True)
 
-    def forge(ups):  # noqa: ANN001
+    def forge(ups):
         shallow = next(u for u in ups if u.mask is not None)
         shallow.mask = torch.ones_like(shallow.mask)
 
@@ -114,7 +114,7 @@ def test_fedexp_step_size_is_read_from_the_screened_robust_field() -> None:
     pair = fuzz.make_pair("fedexp", "median")
     clean = replay(pair, lambda ups: None)["agg/eta_g"]
 
-    def huge(ups):  # noqa: ANN001
+    def huge(ups):
         ups[0].delta = torch.full_like(ups[0].delta, 1e30)
 
     attacked = replay(pair, huge)["agg/eta_g"]
@@ -124,7 +124,7 @@ def test_fedexp_step_size_is_read_from_the_screened_robust_field() -> None:
 def test_drag_first_reference_ignores_a_nan_upload() -> None:
     pair = fuzz.make_pair("drag", "brdrag")
 
-    def nan(ups):  # noqa: ANN001
+    def nan(ups):
         ups[3].delta = torch.full_like(ups[3].delta, torch.nan)
 
     replay(pair, nan)
@@ -134,7 +134,7 @@ def test_drag_first_reference_ignores_a_nan_upload() -> None:
 def test_drag_with_fltrust_and_a_nan_upload_keeps_training() -> None:
     pair = fuzz.make_pair("drag", "fltrust")
 
-    def nan(ups):  # noqa: ANN001
+    def nan(ups):
         ups[0].delta = torch.full_like(ups[0].delta, torch.nan)
 
     replay(pair, nan)
@@ -145,7 +145,7 @@ def test_drag_with_fltrust_and_a_nan_upload_keeps_training() -> None:
 def test_nan_fedcart_prototypes_are_rejected(agg: str) -> None:
     pair = fuzz.make_pair("fedcart", agg)
 
-    def nan(ups):  # noqa: ANN001
+    def nan(ups):
         p = ups[0].extras["fedcart/prototypes"].clone()
         p[0, 0] = torch.nan
         ups[0].extras["fedcart/prototypes"] = p
@@ -179,7 +179,7 @@ def test_a_float64_upload_is_rejected_and_theta_stays_float32() -> None:
 def test_wrong_length_buffers_and_negative_counts_are_rejected_not_raised() -> None:
     pair = fuzz.make_pair("fedavg", "mean")
 
-    def bad(ups):  # noqa: ANN001
+    def bad(ups):
         ups[0].buffers = torch.zeros(7)
         ups[1].num_examples = -3
 
@@ -214,7 +214,7 @@ def test_centered_clipping_clips_around_the_previous_aggregate() -> None:
     assert torch.allclose(sim.state.server_state["center"], step, atol=1e-6)  # lr = 1: v = Δ
 
 
-def test_rfa_with_a_huge_scaling_attack_from_the_cli(tmp_path) -> None:  # noqa: ANN001
+def test_rfa_with_a_huge_scaling_attack_from_the_cli(tmp_path) -> None:
     out = tmp_path / "run"
     rc = main(
         [
@@ -234,7 +234,7 @@ def test_rfa_with_a_huge_scaling_attack_from_the_cli(tmp_path) -> None:  # noqa:
 def test_the_engine_never_writes_a_non_finite_theta() -> None:
     pair = fuzz.make_pair("fedavg", "mean")
 
-    def overflow(ups):  # noqa: ANN001
+    def overflow(ups):
         for u in ups:
             u.delta = torch.full_like(u.delta, 3e38)
 
@@ -277,7 +277,7 @@ def test_a_short_all_true_mask_from_a_full_depth_client_is_rejected() -> None:
     pair = fuzz.make_pair("fedavg", "median", masks=True)
     full = next(i for i, u in enumerate(pair.honest) if u.mask is None or bool(u.mask.all()))
 
-    def short(ups):  # noqa: ANN001
+    def short(ups):
         ups[full].mask = torch.ones(1, dtype=torch.bool)
 
     m = replay(pair, short)
@@ -292,10 +292,10 @@ def test_a_short_all_true_mask_from_a_full_depth_client_is_rejected() -> None:
         ("delta", "sparse", "delta_shape"),
     ],
 )
-def test_malformed_upload_objects_are_rejected_not_raised(field, value, reason) -> None:  # noqa: ANN001
+def test_malformed_upload_objects_are_rejected_not_raised(field, value, reason) -> None:
     pair = fuzz.make_pair("fedavg", "median")
 
-    def edit(ups):  # noqa: ANN001
+    def edit(ups):
         setattr(ups[0], field, ups[0].delta.to_sparse() if value == "sparse" else value)
 
     m = replay(pair, edit)
@@ -305,7 +305,7 @@ def test_malformed_upload_objects_are_rejected_not_raised(field, value, reason) 
 def test_untrusted_client_metrics_and_a_grad_tracking_delta_do_not_leak_into_the_round() -> None:
     pair = fuzz.make_pair("fedavg", "median")
 
-    def edit(ups):  # noqa: ANN001
+    def edit(ups):
         ups[0].metrics = {"train/loss": "x", "comm/bytes": [1, 2]}
         ups[1].metrics = {"train/loss": float("nan")}
         ups[2].delta = ups[2].delta.clone().requires_grad_(True)
@@ -363,7 +363,7 @@ def test_a_rule_degraded_to_f_0_does_not_let_one_row_through(agg: str, left: int
     pair.sim.comp.aggregator._configure(f=1)
     honest_scale = max(float(u.delta.double().norm()) for u in pair.honest)
 
-    def edit(ups):  # noqa: ANN001
+    def edit(ups):
         for u in ups[left:]:
             u.delta = torch.full_like(u.delta, float("nan"))  # rejected
         ups[0].delta = torch.full_like(ups[0].delta, 1e30)
@@ -386,7 +386,7 @@ def test_fedcart_class_counts_are_the_servers_not_the_clients(agg: str) -> None:
     clean = pair.sim.state.server_state["proto"].clone()
     evil = torch.full_like(pair.honest[0].extras[PROTOTYPES], 1e4)
 
-    def lie(ups):  # noqa: ANN001
+    def lie(ups):
         counts = torch.full_like(ups[0].extras[COUNTS], 1e30)
         ups[0].extras = dict(ups[0].extras, **{COUNTS: counts, PROTOTYPES: evil.clone()})
 

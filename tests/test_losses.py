@@ -246,7 +246,7 @@ def test_plateau_rule_worked_example():
     assert plateaued([0.0, 0.0], window=1, tol=0.0)  # an exact zero stops, no 0/0
 
 
-def _matching_problem():  # noqa: ANN202
+def _matching_problem():
     c, d, v = 4, 8, 50
     z_real, y_real = _clusters(c, d)
     w, b = _linear(c, d, seed=5)

@@ -138,7 +138,7 @@ def test_composed_rule_runs_per_coverage_group_and_on_fields() -> None:
 # --- the config path -----------------------------------------------------------------------
 
 
-def _cfg(small_cfg: dict, **server) -> cfgmod.ExperimentConfig:  # noqa: ANN003
+def _cfg(small_cfg: dict, **server) -> cfgmod.ExperimentConfig:
     raw = copy.deepcopy(small_cfg)
     raw["server"].update(server)
     raw["data"]["num_clients"] = 10
@@ -178,6 +178,6 @@ def test_config_builds_the_composed_rule_and_runs(small_cfg: dict) -> None:
          r"server.aggregator='krum': krum: f=2 needs more than 2f \+ 2 = 6 rows"),
     ],
 )  # fmt: skip
-def test_bad_pre_aggregator_config_is_refused_before_data(small_cfg: dict, server, match) -> None:  # noqa: ANN001
+def test_bad_pre_aggregator_config_is_refused_before_data(small_cfg: dict, server, match) -> None:
     with pytest.raises(ConfigError, match=match):
         build_components(_cfg(small_cfg, **server))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -348,6 +349,31 @@ def test_central_dp_refuses_what_it_cannot_cover(over, words):
         assert w in str(err.value)
 
 
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_plugin_declares_its_dp_compatibility_with_tags(monkeypatch, declared):
+    """Compatibility is read from the registry tags (``central_dp``, ``local_dp``), so a
+    plugin's subclass of a compatible component is refused until it declares them."""
+    from fedshield.algorithms.client.sgd import LocalSGD
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    for reg in (SERVER_ALGORITHMS, CLIENT_ALGORITHMS):  # registrations undone after the test
+        monkeypatch.setattr(reg, "_entries", dict(reg._entries))
+    server_tags, client_tags = (["central_dp"], ["local_dp"]) if declared else ([], [])
+    SERVER_ALGORITHMS.register("_dp_plugin", tags=server_tags)(type("S", (FedAvg,), {}))
+    CLIENT_ALGORITHMS.register("_dp_plugin", tags=client_tags)(type("C", (LocalSGD,), {}))
+    raw = _raw(**{"server.algorithm": "_dp_plugin", "client.algorithm": "_dp_plugin"})
+    for key, words in [
+        ("central", "server.algorithm='_dp_plugin' computes more than the noised aggregate"),
+        ("local", "client.algorithm='_dp_plugin' runs its own training loop"),
+    ]:
+        raw["privacy"] = {key: {"noise_multiplier": 1.0}}
+        if declared:
+            attach_privacy(build(config.validate(raw)))
+        else:
+            with pytest.raises(ConfigError, match=re.escape(f"privacy.{key}: {words}")):
+                attach_privacy(build(config.validate(raw)))
+
+
 def test_local_dp_refuses_attacks_in_training_mode():
     raw = _raw(**{"client.algorithm": "fedpgd", "client.params.attack_eval_mode": False})
     raw["privacy"] = {"local": {"noise_multiplier": 1.0}}
@@ -598,12 +624,12 @@ def test_dp_run_with_attack_robust_rule_and_adversarial_training(tmp_path):
 )  # fmt: skip
 def test_what_cannot_be_private_is_refused_before_any_data(
     tmp_path, capsys, monkeypatch, sets, message
-) -> None:  # noqa: ANN001
+) -> None:
     """These were refused by the Simulator, after the data was loaded and split."""
     import fedshield.sim.builder as builder
     from fedshield.testing.cli import one_line_error
 
-    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+    def refuse(*a, **k):
         raise AssertionError("data was loaded before the privacy check")
 
     monkeypatch.setattr(builder, "load_dataset", refuse)

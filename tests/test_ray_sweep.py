@@ -10,12 +10,12 @@ import pytest
 
 pytest.importorskip("ray")
 
-from test_sweep import _grid  # noqa: E402
+from test_sweep import _grid
 
-from fedshield.cli import main  # noqa: E402
-from fedshield.errors import ConfigError  # noqa: E402
-from fedshield.sweep import RunTask  # noqa: E402
-from fedshield.sweep_ray import TOKEN_FILE, RayBackend, _task  # noqa: E402
+from fedshield.cli import main
+from fedshield.errors import ConfigError
+from fedshield.sweep import RunTask
+from fedshield.sweep_ray import TOKEN_FILE, RayBackend, _task
 
 
 @pytest.fixture(scope="module")

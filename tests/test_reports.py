@@ -61,7 +61,7 @@ def test_pivot_of_two_keys() -> None:
     ]
 
 
-def test_grid_seeds_repeat_every_run_and_the_flag_overrides(tmp_path, small_cfg) -> None:  # noqa: ANN001
+def test_grid_seeds_repeat_every_run_and_the_flag_overrides(tmp_path, small_cfg) -> None:
     (tmp_path / "base.toml").write_text(tomli_w.dumps(small_cfg))
     spec = {"name": "g", "file": "base.toml", "seeds": [0, 1], "grid": {"client.lr": [0.1]}}
     _, runs = expand(spec, tmp_path)
@@ -77,7 +77,7 @@ def test_grid_seeds_repeat_every_run_and_the_flag_overrides(tmp_path, small_cfg)
         expand(dict(spec, seed=[1]), tmp_path)
 
 
-def test_a_seeded_two_key_sweep_writes_cells_and_a_pivot(tmp_path, small_cfg, capsys) -> None:  # noqa: ANN001
+def test_a_seeded_two_key_sweep_writes_cells_and_a_pivot(tmp_path, small_cfg, capsys) -> None:
     small_cfg["rounds"] = 2
     (tmp_path / "base.toml").write_text(tomli_w.dumps(small_cfg))
     spec = {
@@ -107,7 +107,7 @@ def test_a_seeded_two_key_sweep_writes_cells_and_a_pivot(tmp_path, small_cfg, ca
 
 def test_report_and_console_show_evaluator_metrics(
     tmp_path, small_cfg, capsys, monkeypatch
-) -> None:  # noqa: ANN001, E501
+) -> None:
     import tomli_w as tw
 
     monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: headers on one line
@@ -130,7 +130,7 @@ def test_report_and_console_show_evaluator_metrics(
 
 def test_a_runs_own_report_and_summary_hold_its_evaluators_headline_metrics(
     tmp_path, small_cfg, capsys, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     """`fedshield run` itself (not only `fedshield report`): report.md, summary.json and
     the console table show the evaluator's headline metrics, from the round it ran in."""
     monkeypatch.setenv("COLUMNS", "250")

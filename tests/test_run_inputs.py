@@ -26,24 +26,24 @@ def _cfg(tmp_path: Path, raw: dict, name: str = "c.toml") -> str:
 
 
 @pytest.fixture
-def no_build(monkeypatch):  # noqa: ANN001
+def no_build(monkeypatch):
     """Fail the test if the experiment is built (data loaded) at all."""
     import fedshield.sim.builder as builder
 
-    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+    def refuse(*a, **k):
         raise AssertionError("the experiment was built before the input was checked")
 
     monkeypatch.setattr(builder, "build", refuse)
 
 
 # -- 1. seed bounds ------------------------------------------------------------------------
-def test_seed_beyond_64_bits_is_a_config_error(tmp_path, capsys, no_build) -> None:  # noqa: ANN001
+def test_seed_beyond_64_bits_is_a_config_error(tmp_path, capsys, no_build) -> None:
     argv = ["run", "--preset", "demo", "--set", "seed=18446744073709551616"]
     one_line_error(capsys, [*argv, "--out", str(tmp_path / "o")], "seed", "less than")
     assert not (tmp_path / "o").exists()
 
 
-def test_seed_bounds(small_cfg) -> None:  # noqa: ANN001
+def test_seed_bounds(small_cfg) -> None:
     assert config.validate(dict(small_cfg, seed=2**63 - 1)).seed == 2**63 - 1
     for bad in (2**63, -1):
         with pytest.raises(ConfigError, match="seed"):
@@ -52,7 +52,7 @@ def test_seed_bounds(small_cfg) -> None:  # noqa: ANN001
 
 # -- 2. corrupt checkpoints ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> tuple[Path, dict]:  # noqa: ANN001
+def finished_run(tmp_path_factory) -> tuple[Path, dict]:
     """A real one-round run (tiny digits MLP) to resume from."""
     base = tmp_path_factory.mktemp("run")
     raw = {
@@ -73,7 +73,7 @@ class _Planted:
     def __init__(self, marker: Path) -> None:
         self.marker = marker
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (os.makedirs, (str(self.marker),))  # code run by a full unpickler
 
 
@@ -106,7 +106,7 @@ def _bad_checkpoints(good: bytes, marker: Path) -> dict[str, tuple[object, str]]
         "planted-pickle",
     ],
 )
-def test_corrupt_checkpoint_on_resume(tmp_path, capsys, finished_run, no_build, case) -> None:  # noqa: ANN001
+def test_corrupt_checkpoint_on_resume(tmp_path, capsys, finished_run, no_build, case) -> None:
     run_dir, raw = finished_run
     out = tmp_path / "r"
     shutil.copytree(run_dir, out)
@@ -125,9 +125,9 @@ def test_corrupt_checkpoint_on_resume(tmp_path, capsys, finished_run, no_build, 
 
 
 def test_resuming_a_real_run_still_works_and_reads_the_checkpoint_once(
-    tmp_path,  # noqa: ANN001
-    finished_run,  # noqa: ANN001
-    monkeypatch,  # noqa: ANN001
+    tmp_path,
+    finished_run,
+    monkeypatch,
 ) -> None:
     run_dir, raw = finished_run
     out = tmp_path / "r"
@@ -135,7 +135,7 @@ def test_resuming_a_real_run_still_works_and_reads_the_checkpoint_once(
     loads = []
     real_load = torch.load
 
-    def counting_load(*a, **k):  # noqa: ANN002, ANN003
+    def counting_load(*a, **k):
         loads.append(k.get("weights_only"))
         return real_load(*a, **k)
 
@@ -147,14 +147,14 @@ def test_resuming_a_real_run_still_works_and_reads_the_checkpoint_once(
     assert rounds == [1, 2]
 
 
-def test_load_checkpoint_names_a_missing_file(tmp_path) -> None:  # noqa: ANN001
+def test_load_checkpoint_names_a_missing_file(tmp_path) -> None:
     with pytest.raises(DataError, match="checkpoint not found"):
         checkpoint.load_checkpoint(tmp_path / "checkpoint.pt")
 
 
 # -- 3. --out is an existing file ----------------------------------------------------------
 @pytest.mark.parametrize("sub", ["", "sub"])
-def test_run_out_is_a_file(tmp_path, capsys, small_cfg, no_build, sub) -> None:  # noqa: ANN001
+def test_run_out_is_a_file(tmp_path, capsys, small_cfg, no_build, sub) -> None:
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     out = afile / sub if sub else afile
@@ -163,7 +163,7 @@ def test_run_out_is_a_file(tmp_path, capsys, small_cfg, no_build, sub) -> None: 
     assert afile.read_text() == "keep me"
 
 
-def test_report_out_is_a_file(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_report_out_is_a_file(tmp_path, capsys) -> None:
     run = _fake_run(tmp_path)
     afile = tmp_path / "afile"
     afile.write_text("keep me")
@@ -189,7 +189,7 @@ def _fake_run(tmp_path: Path) -> Path:
         ('{"name": "x", "final": 3}', "'final' is not a JSON object"),
     ],
 )
-def test_report_with_a_malformed_summary(tmp_path, capsys, text, expected) -> None:  # noqa: ANN001
+def test_report_with_a_malformed_summary(tmp_path, capsys, text, expected) -> None:
     run = _fake_run(tmp_path)
     (run / "summary.json").write_text(text)
     argv = ["report", str(run), "--out", str(tmp_path / "rep")]
@@ -197,7 +197,7 @@ def test_report_with_a_malformed_summary(tmp_path, capsys, text, expected) -> No
     assert not (tmp_path / "rep").exists()
 
 
-def test_report_with_a_record_that_is_not_an_object(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_report_with_a_record_that_is_not_an_object(tmp_path, capsys) -> None:
     run = _fake_run(tmp_path)
     with (run / "metrics.jsonl").open("a") as f:
         f.write("[3]\n")
@@ -220,7 +220,7 @@ def test_report_with_a_record_that_is_not_an_object(tmp_path, capsys) -> None:  
     ],
     ids=["syntax", "raises", "builtin-name"],
 )
-def test_broken_plugin_file(tmp_path, capsys, small_cfg, source, expected) -> None:  # noqa: ANN001
+def test_broken_plugin_file(tmp_path, capsys, small_cfg, source, expected) -> None:
     name = f"bad_plugin_{abs(hash(source))}.py"  # a module of its own per case
     (tmp_path / name).write_text(source)
     argv = ["run", _cfg(tmp_path, small_cfg | {"plugins": [name]}), "--out", str(tmp_path / "o")]
@@ -229,19 +229,19 @@ def test_broken_plugin_file(tmp_path, capsys, small_cfg, source, expected) -> No
 
 
 # -- 6. a directory as config, malformed --set keys ----------------------------------------
-def test_config_path_is_a_directory(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_config_path_is_a_directory(tmp_path, capsys) -> None:
     one_line_error(capsys, ["run", str(tmp_path)], str(tmp_path), "is a directory")
 
 
 @pytest.mark.parametrize("item", ["=3", ".=3", "data..beta=1", "data.=1", " =1"])
-def test_malformed_set_key(tmp_path, capsys, small_cfg, no_build, item) -> None:  # noqa: ANN001
+def test_malformed_set_key(tmp_path, capsys, small_cfg, no_build, item) -> None:
     argv = ["run", _cfg(tmp_path, small_cfg), "--set", item, "--out", str(tmp_path / "o")]
     one_line_error(capsys, argv, f"--set {item!r}", "malformed key")
 
 
 def test_a_run_already_there_or_a_resume_with_another_config_fails_before_the_build(
     tmp_path, small_cfg, capsys, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     """Both were found after the data and model were built (6 s on a preset)."""
     out = tmp_path / "run"
     small_cfg |= {"rounds": 1}
@@ -249,7 +249,7 @@ def test_a_run_already_there_or_a_resume_with_another_config_fails_before_the_bu
     assert main(["run", cfg, "--out", str(out), "-q"]) == 0
     import fedshield.sim.builder as builder
 
-    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+    def refuse(*a, **k):
         raise AssertionError("the experiment was built before the input was checked")
 
     monkeypatch.setattr(builder, "build", refuse)

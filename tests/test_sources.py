@@ -24,14 +24,14 @@ from fedshield.errors import ConfigError, DataError
 from fedshield.testing.cli import one_line_error
 
 
-def _no_network(monkeypatch) -> None:  # noqa: ANN001
-    def refuse(*a, **k):  # noqa: ANN002, ANN003, ARG001
+def _no_network(monkeypatch) -> None:
+    def refuse(*a, **k):
         raise OSError(101, "Network is unreachable")
 
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def _network(monkeypatch) -> list[tuple]:  # noqa: ANN001
+def _network(monkeypatch) -> list[tuple]:
     """The probe succeeds (and records what it probed); nothing else is connected."""
     probed: list[tuple] = []
 
@@ -39,7 +39,7 @@ def _network(monkeypatch) -> list[tuple]:  # noqa: ANN001
         def close(self) -> None:
             pass
 
-    def connect(addr, timeout=None):  # noqa: ANN001, ARG001
+    def connect(addr, timeout=None):
         probed.append(addr)
         return _Conn()
 
@@ -70,13 +70,13 @@ def test_download_auto_is_the_default_and_validates() -> None:
 
 def test_download_auto_downloads_missing_files_when_the_network_is_there(
     tmp_path, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     import torchvision.datasets as tvd
 
     probed = _network(monkeypatch)
     calls = []
 
-    def fake_download(self) -> None:  # noqa: ANN001
+    def fake_download(self) -> None:
         if self._check_exists():  # as torchvision's own download does
             return
         calls.append(self.root)
@@ -90,7 +90,7 @@ def test_download_auto_downloads_missing_files_when_the_network_is_there(
     assert len(calls) == 1
 
 
-def test_no_network_is_its_own_error(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_no_network_is_its_own_error(tmp_path, monkeypatch) -> None:
     """With downloads on and no network the error advised turning downloads on."""
     _no_network(monkeypatch)
     for mode in ("auto", True):
@@ -103,7 +103,7 @@ def test_no_network_is_its_own_error(tmp_path, monkeypatch) -> None:  # noqa: AN
         load_dataset("cifar10", str(tmp_path), False)  # downloads off: say how to turn them on
 
 
-def test_no_network_through_the_cli(tmp_path, capsys, small_cfg, monkeypatch) -> None:  # noqa: ANN001
+def test_no_network_through_the_cli(tmp_path, capsys, small_cfg, monkeypatch) -> None:
     _no_network(monkeypatch)
     small_cfg["data"] |= {"dataset": "fmnist", "root": str(tmp_path / "data")}
     small_cfg["model"] = {"name": "mlp"}
@@ -127,7 +127,7 @@ _TINY = {"patch_size": 4, "embed_dim": 32, "num_heads": 2, "depth": 6, "pretrain
 
 def test_pretrained_weights_are_downloaded_into_the_cache_when_allowed(
     tmp_path, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     import huggingface_hub
     from huggingface_hub import constants
     from safetensors.torch import save_file
@@ -139,7 +139,7 @@ def test_pretrained_weights_are_downloaded_into_the_cache_when_allowed(
     sd = _vit_state_dict()
     fetched = []
 
-    def fake_download(repo, filename, **_):  # noqa: ANN001, ANN003
+    def fake_download(repo, filename, **_):
         fetched.append((repo, filename))
         path = tmp_path / "dl" / filename
         path.parent.mkdir(exist_ok=True)
@@ -156,7 +156,7 @@ def test_pretrained_weights_are_downloaded_into_the_cache_when_allowed(
 
 def test_pretrained_weights_without_network_or_downloads_say_how_to_fill_the_cache(
     tmp_path, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     from huggingface_hub import constants
 
     from fedshield.models import build_model
@@ -207,7 +207,7 @@ def _hf_digits(tmp_path: Path, test_split: bool = True, string_labels: bool = Fa
     return out
 
 
-def test_a_saved_hugging_face_dataset_loads_offline(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_saved_hugging_face_dataset_loads_offline(tmp_path, monkeypatch) -> None:
     _no_network(monkeypatch)  # a saved folder needs no network
     path = _hf_digits(tmp_path)
     bundle = load_dataset(f"hf:{path}", str(tmp_path), "auto")
@@ -221,7 +221,7 @@ def test_a_saved_hugging_face_dataset_loads_offline(tmp_path, monkeypatch) -> No
     assert int(bundle.train.y[0]) == int(load_digits().target[0])
 
 
-def test_without_a_test_split_and_with_string_labels(tmp_path) -> None:  # noqa: ANN001
+def test_without_a_test_split_and_with_string_labels(tmp_path) -> None:
     path = _hf_digits(tmp_path, test_split=False, string_labels=True)
     bundle = load_dataset(f"hf:{path}", "", False, {"test_fraction": 0.2})
     assert (len(bundle.train), len(bundle.test)) == (480, 120)  # stratified 80/20
@@ -230,7 +230,7 @@ def test_without_a_test_split_and_with_string_labels(tmp_path) -> None:  # noqa:
         load_dataset(f"hf:{path}", "", False, {"image_column": "pixels"})
 
 
-def test_hf_dataset_and_flower_partitioner_through_the_cli(tmp_path, small_cfg) -> None:  # noqa: ANN001
+def test_hf_dataset_and_flower_partitioner_through_the_cli(tmp_path, small_cfg) -> None:
     path = _hf_digits(tmp_path)
     small_cfg |= {"rounds": 2}
     small_cfg["data"] = {"dataset": f"hf:{path}", "num_clients": 6, "partition": "flwr_dirichlet",
@@ -243,7 +243,7 @@ def test_hf_dataset_and_flower_partitioner_through_the_cli(tmp_path, small_cfg) 
     assert summary["rounds"] == 2 and 0.0 <= summary["final_test_acc"] <= 1.0
 
 
-def test_hf_needs_a_path_before_any_data(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+def test_hf_needs_a_path_before_any_data(tmp_path, capsys, small_cfg) -> None:
     small_cfg["data"] |= {"dataset": "huggingface"}
     cfg = tmp_path / "c.toml"
     cfg.write_text(tomli_w.dumps(small_cfg))
@@ -255,7 +255,7 @@ _LABELS = np.random.default_rng(0).permutation(np.repeat(np.arange(10), 60))
 
 
 @pytest.mark.parametrize("name", ["flwr_iid", "flwr_dirichlet", "flwr_linear", "flwr_square"])
-def test_flower_partitioners_split_every_sample_as_a_function_of_the_seed(name) -> None:  # noqa: ANN001
+def test_flower_partitioners_split_every_sample_as_a_function_of_the_seed(name) -> None:
     pytest.importorskip("flwr_datasets")
     parts = partition(_LABELS, 8, name, seed=1)
     assert sorted(torch.cat(parts).tolist()) == list(range(len(_LABELS)))
@@ -280,7 +280,7 @@ def test_flower_dirichlet_is_flowers_and_follows_beta() -> None:
     got = partition(_LABELS, 8, "flwr_dirichlet", seed=3, beta=0.3, min_size=5)
     assert [p.tolist() for p in got] == want
 
-    def skew(parts) -> float:  # noqa: ANN001
+    def skew(parts) -> float:
         props = [np.bincount(_LABELS[p.numpy()], minlength=10) / len(p) for p in parts]
         return float(np.mean([np.abs(q - 0.1).sum() for q in props]))
 
@@ -289,7 +289,7 @@ def test_flower_dirichlet_is_flowers_and_follows_beta() -> None:
     )
 
 
-def test_gz_idx_helper_matches_torchvision(tmp_path) -> None:  # noqa: ANN001
+def test_gz_idx_helper_matches_torchvision(tmp_path) -> None:
     """The fake download above writes files torchvision reads (guards the download test)."""
     import torchvision.datasets as tvd
 

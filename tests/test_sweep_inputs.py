@@ -11,19 +11,19 @@ from fedshield.sweep import LocalBackend, expand, read_grid
 from fedshield.testing.cli import one_line_error
 
 
-def _write(path, data: dict) -> str:  # noqa: ANN001
+def _write(path, data: dict) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps(data))
     return str(path)
 
 
-def _grid(tmp_path, small_cfg, **spec) -> str:  # noqa: ANN001
+def _grid(tmp_path, small_cfg, **spec) -> str:
     """A one-run grid on a one-round base config (a few seconds if it does run)."""
     _write(tmp_path / "base.toml", small_cfg | {"rounds": 1})
     return _write(tmp_path / "grid.toml", {"name": "g", "file": "base.toml", **spec})
 
 
-def test_every_variant_is_checked_before_the_first_run(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+def test_every_variant_is_checked_before_the_first_run(tmp_path, capsys, small_cfg) -> None:
     """Krum with f=9 on 10 clients per round is impossible: the second variant's error
     comes before the first variant trains, naming that variant."""
     small_cfg["data"]["num_clients"] = 10
@@ -40,7 +40,7 @@ def test_every_variant_is_checked_before_the_first_run(tmp_path, capsys, small_c
     assert not out.exists()  # nothing trained, no folder written
 
 
-def test_every_cell_and_seed_is_checked(tmp_path, small_cfg) -> None:  # noqa: ANN001
+def test_every_cell_and_seed_is_checked(tmp_path, small_cfg) -> None:
     small_cfg["server"] |= {"aggregator": "krum", "aggregator_args": {"f": 0}}
     _write(tmp_path / "base.toml", small_cfg)
     spec = {"file": "base.toml", "grid": {"server.aggregator_args.f": [0, 5]}}
@@ -52,7 +52,7 @@ def test_every_cell_and_seed_is_checked(tmp_path, small_cfg) -> None:  # noqa: A
         expand(spec, tmp_path)
 
 
-def test_plugin_files_are_relative_to_the_base_config(tmp_path, small_cfg, monkeypatch) -> None:  # noqa: ANN001
+def test_plugin_files_are_relative_to_the_base_config(tmp_path, small_cfg, monkeypatch) -> None:
     """`plugins = ["my_rules.py"]` in a grid's base config means the file next to that
     config, as for `fedshield run cfg.toml`, wherever the sweep is started from."""
     conf = tmp_path / "conf"
@@ -77,7 +77,7 @@ def test_plugin_files_are_relative_to_the_base_config(tmp_path, small_cfg, monke
 
 
 @pytest.mark.parametrize("text", ["", "# only a comment\n\n"])
-def test_an_empty_grid_file_is_an_error(tmp_path, capsys, text) -> None:  # noqa: ANN001
+def test_an_empty_grid_file_is_an_error(tmp_path, capsys, text) -> None:
     empty = tmp_path / "g.toml"
     empty.write_text(text)
     with pytest.raises(ConfigError, match="g.toml: the grid file is empty"):
@@ -88,13 +88,13 @@ def test_an_empty_grid_file_is_an_error(tmp_path, capsys, text) -> None:  # noqa
     assert not out.exists()
 
 
-def test_an_empty_base_config_file_is_an_error(tmp_path) -> None:  # noqa: ANN001
+def test_an_empty_base_config_file_is_an_error(tmp_path) -> None:
     (tmp_path / "base.toml").write_text("# nothing\n")
     with pytest.raises(ConfigError, match=r"base\.toml \(grid\.file\): the config is empty"):
         expand({"file": "base.toml"}, tmp_path)
 
 
-def test_a_grid_name_typo_suggests(capsys) -> None:  # noqa: ANN001
+def test_a_grid_name_typo_suggests(capsys) -> None:
     argv = ["sweep", "--grid", "brdrag-attacks-20-cp"]
     line = one_line_error(capsys, argv, "did you mean 'brdrag-attacks-20-cpu'", "known: ")
     assert "'brdrag-attacks-20-cp'" in line
@@ -102,7 +102,7 @@ def test_a_grid_name_typo_suggests(capsys) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("jobs", ["0", "-3"])
-def test_jobs_below_one_are_refused(tmp_path, capsys, small_cfg, jobs) -> None:  # noqa: ANN001
+def test_jobs_below_one_are_refused(tmp_path, capsys, small_cfg, jobs) -> None:
     grid = _grid(tmp_path, small_cfg)
     out = tmp_path / "out"
     one_line_error(capsys, ["sweep", grid, "--out", str(out), "-q", "-j", jobs], "-j", jobs)
@@ -111,7 +111,7 @@ def test_jobs_below_one_are_refused(tmp_path, capsys, small_cfg, jobs) -> None: 
         LocalBackend(int(jobs))
 
 
-def test_base_and_file_together_are_refused(tmp_path, capsys, small_cfg) -> None:  # noqa: ANN001
+def test_base_and_file_together_are_refused(tmp_path, capsys, small_cfg) -> None:
     grid = _grid(tmp_path, small_cfg, base="demo")
     out = tmp_path / "out"
     one_line_error(capsys, ["sweep", grid, "--out", str(out), "-q"], "base", "file", "grid")
@@ -128,7 +128,7 @@ def test_base_and_file_together_are_refused(tmp_path, capsys, small_cfg) -> None
         ({"variant": ["a"]}, "grid.variant"),
     ],
 )
-def test_grid_keys_of_the_wrong_type(tmp_path, small_cfg, extra, expected) -> None:  # noqa: ANN001
+def test_grid_keys_of_the_wrong_type(tmp_path, small_cfg, extra, expected) -> None:
     _write(tmp_path / "base.toml", small_cfg)
     spec = {"file": "base.toml", **extra}
     if "base" in extra:
@@ -155,7 +155,7 @@ def test_a_ray_sweep_leaves_the_device_check_to_its_workers() -> None:
         expand(spec, Path("."))
 
 
-def test_sweep_flag_errors_come_before_the_run_list_is_printed(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_sweep_flag_errors_come_before_the_run_list_is_printed(tmp_path, capsys) -> None:
     from fedshield.cli import main
 
     grid = tmp_path / "g.toml"

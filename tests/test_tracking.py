@@ -184,7 +184,7 @@ def test_trackers_are_complete_after_a_kill_and_resume(tmp_path, small_cfg, monk
 
     real = TensorBoardLogger.after_round
 
-    def dying(self, sim, record, timing):  # noqa: ANN001
+    def dying(self, sim, record, timing):
         if record["round"] == 2:
             raise Killed
         real(self, sim, record, timing)

@@ -301,15 +301,15 @@ def record(args: argparse.Namespace) -> None:
     real_finish = client.finish
     real_post = server.post_step
 
-    def sums(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor, c: int):  # noqa: ANN202
+    def sums(z: torch.Tensor, w: torch.Tensor, b: torch.Tensor, y: torch.Tensor, c: int):
         features.setdefault(current[-1], []).append((z.detach().cpu(), y.detach().cpu()))
         return real_sums(z, w, b, y, c)
 
-    def finish(model, update, payload, data, ctx, state):  # noqa: ANN001, ANN202
+    def finish(model, update, payload, data, ctx, state):
         current.append((ctx.round, ctx.client_id))
         return real_finish(model, update, payload, data, ctx, state)
 
-    def post_step(step, ctx, services):  # noqa: ANN001, ANN202
+    def post_step(step, ctx, services):
         rounds.append({"round": ctx.round, "params": step.params.cpu().clone(),
                        "buffers": step.buffers.cpu().clone()})  # fmt: skip
         return real_post(step, ctx, services)

@@ -370,6 +370,24 @@ def _sweep_backend(args: argparse.Namespace) -> Any:
     return RayBackend(args.address, cpus=cpus, gpus=gpus)
 
 
+def _source_arguments(
+    p: argparse.ArgumentParser,
+    file: tuple[str, str],
+    named: tuple[str, str],
+    *,
+    set_help: str,
+    out_help: str,
+    resume_help: str,
+) -> None:
+    """What ``run`` and ``sweep`` both take: a TOML file or a bundled one by name (each
+    ``(argument, help)``), ``--set`` overrides, ``--out`` and ``--resume``."""
+    p.add_argument(file[0], nargs="?", help=file[1])
+    p.add_argument(named[0], help=named[1])
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help=set_help)
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--resume", action="store_true", help=resume_help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedshield", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true", help="log round-level events")
@@ -385,17 +403,15 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "run", parents=[verbose], help="run one experiment (default: the demo preset)"
     )
-    r.add_argument("config", nargs="?", help="experiment TOML file (default: --preset demo)")
-    r.add_argument("--preset", help="a bundled preset (see `fedshield list presets`)")
-    r.add_argument(
-        "--set", action="append", metavar="KEY=VALUE",
-        help="override a config key, e.g. --set server.aggregator=krum (repeatable)",
-    )  # fmt: skip
-    r.add_argument("--out", help="output directory (default runs/<name>, or runs/<name>-N)")
-    r.add_argument(
-        "--resume", action="store_true",
-        help="continue the run in --out from its last checkpoint (after a crash or Ctrl-C)",
-    )  # fmt: skip
+    _source_arguments(
+        r,
+        ("config", "experiment TOML file (default: --preset demo)"),
+        ("--preset", "a bundled preset (see `fedshield list presets`)"),
+        set_help="override a config key, e.g. --set server.aggregator=krum (repeatable)",
+        out_help="output directory (default runs/<name>, or runs/<name>-N)",
+        resume_help="continue the run in --out from its last checkpoint (after a crash or "
+        "Ctrl-C)",
+    )
     r.add_argument(
         "--backend", choices=("sim", "flower"), default="sim",
         help="sim: the in-process simulator (default); flower: Flower's Ray simulation",
@@ -424,18 +440,15 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep", parents=[verbose],
         help="run a grid of configs; one comparison table + curves",
     )  # fmt: skip
-    sw.add_argument("grid_file", nargs="?", help="grid TOML file (or --grid NAME)")
-    sw.add_argument("--grid", help="a bundled grid (see `fedshield list grids`)")
-    sw.add_argument(
-        "--set", action="append", metavar="KEY=VALUE",
-        help="override a config key in every run of the grid (repeatable)",
-    )  # fmt: skip
-    sw.add_argument("--out", help="output directory (default runs/<grid name>)")
-    sw.add_argument(
-        "--resume", action="store_true",
-        help="continue the sweep in --out: finished runs are kept, unfinished ones continue "
-        "from their checkpoints (running the same command again does the same)",
-    )  # fmt: skip
+    _source_arguments(
+        sw,
+        ("grid_file", "grid TOML file (or --grid NAME)"),
+        ("--grid", "a bundled grid (see `fedshield list grids`)"),
+        set_help="override a config key in every run of the grid (repeatable)",
+        out_help="output directory (default runs/<grid name>)",
+        resume_help="continue the sweep in --out: finished runs are kept, unfinished ones "
+        "continue from their checkpoints (running the same command again does the same)",
+    )
     sw.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
     sw.add_argument(
         "--seeds", help="repeat every run for these seeds, e.g. 0,1,2 (cells: mean ± 95%% CI)"

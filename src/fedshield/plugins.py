@@ -115,7 +115,7 @@ def load_plugins(modules: Iterable[str] = ()) -> None:
             where = "" if same or not err.filename else f" in {err.filename}"
             where += f" at line {err.lineno}" if err.lineno else ""
             raise ConfigError(f"plugins: {name!r}: syntax error{where}: {err.msg}") from None
-        except Exception as err:  # noqa: BLE001 - the plugin's own code failed
+        except Exception as err:
             hint = ""
             if "registered twice" in str(err):  # Registry.register: the name is taken
                 hint = " (the name is taken, by fedshield or another plugin: choose another)"

@@ -52,10 +52,16 @@ TAGS: dict[str, str] = {
     # client algorithms, evaluators
     "needs_model": "works only with these model families: needs_model=dual_head|multi_exit",
     "uploads": "extras it uploads: uploads=dh|prototypes|mask",
+    "local_dp": "trains with ClientAlgorithm's loop, which [privacy.local]'s DP-SGD (Opacus) "
+    "is wired into",
+    "dp_uploads": "its extras are computed from the DP-SGD gradients and the delta only, so "
+    "[privacy.local] covers them (SCAFFOLD's dh)",
     # server algorithms
     "needs_client": "needs one of these client algorithms: needs_client=fedcart|...",
     "needs_root": "trains on a server root dataset (data.root_size > 0)",
     "needs_aggregator": "needs an aggregator with this tag: needs_aggregator=needs_reference",
+    "central_dp": "releases nothing computed from the uploads but the aggregate and its "
+    "post-processing, so [privacy.central]'s noise covers it (θ += η·Δ̃, FedACG's momentum)",
     # attacks
     "kind": "what an attack rewrites: kind=update (the uploaded update rows) or kind=data "
     "(the client's local dataset, before training)",

@@ -193,7 +193,7 @@ class MLflowLogger(_Logger):
                 self.client.get_run(run_id)
                 self.client.update_run(run_id, status="RUNNING")
                 return run_id
-            except Exception:  # noqa: BLE001 - another store, or the run was deleted
+            except Exception:
                 pass
         name = out.parent.name or "fedshield"
         exp = self.client.get_experiment_by_name(name)

@@ -43,21 +43,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedshield.aggregators import (  # noqa: F401  (importing registers the rules)
-    brdrag,
-    bulyan,
-    clipping,
-    drag,
-    fltrust,
-    geomed,
-    krum,
-    mean,
-    median,
-    trimmed_mean,
-)
+from fedshield._plugins import import_submodules
 from fedshield.aggregators.base import AGGREGATORS, Aggregator, Diagnostics
 from fedshield.aggregators.brdrag import brdrag_calibrate
 from fedshield.aggregators.drag import drag_calibrate
+
+import_submodules(__name__)
 
 
 def build(name: str, /, **kwargs: Any) -> Aggregator:

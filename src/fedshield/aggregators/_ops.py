@@ -215,6 +215,15 @@ def rho_ratios(geo: RefGeometry) -> tuple[Tensor, Tensor]:
     return safe_div(geo.ref_norm.expand_as(geo.norms), geo.norms, ok), ok
 
 
+def rho_diagnostics(geo: RefGeometry) -> dict[str, float]:
+    """``agg/rho_min`` and ``agg/rho_max``: the extremes of ρ_m over the rows where it exists."""
+    rho, has_norm = rho_ratios(geo)
+    return {
+        "agg/rho_min": masked_stat(rho, has_norm, "min"),
+        "agg/rho_max": masked_stat(rho, has_norm, "max"),
+    }
+
+
 def safe_div(num: Tensor, den: Tensor, mask: Tensor) -> Tensor:
     """``num / den`` where ``mask``, else 0 (no NaN from the masked-out lanes)."""
     return torch.where(mask, num / torch.where(mask, den, torch.ones_like(den)), 0.0)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import W, all_finite
@@ -117,6 +118,12 @@ F_DERIVED = (
 )
 
 
+def f_field(what: str) -> Any:
+    """The schema field ``f: int | None`` of a Byzantine count: ``what`` it is (and the rows
+    it needs), then :data:`F_DERIVED`."""
+    return Field(None, ge=0, description=f"{what}; {F_DERIVED}")
+
+
 class ByzantineCountRule(Aggregator):
     """A rule that tolerates ``f`` Byzantine rows (Krum, Multi-Krum, Trimmed Mean, Bulyan).
 
@@ -126,10 +133,21 @@ class ByzantineCountRule(Aggregator):
 
     f: int | None
 
+    def __init__(self, f: int | None = None) -> None:
+        self._configure(f=f)
+
     @staticmethod
     def largest_f(num_rows: int) -> int | None:
         """The largest f the rule can run with on ``num_rows`` rows (None: no f can)."""
         raise NotImplementedError
+
+    def check_f(self, f: int, num_rows: int, dropped: int = 0) -> None:
+        """Raise :class:`ConfigError` when f cannot run on ``num_rows`` rows (``dropped``:
+        the non-finite rows dropped before, named in the message)."""
+        raise NotImplementedError
+
+    def validate(self, num_rows: int) -> None:
+        self.check_f(self.f_for(num_rows), num_rows)
 
     def f_for(self, num_rows: int) -> int:
         """The f used on ``num_rows`` rows: the configured one, else the largest feasible."""
@@ -225,6 +243,7 @@ __all__ = [
     "Diagnostics",
     "check_reference",
     "check_updates",
+    "f_field",
     "dropped_note",
     "normalised_weights",
     "kept_weights",

@@ -23,14 +23,11 @@ from torch import Tensor
 
 from fedshield.aggregators._ops import (
     RefGeometry,
-    W,
-    column_blocks,
     combine_rows,
     masked_stat,
     ref_geometry,
-    rho_ratios,
+    rho_diagnostics,
     safe_div,
-    to_dtype,
 )
 from fedshield.aggregators.base import (
     AGGREGATORS,
@@ -39,6 +36,7 @@ from fedshield.aggregators.base import (
     check_reference,
     normalised_weights,
 )
+from fedshield.aggregators.drag import Coefficients, calibrate_with
 from fedshield.core.params import Params, parse_params
 
 
@@ -75,19 +73,12 @@ def brdrag_calibrate(
     dtype. Non-finite and all-zero rows come back as v = r (cos = 1, λ = 0). Inputs are not
     modified.
     """
-    single = updates.dim() == 1
-    x = updates.unsqueeze(0) if single else updates
     c = parse_params(BrDragParams, {"c": c}, "brdrag_calibrate").c  # type: ignore[attr-defined]
-    r = check_reference("brdrag_calibrate", reference, x)
-    lam, cos, coef_g, coef_r, replaced, _ = _brdrag_coefficients(x, r, c)
-    v = torch.empty_like(x)
-    for blk in column_blocks(x):
-        rb = r[blk].to(W)
-        # torch.where (not a 0 coefficient): NaN/Inf in a replaced row cannot leak into v.
-        vb = coef_g[:, None] * x[:, blk].to(W) + coef_r[:, None] * rb
-        v[:, blk] = to_dtype(torch.where(replaced[:, None], rb, vb), x.dtype)
-    lam, cos = lam.to(x.dtype), cos.to(x.dtype)
-    return (v[0], lam[0], cos[0]) if single else (v, lam, cos)
+
+    def coefficients(x: Tensor, r: Tensor) -> Coefficients:
+        return _brdrag_coefficients(x, r, c)[:5]
+
+    return calibrate_with("brdrag_calibrate", updates, reference, coefficients)
 
 
 @AGGREGATORS.register("brdrag", tags=["robust", "needs_reference", "dod_scale"])
@@ -111,13 +102,11 @@ class BrDrag(Aggregator):
         s = updates.shape[0]
         lam, cos, coef_g, coef_r, replaced, geo = _brdrag_coefficients(updates, r, self.c)
         out = combine_rows(coef_g / s, updates, skip=geo.nonfinite, extra=(coef_r.sum() / s, r))
-        rho, has_norm = rho_ratios(geo)
         kept = ~replaced
         diag = {
             "agg/mean_lambda": float(lam.mean()),
             "agg/mean_cos": masked_stat(cos, kept & geo.defined, "mean"),
-            "agg/rho_min": masked_stat(rho, has_norm, "min"),
-            "agg/rho_max": masked_stat(rho, has_norm, "max"),
+            **rho_diagnostics(geo),
             "agg/nonfinite": float(geo.nonfinite.sum()),
             "agg/zero_rows": float((replaced & ~geo.nonfinite).sum()),
         }

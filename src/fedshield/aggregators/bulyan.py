@@ -23,17 +23,16 @@ NaN/Inf are dropped first (``agg/nonfinite``).
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import W, column_blocks, pairwise_sq_dists, to_dtype
 from fedshield.aggregators.base import (
     AGGREGATORS,
-    F_DERIVED,
     ByzantineCountRule,
     ConfigError,
     Diagnostics,
     dropped_note,
+    f_field,
     normalised_weights,
     require_finite_rows,
 )
@@ -41,20 +40,7 @@ from fedshield.core.params import Params
 
 
 class BulyanParams(Params):
-    f: int | None = Field(
-        None,
-        ge=0,
-        description="number of Byzantine rows tolerated (needs S ≥ 4f + 3); " + F_DERIVED,
-    )
-
-
-def _check_f(f: int, num_rows: int, dropped: int = 0) -> None:
-    if num_rows < 4 * f + 3:
-        after = dropped_note(dropped)
-        raise ConfigError(
-            f"bulyan: f={f} needs at least 4f + 3 = {4 * f + 3} rows per round, "
-            f"got S={num_rows}{after}"
-        )
+    f: int | None = f_field("number of Byzantine rows tolerated (needs S ≥ 4f + 3)")
 
 
 def krum_selection(d2: Tensor, f: int, count: int) -> list[int]:
@@ -94,15 +80,17 @@ class Bulyan(ByzantineCountRule):
 
     params_schema = BulyanParams
 
-    def __init__(self, f: int | None = None) -> None:
-        self._configure(f=f)
-
     @staticmethod
     def largest_f(num_rows: int) -> int | None:
         return (num_rows - 3) // 4 if num_rows >= 3 else None
 
-    def validate(self, num_rows: int) -> None:
-        _check_f(self.f_for(num_rows), num_rows)
+    def check_f(self, f: int, num_rows: int, dropped: int = 0) -> None:
+        if num_rows < 4 * f + 3:
+            after = dropped_note(dropped)
+            raise ConfigError(
+                f"bulyan: f={f} needs at least 4f + 3 = {4 * f + 3} rows per round, "
+                f"got S={num_rows}{after}"
+            )
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -113,7 +101,7 @@ class Bulyan(ByzantineCountRule):
         dropped = updates.shape[0] - n
         require_finite_rows("bulyan", n, dropped)
         f = self.f_for(n)
-        _check_f(f, n, dropped)
+        self.check_f(f, n, dropped)
         theta = n - 2 * f
         chosen = keep[torch.tensor(krum_selection(d2, f, theta), device=keep.device)]
         out = closest_to_median_mean(updates[chosen], theta - 2 * f)

@@ -19,6 +19,9 @@ others renormalised), but a huge finite row keeps its size (v_m has norm ‖g_m�
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeAlias
+
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -30,7 +33,7 @@ from fedshield.aggregators._ops import (
     combine_rows,
     masked_stat,
     ref_geometry,
-    rho_ratios,
+    rho_diagnostics,
     safe_div,
     to_dtype,
 )
@@ -77,16 +80,42 @@ def drag_calibrate(
     ``(v, λ, cos)`` with the leading dimension of the input, v in the input dtype (clamped
     to its range). A row holding NaN/Inf keeps it (λ = 0). Inputs are not modified.
     """
+    c = parse_params(DragParams, {"c": c}, "drag_calibrate").c  # type: ignore[attr-defined]
+
+    def coefficients(x: Tensor, r: Tensor) -> Coefficients:
+        lam, coef_r, geo = _drag_coefficients(x, r, c)
+        return lam, geo.cos, 1.0 - lam, coef_r, None
+
+    return calibrate_with("drag_calibrate", updates, reference, coefficients)
+
+
+#: (λ, cos, a, b, replaced or None) per row, in float64: v_m = a_m g_m + b_m r
+Coefficients: TypeAlias = tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]
+
+
+def calibrate_with(
+    owner: str,
+    updates: Tensor,
+    reference: Tensor,
+    coefficients: Callable[[Tensor, Tensor], Coefficients],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(v, λ, cos)`` of a DRAG-family calibration v_m = a_m g_m + b_m r (DRAG eq. 11,
+    BR-DRAG eq. 15) of ``[S, d]`` updates or one ``[d]`` update (as a Flower client holds),
+    with the leading dimension of the input and v in its dtype (clamped to its range).
+    ``coefficients(x, r)`` gives them per row; the rows it marks ``replaced`` become r."""
     single = updates.dim() == 1
     x = updates.unsqueeze(0) if single else updates
-    c = parse_params(DragParams, {"c": c}, "drag_calibrate").c  # type: ignore[attr-defined]
-    r = check_reference("drag_calibrate", reference, x)
-    lam, coef_r, geo = _drag_coefficients(x, r, c)
+    r = check_reference(owner, reference, x)
+    lam, cos, coef_g, coef_r, replaced = coefficients(x, r)
     v = torch.empty_like(x)
     for blk in column_blocks(x):
-        vb = (1.0 - lam)[:, None] * x[:, blk].to(W) + coef_r[:, None] * r[blk]
+        rb = r[blk].to(W)
+        vb = coef_g[:, None] * x[:, blk].to(W) + coef_r[:, None] * rb
+        if replaced is not None:
+            # torch.where (not a 0 coefficient): NaN/Inf in a replaced row cannot leak into v.
+            vb = torch.where(replaced[:, None], rb, vb)
         v[:, blk] = to_dtype(vb, x.dtype)
-    lam, cos = lam.to(x.dtype), geo.cos.to(x.dtype)
+    lam, cos = lam.to(x.dtype), cos.to(x.dtype)
     return (v[0], lam[0], cos[0]) if single else (v, lam, cos)
 
 
@@ -112,12 +141,10 @@ class Drag(Aggregator):
             w = kept_weights("drag", w, ~bad)
         coef_g = w * (1.0 - lam)
         out = combine_rows(coef_g, updates, skip=bad, extra=((w * coef_r).sum(), r))
-        rho, has_norm = rho_ratios(geo)
         diag = {
             "agg/mean_lambda": masked_stat(lam, ~bad, "mean"),
             "agg/mean_cos": masked_stat(geo.cos, geo.defined, "mean"),
-            "agg/rho_min": masked_stat(rho, has_norm, "min"),
-            "agg/rho_max": masked_stat(rho, has_norm, "max"),
+            **rho_diagnostics(geo),
             "agg/nonfinite": float(bad.sum()),
         }
         return out, diag

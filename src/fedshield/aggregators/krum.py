@@ -21,30 +21,27 @@ from torch import Tensor
 from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists
 from fedshield.aggregators.base import (
     AGGREGATORS,
-    F_DERIVED,
     Aggregator,
     ByzantineCountRule,
     ConfigError,
     Diagnostics,
     dropped_note,
+    f_field,
     kept_weights,
     normalised_weights,
     require_finite_rows,
 )
 from fedshield.core.params import Params
 
-_F_HELP = (
-    "number of Byzantine rows tolerated: scores sum the S − f − 2 nearest (S > 2f + 2); "
-    + F_DERIVED
-)
+_F_HELP = "number of Byzantine rows tolerated: scores sum the S − f − 2 nearest (S > 2f + 2)"
 
 
 class KrumParams(Params):
-    f: int | None = Field(None, ge=0, description=_F_HELP)
+    f: int | None = f_field(_F_HELP)
 
 
 class MultiKrumParams(Params):
-    f: int | None = Field(None, ge=0, description=_F_HELP)
+    f: int | None = f_field(_F_HELP)
     m: int | None = Field(
         None, ge=1, description="rows averaged (the m best scores); None means S − f"
     )
@@ -79,11 +76,8 @@ class Krum(ByzantineCountRule):
     params_schema = KrumParams
     largest_f = staticmethod(_krum_f)
 
-    def __init__(self, f: int | None = None) -> None:
-        self._configure(f=f)
-
-    def validate(self, num_rows: int) -> None:
-        _check_f("krum", self.f_for(num_rows), num_rows)
+    def check_f(self, f: int, num_rows: int, dropped: int = 0) -> None:
+        _check_f("krum", f, num_rows, dropped)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -93,7 +87,7 @@ class Krum(ByzantineCountRule):
         dropped = updates.shape[0] - keep.numel()
         require_finite_rows("krum", keep.numel(), dropped)
         f = self.f_for(keep.numel())
-        _check_f("krum", f, keep.numel(), dropped)
+        self.check_f(f, keep.numel(), dropped)
         best = int(keep[krum_scores(d2, f).argmin()])
         # clone: returning a view would let a caller write into its own input matrix
         return updates[best].clone(), {"agg/selected": float(best), "agg/nonfinite": float(dropped)}

@@ -11,17 +11,16 @@ kept values is taken in float64, so huge finite values cannot overflow it.
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import W, column_blocks, to_dtype
 from fedshield.aggregators.base import (
     AGGREGATORS,
-    F_DERIVED,
     ByzantineCountRule,
     ConfigError,
     Diagnostics,
     dropped_note,
+    f_field,
     normalised_weights,
 )
 from fedshield.aggregators.mean import weighted_mean
@@ -30,11 +29,7 @@ from fedshield.core.params import Params
 
 
 class TrimmedMeanParams(Params):
-    f: int | None = Field(
-        None,
-        ge=0,
-        description="values trimmed per side and coordinate (needs 2f < S); " + F_DERIVED,
-    )
+    f: int | None = f_field("values trimmed per side and coordinate (needs 2f < S)")
 
 
 def trimmed_mean(updates: Tensor, f: int) -> Tensor:
@@ -51,30 +46,23 @@ def trimmed_mean(updates: Tensor, f: int) -> Tensor:
     return to_dtype(out, updates.dtype)
 
 
-def _check_f(f: int, num_rows: int, dropped: int = 0) -> None:
-    if 2 * f >= num_rows:
-        after = dropped_note(dropped)
-        raise ConfigError(
-            f"trimmed_mean: f={f} trims 2f = {2 * f} values per coordinate, "
-            f"which needs more than 2f rows per round, got S={num_rows}{after}"
-        )
-
-
 @AGGREGATORS.register("trimmed_mean", tags=["robust", "reference_free", "min_clients"])
 class TrimmedMean(ByzantineCountRule):
     """Coordinate-wise trimmed mean (Yin 2018): drop the f largest and f smallest values."""
 
     params_schema = TrimmedMeanParams
 
-    def __init__(self, f: int | None = None) -> None:
-        self._configure(f=f)
-
     @staticmethod
     def largest_f(num_rows: int) -> int | None:
         return (num_rows - 1) // 2 if num_rows >= 1 else None
 
-    def validate(self, num_rows: int) -> None:
-        _check_f(self.f_for(num_rows), num_rows)
+    def check_f(self, f: int, num_rows: int, dropped: int = 0) -> None:
+        if 2 * f >= num_rows:
+            after = dropped_note(dropped)
+            raise ConfigError(
+                f"trimmed_mean: f={f} trims 2f = {2 * f} values per coordinate, "
+                f"which needs more than 2f rows per round, got S={num_rows}{after}"
+            )
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -82,5 +70,5 @@ class TrimmedMean(ByzantineCountRule):
         normalised_weights(updates, weights)
         x, dropped = finite_rows("trimmed_mean", updates)
         f = self.f_for(x.shape[0])
-        _check_f(f, x.shape[0], dropped)
+        self.check_f(f, x.shape[0], dropped)
         return trimmed_mean(x, f), {"agg/nonfinite": float(dropped)}

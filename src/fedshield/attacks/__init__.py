@@ -18,22 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedshield.attacks import (  # noqa: F401  (importing registers the attacks)
-    adaptive,
-    backdoor,
-    data,
-    fang,
-    mimic,
-    minmax,
-    omniscient,
-    optimal,
-    simple,
-    tailored,
-)
+from fedshield._plugins import import_submodules
 from fedshield.attacks.base import ATTACKS, AttackContext, DataAttack, UpdateAttack
 from fedshield.attacks.minmax import find_gamma, halving_search
 from fedshield.attacks.omniscient import alie_z
 from fedshield.core.params import Params
+
+import_submodules(__name__)
 
 
 def parse(name: str, params: dict[str, Any] | None = None, where: str = "attack.params") -> Params:

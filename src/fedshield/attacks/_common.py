@@ -1,12 +1,22 @@
-"""Helpers shared by the update attacks: input checks and the benign-row statistics.
+"""Helpers shared by the update attacks: input checks, the benign-row statistics and
+:class:`CohortAttack`, the call every attack on the cohort's rows shares.
 
 Parameters are validated by each attack's schema (:mod:`fedshield.attacks.base`).
 """
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import torch
 from torch import Tensor
+
+from fedshield.attacks.base import AttackContext, UpdateAttack
+
+#: what :meth:`CohortAttack.craft` gets besides the rows: the round's attack generator and
+#: the rule's context (None for attacks without ``needs_rule``)
+Rng: TypeAlias = torch.Generator | None
+Ctx: TypeAlias = AttackContext | None
 
 
 def check_inputs(updates: Tensor, byzantine: Tensor) -> Tensor:
@@ -51,3 +61,31 @@ def with_rows(updates: Tensor, mask: Tensor, rows: Tensor) -> Tensor:
     out = updates.clone()
     out[mask] = rows.to(dtype=updates.dtype, device=updates.device)
     return out
+
+
+class CohortAttack(UpdateAttack):
+    """An update attack crafting the Byzantine rows from the round's cohort: the call
+    checks the inputs and, with no attacker selected, returns the cohort unchanged (after
+    :meth:`forget`); else :meth:`craft` gives the new matrix. ``context`` reaches attacks
+    with ``needs_rule`` (the round loop passes none to the others)."""
+
+    def __call__(
+        self,
+        updates: Tensor,
+        byzantine: Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        context: AttackContext | None = None,
+    ) -> Tensor:
+        mask = check_inputs(updates, byzantine)
+        if not bool(mask.any()):
+            self.forget()
+            return updates.clone()
+        return self.craft(updates, mask, generator, context)
+
+    def forget(self) -> None:
+        """Clear what the last call recorded (``last_tau``, ...): no attacker this round."""
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
+        """The ``[S, d]`` matrix with the rows of ``mask`` (at least one) crafted."""
+        raise NotImplementedError

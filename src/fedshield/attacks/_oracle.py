@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
+from fedshield.attacks._common import honest_pool
 from fedshield.attacks.base import AttackContext
 from fedshield.errors import ConfigError
 from fedshield.registry import tags_of
@@ -77,6 +78,17 @@ class RuleOracle:
             return None
 
 
+def benign_oracle(
+    updates: Tensor, mask: Tensor, context: AttackContext | None
+) -> tuple[Tensor, Tensor, RuleOracle]:
+    """(benign rows, their mean μ, the rule's oracle) of an omniscient defense-aware attack.
+    A rule that needs r^t, run by an attacker who does not know it, gets μ as the stand-in
+    (the attacker's best guess of the server's r)."""
+    pool = honest_pool(updates, mask)
+    mean = pool.mean(dim=0)
+    return pool, mean, RuleOracle(context, stand_in=mean)
+
+
 def distance(out: Tensor | None, target: Tensor) -> float:
     """‖out − target‖ in float64; −inf when the rule gave nothing or a non-finite result
     (never a better candidate than one that works)."""
@@ -95,4 +107,4 @@ def directed(out: Tensor | None, before: Tensor, s: Tensor) -> float:
     return value if math.isfinite(value) else -math.inf
 
 
-__all__ = ["RuleOracle", "directed", "distance", "needs_reference"]
+__all__ = ["RuleOracle", "benign_oracle", "directed", "distance", "needs_reference"]

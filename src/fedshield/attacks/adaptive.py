@@ -37,9 +37,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, with_rows
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, with_rows
 from fedshield.attacks._oracle import RuleOracle, directed, distance
-from fedshield.attacks.base import ATTACKS, AttackContext, UpdateAttack
+from fedshield.attacks.base import ATTACKS, AttackContext
 from fedshield.core.params import Params
 
 
@@ -87,7 +87,7 @@ def angle_search(objective: Any, angles: int, refine: int) -> float:
     return best_phi
 
 
-class _AdaptiveRoot(UpdateAttack):
+class _AdaptiveRoot(CohortAttack):
     params_schema = AdaptiveRootParams
     needs_rule = True
     angles: int
@@ -109,18 +109,10 @@ class _AdaptiveRoot(UpdateAttack):
         with) for this threat model."""
         raise NotImplementedError
 
-    def __call__(
-        self,
-        updates: Tensor,
-        byzantine: Tensor,
-        *,
-        generator: torch.Generator | None = None,
-        context: AttackContext | None = None,
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        if not bool(mask.any()):
-            self.last_angle = None
-            return updates.clone()
+    def forget(self) -> None:
+        self.last_angle = None
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         rows, sim_mask, r, ctx = self._cohort(updates, mask, context)
         oracle = RuleOracle(ctx)
         before = oracle(rows)

@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import row_norms, to_dtype
-from fedshield.attacks._common import check_inputs, with_rows
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, with_rows
 from fedshield.attacks.base import ATTACKS, DataAttack, UpdateAttack
 from fedshield.core.params import Params
 
@@ -109,7 +109,7 @@ class ReplacementParams(BackdoorParams):
 
 
 @ATTACKS.register("model_replacement", tags=["kind=update"])
-class ModelReplacement(UpdateAttack, DataAttack):
+class ModelReplacement(CohortAttack, DataAttack):
     """Model replacement / constrain-and-scale (Bagdasaryan et al. 2020): train on backdoored
     data, boost the update.
 
@@ -135,12 +135,7 @@ class ModelReplacement(UpdateAttack, DataAttack):
     def poison(self, x: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
         return poison_with_trigger(x, y, num_classes, self.params)  # type: ignore[arg-type]
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        if not bool(mask.any()):
-            return updates.clone()
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         own = updates[mask]
         gamma = updates.shape[0] / own.shape[0] if self.gamma is None else self.gamma
         factor = torch.full((own.shape[0],), gamma, dtype=torch.float64, device=own.device)

@@ -28,16 +28,15 @@ for gradients.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import pairwise_sq_dists, row_norms
-from fedshield.attacks._common import check_inputs, honest_pool, with_rows
-from fedshield.attacks._oracle import RuleOracle
-from fedshield.attacks.base import ATTACKS, AttackContext, UpdateAttack
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, with_rows
+from fedshield.attacks._oracle import RuleOracle, benign_oracle
+from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
 
@@ -77,7 +76,7 @@ class FangTrimParams(Params):
 
 
 @ATTACKS.register("fang_krum", tags=["kind=update", "omniscient", "needs_rule"])
-class FangKrum(UpdateAttack):
+class FangKrum(CohortAttack):
     """Fang et al. 2020's full-knowledge attack on Krum / Multi-Krum: upload −λs, λ halved until
     selected.
 
@@ -89,25 +88,15 @@ class FangKrum(UpdateAttack):
     needs_rule = True
     threshold: float
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self.last_lambda: float | None = None
+    #: λ used in the last call (None before the first call or with no attacker)
+    last_lambda: float | None = None
 
-    def __call__(
-        self,
-        updates: Tensor,
-        byzantine: Tensor,
-        *,
-        generator: torch.Generator | None = None,
-        context: AttackContext | None = None,
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
+    def forget(self) -> None:
+        self.last_lambda = None
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         f = int(mask.sum())
-        if f == 0:
-            self.last_lambda = None
-            return updates.clone()
-        pool = honest_pool(updates, mask)
-        oracle = RuleOracle(context, stand_in=pool.mean(dim=0))
+        pool, _, oracle = benign_oracle(updates, mask, context)
         s = change_direction(updates, oracle)
         lam = krum_lambda_bound(pool, updates.shape[0], f)
 
@@ -123,7 +112,7 @@ class FangKrum(UpdateAttack):
 
 
 @ATTACKS.register("fang_trim", tags=["kind=update", "omniscient", "needs_rule"])
-class FangTrim(UpdateAttack):
+class FangTrim(CohortAttack):
     """Fang et al. 2020's full-knowledge attack on Trimmed Mean / Median: benign extremes pushed
     against s.
 
@@ -134,21 +123,10 @@ class FangTrim(UpdateAttack):
     needs_rule = True
     b: float
 
-    def __call__(
-        self,
-        updates: Tensor,
-        byzantine: Tensor,
-        *,
-        generator: torch.Generator | None = None,
-        context: AttackContext | None = None,
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        f = int(mask.sum())
-        if f == 0:
-            return updates.clone()
-        pool = honest_pool(updates, mask)
-        s = change_direction(updates, RuleOracle(context, stand_in=pool.mean(dim=0)))
-        return with_rows(updates, mask, trim_values(pool, s, f, self.b, generator))
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
+        pool, _, oracle = benign_oracle(updates, mask, context)
+        s = change_direction(updates, oracle)
+        return with_rows(updates, mask, trim_values(pool, s, int(mask.sum()), self.b, generator))
 
 
 def trim_values(

@@ -12,8 +12,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, honest_pool, with_rows
-from fedshield.attacks.base import ATTACKS, UpdateAttack
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, honest_pool, with_rows
+from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
 
@@ -42,7 +42,7 @@ def principal_target(pool: Tensor) -> int:
 
 
 @ATTACKS.register("mimic", tags=["kind=update", "omniscient"])
-class Mimic(UpdateAttack):
+class Mimic(CohortAttack):
     """Every attacker uploads a copy of one benign worker's update (Karimireddy et al. 2022).
 
     ``target`` fixes that worker (an index into the benign rows, as ByzFL's
@@ -55,17 +55,13 @@ class Mimic(UpdateAttack):
     needs_own_update = False
     target: int | None
 
-    def __init__(self, **params: int | None) -> None:
-        super().__init__(**params)
-        self.last_target: int | None = None
+    #: benign row copied in the last call (None before the first call or with no attacker)
+    last_target: int | None = None
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        if not bool(mask.any()):
-            self.last_target = None
-            return updates.clone()
+    def forget(self) -> None:
+        self.last_target = None
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         pool = honest_pool(updates, mask)
         i = principal_target(pool) if self.target is None else min(self.target, len(pool) - 1)
         self.last_target = i

@@ -16,15 +16,15 @@ reproduces the code.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, coord_std, honest_pool, with_rows
-from fedshield.attacks.base import ATTACKS, UpdateAttack
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, coord_std, honest_pool, with_rows
+from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
 VECTORS = ("unit_vec", "std", "sign")
@@ -136,7 +136,7 @@ class MinSumParams(MinMaxParams):
     )
 
 
-class _GammaAttack(UpdateAttack):
+class _GammaAttack(CohortAttack):
     rule = "min_max"
     needs_own_update = False  # omniscient: built from the benign rows only
     vector: str
@@ -144,18 +144,13 @@ class _GammaAttack(UpdateAttack):
     tau: float
     bound: str = "max"
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        #: γ found in the last call (None before the first call or with no attacker).
-        self.last_gamma: float | None = None
+    #: γ found in the last call (None before the first call or with no attacker)
+    last_gamma: float | None = None
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        if not bool(mask.any()):
-            self.last_gamma = None
-            return updates.clone()
+    def forget(self) -> None:
+        self.last_gamma = None
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         pool = honest_pool(updates, mask)
         direction = perturbation(pool, self.vector)
         gamma = find_gamma(

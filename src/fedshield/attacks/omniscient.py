@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, coord_std, honest_pool, with_rows
-from fedshield.attacks.base import ATTACKS, UpdateAttack
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, coord_std, honest_pool, with_rows
+from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
 
@@ -47,7 +46,7 @@ class IPMParams(Params):
 
 
 @ATTACKS.register("alie", tags=["kind=update", "omniscient"])
-class ALIE(UpdateAttack):
+class ALIE(CohortAttack):
     """Upload μ − z·σ of the benign coordinate-wise mean and std (ALIE, SPEC §6).
 
     Baruch et al. 2019; σ is the unbiased std. ``z`` unset (default) uses the paper's z_max
@@ -60,19 +59,14 @@ class ALIE(UpdateAttack):
     needs_own_update = False
     z: float | None
 
-    def __init__(self, **params: float | None) -> None:
-        super().__init__(**params)
-        #: z used in the last call (None before the first call or with no attacker).
-        self.last_z: float | None = None
+    #: z used in the last call (None before the first call or with no attacker)
+    last_z: float | None = None
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
+    def forget(self) -> None:
+        self.last_z = None
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         f = int(mask.sum())
-        if f == 0:
-            self.last_z = None
-            return updates.clone()
         pool = honest_pool(updates, mask)
         z = self.z if self.z is not None else alie_z(updates.shape[0], f)
         self.last_z = z
@@ -80,7 +74,7 @@ class ALIE(UpdateAttack):
 
 
 @ATTACKS.register("ipm", tags=["kind=update", "omniscient"])
-class IPM(UpdateAttack):
+class IPM(CohortAttack):
     """Upload −ε·ḡ, ḡ the mean benign update: inner-product manipulation (SPEC §6).
 
     Xie, Koyejo & Gupta, UAI 2019. Default ε = 0.1, the paper's small-ε setting that makes
@@ -93,11 +87,6 @@ class IPM(UpdateAttack):
     needs_own_update = False
     epsilon: float
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        if not bool(mask.any()):
-            return updates.clone()
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         pool = honest_pool(updates, mask)
         return with_rows(updates, mask, pool.mean(dim=0) * -self.epsilon)

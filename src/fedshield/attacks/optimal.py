@@ -13,15 +13,13 @@ inputs the uploads are equal.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, coord_std, honest_pool, with_rows
-from fedshield.attacks._oracle import RuleOracle, distance
-from fedshield.attacks.base import ATTACKS, AttackContext, UpdateAttack
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, coord_std, with_rows
+from fedshield.attacks._oracle import benign_oracle, distance
+from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
 
@@ -72,7 +70,7 @@ class OptimalParams(Params):
     )
 
 
-class _OptimalAttack(UpdateAttack):
+class _OptimalAttack(CohortAttack):
     """Shared search; subclasses give the Byzantine vector b(τ) from the benign rows."""
 
     params_schema = OptimalParams
@@ -83,31 +81,17 @@ class _OptimalAttack(UpdateAttack):
     delta: float
     ratio: float
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        #: τ chosen in the last call (None before the first call or with no attacker).
-        self.last_tau: float | None = None
-
     def vector(self, pool: Tensor, tau: float) -> Tensor:
         raise NotImplementedError
 
-    def __call__(
-        self,
-        updates: Tensor,
-        byzantine: Tensor,
-        *,
-        generator: torch.Generator | None = None,
-        context: AttackContext | None = None,
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        if not bool(mask.any()):
-            self.last_tau = None
-            return updates.clone()
-        pool = honest_pool(updates, mask)
-        mean = pool.mean(dim=0)
-        # A rule that needs r^t, run by an attacker who does not know it, gets the mean
-        # benign update as the stand-in (the attacker's best guess of the server's r).
-        oracle = RuleOracle(context, stand_in=mean)
+    #: τ chosen in the last call (None before the first call or with no attacker)
+    last_tau: float | None = None
+
+    def forget(self) -> None:
+        self.last_tau = None
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
+        pool, mean, oracle = benign_oracle(updates, mask, context)
 
         def objective(tau: float) -> float:
             return distance(oracle(with_rows(updates, mask, self.vector(pool, tau))), mean)

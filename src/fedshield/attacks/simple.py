@@ -10,8 +10,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, with_rows
-from fedshield.attacks.base import ATTACKS, UpdateAttack
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, with_rows
+from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
 
@@ -30,7 +30,7 @@ class ScalingParams(Params):
 
 
 @ATTACKS.register("noise", tags=["kind=update"])
-class Noise(UpdateAttack):
+class Noise(CohortAttack):
     """Upload a fresh N(0, σ²I) draw instead of the update (SPEC §6, seed 000 [23]).
 
     The draw comes from the ``generator`` the engine passes, so a run stays a pure
@@ -42,13 +42,8 @@ class Noise(UpdateAttack):
 
     sigma: float
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         f = int(mask.sum())
-        if f == 0:
-            return updates.clone()
         # Draw on the generator's own device (a CPU generator cannot feed a CUDA randn) and
         # move afterwards: the values then depend only on the generator state, not on where
         # the updates live.
@@ -60,7 +55,7 @@ class Noise(UpdateAttack):
 
 
 @ATTACKS.register("sign_flip", tags=["kind=update"])
-class SignFlip(UpdateAttack):
+class SignFlip(CohortAttack):
     """Upload −k·g, g the attacker's own honest update (SPEC §6, seed 000 [24]).
 
     Note: ByzFL's ``SignFlipping`` is omniscient (−mean of the honest vectors); ours follows
@@ -71,15 +66,12 @@ class SignFlip(UpdateAttack):
 
     k: float
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         return with_rows(updates, mask, updates[mask] * -self.k)
 
 
 @ATTACKS.register("scaling", tags=["kind=update"])
-class Scaling(UpdateAttack):
+class Scaling(CohortAttack):
     """Upload k·g, the attacker's own honest update boosted by k (SPEC §6).
 
     The default k = 10 is our choice: the usual boosting factor against plain averaging.
@@ -89,8 +81,5 @@ class Scaling(UpdateAttack):
 
     k: float
 
-    def __call__(
-        self, updates: Tensor, byzantine: Tensor, *, generator: torch.Generator | None = None
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         return with_rows(updates, mask, updates[mask] * self.k)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from fedshield.attacks._common import check_inputs, honest_pool, with_rows
-from fedshield.attacks._oracle import RuleOracle, distance
-from fedshield.attacks.base import ATTACKS, AttackContext, UpdateAttack
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, with_rows
+from fedshield.attacks._oracle import benign_oracle, distance
+from fedshield.attacks.base import ATTACKS
 from fedshield.attacks.minmax import MinMaxParams, perturbation
 
 
@@ -42,7 +41,7 @@ def tailored_search(deviation: Any, gamma_init: float = 10.0, tau: float = 1e-5)
 
 
 @ATTACKS.register("agr_tailored", tags=["kind=update", "omniscient", "needs_rule"])
-class AGRTailored(UpdateAttack):
+class AGRTailored(CohortAttack):
     """Shejwalkar & Houmansadr 2021's AGR-tailored attack: ḡ + γ∇^p with γ maximising the rule's
     deviation.
 
@@ -57,26 +56,15 @@ class AGRTailored(UpdateAttack):
     gamma_init: float
     tau: float
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self.last_gamma: float | None = None
+    #: γ found in the last call (None before the first call or with no attacker)
+    last_gamma: float | None = None
 
-    def __call__(
-        self,
-        updates: Tensor,
-        byzantine: Tensor,
-        *,
-        generator: torch.Generator | None = None,
-        context: AttackContext | None = None,
-    ) -> Tensor:
-        mask = check_inputs(updates, byzantine)
-        if not bool(mask.any()):
-            self.last_gamma = None
-            return updates.clone()
-        pool = honest_pool(updates, mask)
-        mean = pool.mean(dim=0)
+    def forget(self) -> None:
+        self.last_gamma = None
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
+        pool, mean, oracle = benign_oracle(updates, mask, context)
         direction = perturbation(pool, self.vector)
-        oracle = RuleOracle(context, stand_in=mean)
 
         def deviation(gamma: float) -> float:
             return distance(oracle(with_rows(updates, mask, mean + gamma * direction)), mean)

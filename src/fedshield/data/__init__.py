@@ -1,9 +1,8 @@
-"""Datasets, partitioners and the long-tail transform (SPEC §9)."""
+"""Datasets, partitioners and the long-tail transform (SPEC §9). Every module here registers
+its datasets and partitioners on import (``hf`` gives ``data.dataset = "hf:..."``, and
+``flwr_partitioners`` Flower Datasets' partitioners)."""
 
-from fedshield.data import datasets as _datasets  # noqa: F401  (fills the registry)
-from fedshield.data import flwr_partitioners as _flwr  # noqa: F401  (Flower Datasets')
-from fedshield.data import hf as _hf  # noqa: F401  (data.dataset = "hf:...")
-from fedshield.data import partition as _partition  # noqa: F401
+from fedshield._plugins import import_submodules
 from fedshield.data.bundle import DataBundle, TensorData
 from fedshield.data.datasets import (
     DATASETS,
@@ -15,6 +14,8 @@ from fedshield.data.datasets import (
 from fedshield.data.longtail import long_tail_counts, long_tail_n_max, make_long_tail
 from fedshield.data.partition import PARTITIONERS, check_sizes, partition, partitioner_params
 from fedshield.data.split import carve, check_carve
+
+import_submodules(__name__)
 
 __all__ = [
     "DATASETS",

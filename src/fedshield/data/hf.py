@@ -106,7 +106,7 @@ def _open(datasets: Any, root: str, download: bool, path: str, name: str | None)
     try:
         with _offline(datasets, not download):
             return datasets.load_dataset(path, name, cache_dir=str(cache))
-    except Exception as err:  # noqa: BLE001 - datasets raises many kinds
+    except Exception as err:
         if download:
             raise DataError(f"dataset 'hf:{path}': loading from the Hub failed ({err})") from None
         raise DatasetMissing(

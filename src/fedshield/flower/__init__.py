@@ -54,46 +54,26 @@ def run_simulation(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return run(*args, **kwargs)
 
 
-#: names re-exported lazily from the Flower-native modules (imported on first use)
-_LAZY = {
-    **{
-        name: "fedshield.flower.strategies"
-        for name in (
-            "BRDRAG",
-            "DRAG",
-            "RAGA",
-            "RFA",
-            "SCAFFOLD",
-            "Bulyan",
-            "CenteredClipping",
-            "FLTrust",
-            "FedACG",
-            "FedCART",
-            "FedDyn",
-            "FedExP",
-            "FedshieldRule",
-            "GeoMed",
-            "Krum",
-            "Median",
-            "MultiKrum",
-            "NormClip",
-            "TrimmedMean",
-        )
-    },  # fmt: skip
-    "AlgorithmClient": "fedshield.flower.client_tools",
-    "FedCARTTrainer": "fedshield.flower.client_tools",
-    "ScaffoldClient": "fedshield.flower.client_tools",
-    "drag_calibrate_local": "fedshield.flower.client_tools",
-}
+#: the client parts re-exported lazily (the strategies come with all of
+#: :data:`fedshield.flower.catalogue.__all__`, read on first use: no second list of them)
+_CLIENT_TOOLS = ("AlgorithmClient", "FedCARTTrainer", "ScaffoldClient", "drag_calibrate_local")
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The Flower-native strategies and client parts, imported on first use."""
     import importlib
+    import pkgutil
 
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = ["run_simulation", *_LAZY]
+    missing = AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name.startswith("__") and name != "__all__":
+        raise missing
+    if name in {m.name for m in pkgutil.iter_modules(__path__)}:
+        raise missing  # a submodule not imported yet: the import system loads it
+    strategies = importlib.import_module("fedshield.flower.strategies")
+    if name == "__all__":  # ``from fedshield.flower import *``
+        return ["run_simulation", *strategies.__all__, *_CLIENT_TOOLS]
+    if name in strategies.__all__:
+        return getattr(strategies, name)
+    if name in _CLIENT_TOOLS:
+        return getattr(importlib.import_module("fedshield.flower.client_tools"), name)
+    raise missing

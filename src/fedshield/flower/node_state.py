@@ -14,13 +14,13 @@ One file per partition: a newer run overwrites an older run's file, as the node'
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from fedshield.sim.checkpoint import atomic_write_bytes
 
 STATE_DIR = "state-dir"  # node config key
 _VERSION = 1
@@ -50,17 +50,7 @@ def save(state_dir: Path, saved: SavedState) -> Path:
         "round": saved.round,
         "state": {k: v.detach().cpu() for k, v in saved.tensors.items()},
     }
-    fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(state_dir)
+    atomic_write_bytes(path, lambda f: torch.save(payload, f))
     return path
 
 
@@ -77,16 +67,3 @@ def load(
     tensors = {k: v.to(device) for k, v in d["state"].items()}
     return SavedState(run_key, client_id, int(d["round"]), tensors)
 
-
-def _fsync_dir(path: Path) -> None:
-    # The rename is durable only once the directory entry is on disk (POSIX).
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)

@@ -15,47 +15,7 @@ aggregator) lives in :mod:`fedshield.flower.adapter`, the named strategies in
 :mod:`fedshield.flower.catalogue`; this module is the documented import path of both.
 """
 
-from fedshield.flower.adapter import FedshieldRule, RootTrainParams
-from fedshield.flower.catalogue import (
-    BRDRAG,
-    DRAG,
-    RAGA,
-    RFA,
-    SCAFFOLD,
-    Bulyan,
-    CenteredClipping,
-    FedACG,
-    FedCART,
-    FedDyn,
-    FedExP,
-    FLTrust,
-    GeoMed,
-    Krum,
-    Median,
-    MultiKrum,
-    NormClip,
-    TrimmedMean,
-)
+from fedshield.flower import catalogue
+from fedshield.flower.catalogue import *  # noqa: F403  (the names are the catalogue's __all__)
 
-__all__ = [
-    "BRDRAG",
-    "DRAG",
-    "RAGA",
-    "RFA",
-    "SCAFFOLD",
-    "Bulyan",
-    "CenteredClipping",
-    "FLTrust",
-    "FedACG",
-    "FedCART",
-    "FedDyn",
-    "FedExP",
-    "FedshieldRule",
-    "GeoMed",
-    "Krum",
-    "Median",
-    "MultiKrum",
-    "NormClip",
-    "RootTrainParams",
-    "TrimmedMean",
-]
+__all__ = list(catalogue.__all__)

@@ -100,7 +100,7 @@ def download_weights(repo: str) -> Path:
     for fname in WEIGHT_FILES:
         try:
             return Path(hf_hub_download(repo, fname))
-        except Exception as err:  # noqa: BLE001 - not found, gated, HTTP, ...
+        except Exception as err:
             errors.append(f"{fname}: {type(err).__name__}: {err}")
     raise DataError(f"pretrained weights for {repo}: download failed ({'; '.join(errors)})")
 

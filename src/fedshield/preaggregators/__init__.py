@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedshield.preaggregators import bucketing, clipping, nnm  # noqa: F401  (registers)
+from fedshield._plugins import import_submodules
 from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator
 from fedshield.preaggregators.composed import ComposedRule, compose
+
+import_submodules(__name__)
 
 
 def build(name: str, /, **params: Any) -> PreAggregator:

@@ -22,7 +22,7 @@ from functools import lru_cache
 from fedshield.errors import ConfigError
 
 
-def _opacus(key: str):  # noqa: ANN202 - the module, imported lazily
+def _opacus(key: str):
     try:
         from opacus.accountants import RDPAccountant
         from opacus.accountants.analysis import rdp

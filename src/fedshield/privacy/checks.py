@@ -13,6 +13,7 @@ from torch import nn
 from fedshield.errors import ConfigError
 from fedshield.privacy.local import model_problems
 from fedshield.privacy.sensitivity import bound_fn
+from fedshield.registry import tags_of
 
 
 def need_opacus(key: str) -> None:
@@ -24,19 +25,10 @@ def need_opacus(key: str) -> None:
 
 
 def central_server_ok(server: Any) -> bool:
-    """True when the server releases nothing computed from the uploads but the noised
-    aggregate (θ^{t+1} = θ^t + η·Δ̃ and post-processing of it): FedAvg and its subclasses
-    that keep its update (BR-DRAG, FLTrust), and FedACG (momentum of Δ̃)."""
-    from fedshield.algorithms.server.base import ServerAlgorithm
-    from fedshield.algorithms.server.drift import FedACG
-    from fedshield.algorithms.server.fedavg import FedAvg
-
-    cls = type(server)
-    if not isinstance(server, FedAvg) or cls.aggregate is not FedAvg.aggregate:
-        return False
-    if cls.post_step is not ServerAlgorithm.post_step or cls.reference is not FedAvg.reference:
-        return False
-    return cls.update is FedAvg.update or (cls.update is FedACG.update and issubclass(cls, FedACG))
+    """True when the server's registry entry declares ``central_dp``: it releases nothing
+    computed from the uploads but the noised aggregate (θ^{t+1} = θ^t + η·Δ̃ and
+    post-processing of it), as FedAvg, BR-DRAG, FLTrust and FedACG (momentum of Δ̃) do."""
+    return "central_dp" in tags_of(server)
 
 
 def check_central(cfg: Any, comp: Any, model: nn.Module) -> None:
@@ -45,7 +37,6 @@ def check_central(cfg: Any, comp: Any, model: nn.Module) -> None:
     from fedshield.aggregators.drag import Drag
     from fedshield.aggregators.mean import Mean
     from fedshield.core.flat import get_buffers
-    from fedshield.registry import tags_of
 
     pc = cfg.privacy.central
     assert pc is not None
@@ -87,26 +78,6 @@ def check_central(cfg: Any, comp: Any, model: nn.Module) -> None:
         )
 
 
-def _uses_base_loop(client: Any) -> bool:
-    """True when ``client`` trains with ClientAlgorithm's loop (CalFAT only wraps it)."""
-    from fedshield.algorithms.client.adversarial_training import CalFAT
-    from fedshield.algorithms.client.base import ClientAlgorithm
-
-    for cls in type(client).__mro__:
-        if cls is ClientAlgorithm:
-            return True
-        if "local_update" in cls.__dict__ and cls is not CalFAT:
-            return False
-    return False
-
-
-def _private_extras_ok(client: Any) -> bool:
-    """SCAFFOLD's upload (Δh) is computed from the privatized gradients and the delta only."""
-    from fedshield.algorithms.client.scaffold import ScaffoldClient
-
-    return isinstance(client, ScaffoldClient)
-
-
 def check_local(cfg: Any, comp: Any, model: nn.Module) -> None:
     """The ConfigError of a ``[privacy.local]`` that these components and this model cannot
     run (structure only: run before data on the meta-device model)."""
@@ -115,14 +86,15 @@ def check_local(cfg: Any, comp: Any, model: nn.Module) -> None:
     key = "privacy.local"
     need_opacus(key)
     client, name = comp.client, cfg.client.algorithm
-    if not _uses_base_loop(client):
+    tags = tags_of(client)  # declared on the registry entry (fedshield.registry.TAGS)
+    if "local_dp" not in tags:
         raise ConfigError(
             f"{key}: client.algorithm={name!r} runs its own training loop, which Opacus' "
             f"DP-SGD is not wired into; use sgd, fedprox, fedacg, scaffold or an "
             f"adversarial-training client (fedpgd, fedfat, fedtrades, fedmart, calfat)"
         )
     uploads = sorted(client.upload_spec(model))
-    if uploads and not _private_extras_ok(client):
+    if uploads and "dp_uploads" not in tags:
         raise ConfigError(
             f"{key}: client.algorithm={name!r} uploads {', '.join(uploads)}, computed from "
             f"its data outside the DP-SGD gradients"

@@ -35,11 +35,21 @@ def atomic_write_bytes(path: Path, write: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    # The rename is durable only once the directory entry is on disk (POSIX).
     try:
-        os.fsync(dir_fd)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -115,7 +125,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise DataError(f"{path}: corrupt checkpoint (not a torch file{cause})") from None
     except EOFError:
         raise DataError(f"{path}: corrupt checkpoint (empty or cut short)") from None
-    except Exception as err:  # noqa: BLE001 - whatever torch makes of a torn or foreign file
+    except Exception as err:
         cause = " ".join(str(err).split())[:200]
         raise DataError(
             f"{path}: corrupt checkpoint (damaged or cut short: {type(err).__name__}: {cause})"

@@ -311,7 +311,7 @@ def run_case(pair: Pair, corruption: str, bad_rows: int, seed: int = 0) -> CaseR
         return res
     try:
         metrics = sim.end_round(pair.plan, ups, apply_update_attack=False)
-    except Exception as err:  # noqa: BLE001  (an abort is a finding, reported not raised)
+    except Exception as err:
         res.finite = False
         res.error = f"{type(err).__name__}: {err}"
         return res

@@ -132,7 +132,7 @@ class AdversarialClient(ClientAlgorithm):
         return self.pgd_examples(model, b.x, b.y, draws=draws)
 
 
-@CLIENT_ALGORITHMS.register("fedpgd")
+@CLIENT_ALGORITHMS.register("fedpgd", tags=["local_dp"])
 class FedPGD(AdversarialClient):
     """FedPGD trains on Madry's PGD adversarial examples only: CE(f(x'), y) (SPEC §7)."""
 
@@ -140,7 +140,7 @@ class FedPGD(AdversarialClient):
         return F.cross_entropy(model(x_adv), b.y)
 
 
-@CLIENT_ALGORITHMS.register("fedfat")
+@CLIENT_ALGORITHMS.register("fedfat", tags=["local_dp"])
 class FedFAT(AdversarialClient):
     """FedFAT trains on natural plus PGD cross-entropy, CE(f(x), y) + CE(f(x'), y) (our
     reading, SPEC §7)."""
@@ -153,7 +153,7 @@ class BetaParams(ATParams):
     beta: float = Field(6.0, ge=0.0, description="Weight β of the KL term.")
 
 
-@CLIENT_ALGORITHMS.register("fedtrades")
+@CLIENT_ALGORITHMS.register("fedtrades", tags=["local_dp"])
 class FedTRADES(AdversarialClient):
     """FedTRADES trains on CE(x) + β KL(p(x) ‖ p(x')) with x' maximising the KL (SPEC §7)."""
 
@@ -166,7 +166,7 @@ class FedTRADES(AdversarialClient):
         return trades_loss(model(b.x), model(x_adv), b.y, self.params.beta)  # type: ignore[attr-defined]
 
 
-@CLIENT_ALGORITHMS.register("fedmart")
+@CLIENT_ALGORITHMS.register("fedmart", tags=["local_dp"])
 class FedMART(AdversarialClient):
     """FedMART trains on MART's boosted CE on x' plus β KL · (1 − p_y(x)) (SPEC §7)."""
 
@@ -184,7 +184,7 @@ class CalFATParams(ATParams):
 LOG_PRIOR_KEY = "calfat/log_prior"
 
 
-@CLIENT_ALGORITHMS.register("calfat")
+@CLIENT_ALGORITHMS.register("calfat", tags=["local_dp"])
 class CalFAT(AdversarialClient):
     """CalFAT trains on the prior-calibrated CE of TRADES-style x' (Chen et al., NeurIPS
     2022; SPEC §7). The client's log-prior log π_k is a constant of the round, computed

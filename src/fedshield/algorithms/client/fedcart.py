@@ -139,7 +139,9 @@ def cart_objective(
     return torch.stack(terms).sum()
 
 
-@CLIENT_ALGORITHMS.register("fedcart", tags=["needs_model=dual_head", "uploads=prototypes"])
+@CLIENT_ALGORITHMS.register(
+    "fedcart", tags=["needs_model=dual_head", "uploads=prototypes", "local_dp"]
+)
 class FedCARTClient(AdversarialClient):
     """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h' (SPEC §7)."""
 

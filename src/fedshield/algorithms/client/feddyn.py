@@ -26,7 +26,7 @@ ALPHA = "feddyn/alpha"  # payload: the server's α (a 0-d tensor)
 GRAD = "feddyn/grad"  # constants: g_k = ∇L_k(θ_k^{t−1})
 
 
-@CLIENT_ALGORITHMS.register("feddyn")
+@CLIENT_ALGORITHMS.register("feddyn", tags=["local_dp"])
 class FedDynClient(ClientAlgorithm):
     """Local SGD on FedDyn's dynamically regularised objective; keeps ∇L_k(θ_k^{t−1})."""
 

@@ -13,7 +13,7 @@ class ProxParams(Params):
     mu: float = Field(0.01, ge=0.0, description="proximal weight")
 
 
-@CLIENT_ALGORITHMS.register("fedprox")
+@CLIENT_ALGORITHMS.register("fedprox", tags=["local_dp"])
 class FedProx(ClientAlgorithm):
     """F_m(θ) + (μ/2)‖θ − θ_start‖²: the gradient gains μ(θ − θ_start) (SPEC §4, μ = 0.01).
 
@@ -35,7 +35,7 @@ class ACGParams(Params):
     beta: float = Field(0.001, ge=0.0, description="proximal weight towards the look-ahead model")
 
 
-@CLIENT_ALGORITHMS.register("fedacg")
+@CLIENT_ALGORITHMS.register("fedacg", tags=["local_dp"])
 class FedACGClient(FedProx):
     """FedACG client: minimise F_m(θ) + (β/2)‖θ − θ̂‖² from the look-ahead θ̂ (SPEC §4)."""
 

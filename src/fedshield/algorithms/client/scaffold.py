@@ -37,7 +37,7 @@ CORRECTION = "scaffold/correction"
 FIRST_GRAD = "scaffold/first_grad"
 
 
-@CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh"])
+@CLIENT_ALGORITHMS.register("scaffold", tags=["uploads=dh", "local_dp", "dp_uploads"])
 class ScaffoldClient(ClientAlgorithm):
     """Control-variate corrected local SGD; uploads the control-variate change."""
 

@@ -3,6 +3,6 @@
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
 
 
-@CLIENT_ALGORITHMS.register("sgd")
+@CLIENT_ALGORITHMS.register("sgd", tags=["local_dp"])
 class LocalSGD(ClientAlgorithm):
     """Local mini-batch SGD (FedAvg, DRAG, BR-DRAG and the Byzantine defenses)."""

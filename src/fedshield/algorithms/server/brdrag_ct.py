@@ -80,7 +80,7 @@ class BRDragCt(BRDRAG):
 
     params_schema = BRDragCtParams
 
-    def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
+    def __init__(self, aggregator, **kwargs) -> None:
         super().__init__(aggregator, **kwargs)
         # The builder refuses a rule without the tag first; this guards direct library use.
         if "dod_scale" not in tags_of(aggregator):

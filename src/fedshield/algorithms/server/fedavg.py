@@ -78,7 +78,7 @@ class Aggregated:
     state: State = field(default_factory=dict)
 
 
-@SERVER_ALGORITHMS.register("fedavg")
+@SERVER_ALGORITHMS.register("fedavg", tags=["central_dp"])
 class FedAvg(ServerAlgorithm):
     """Aggregate pseudo-gradients with the configured rule, then θ += η_g · Δ."""
 
@@ -174,14 +174,14 @@ class FedAvg(ServerAlgorithm):
         return ServerStep(params + self.lr * agg.delta, agg.buffers, state | agg.state, agg.metrics)
 
 
-@SERVER_ALGORITHMS.register("brdrag", tags=["needs_root"])
+@SERVER_ALGORITHMS.register("brdrag", tags=["needs_root", "central_dp"])
 class BRDRAG(FedAvg):
     """BR-DRAG (SPEC §3): root-data reference + the ``brdrag`` calibration (eq. 15)."""
 
     default_aggregator = "brdrag"
 
 
-@SERVER_ALGORITHMS.register("fltrust", tags=["needs_root"])
+@SERVER_ALGORITHMS.register("fltrust", tags=["needs_root", "central_dp"])
 class FLTrust(FedAvg):
     """FLTrust (Cao et al. 2021; SPEC §5): root-data reference + trust-weighted mean."""
 
