@@ -60,6 +60,7 @@ from fedshield.algorithms.server.base import (
     State,
 )
 from fedshield.algorithms.server.fedavg import FedAvg
+from fedshield.config import MAX_EPOCHS, MAX_STEPS
 from fedshield.core.context import ClientUpdate, Payload, RoundContext, make_generator
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
@@ -84,6 +85,10 @@ log = logging.getLogger("fedshield")
 _ZV_INIT, _RETRAIN = 0xCA57, 0xCA58  # purposes mixed into derived seeds
 
 
+#: Ceilings of the CART step's sizes (a config typo must not allocate V × C × D for ever).
+MAX_VIRTUAL = 100_000
+
+
 class FedCARTServerParams(Params):
     """The CART step's switches, sizes, optimisers and stopping rules (SPEC §7)."""
 
@@ -93,9 +98,14 @@ class FedCARTServerParams(Params):
     aux_head: bool = Field(
         True, description="Re-train h'; false is the ablation 'no h'' (the step re-trains h)."
     )
-    num_virtual: int = Field(100, ge=1, description="V, the number of virtual features per class.")
+    num_virtual: int = Field(
+        100, ge=1, le=MAX_VIRTUAL, description="V, the number of virtual features per class."
+    )
     match_iters: int = Field(
-        MATCH_ITERS, ge=0, description="T_V, the cap on gradient-matching steps per round."
+        MATCH_ITERS,
+        ge=0,
+        le=MAX_STEPS,
+        description="T_V, the cap on gradient-matching steps per round.",
     )
     match_optimizer: Optimizer = Field(
         MATCH_OPTIMIZER, description="Optimiser of the virtual features: 'adam' or 'sgd'."
@@ -123,18 +133,21 @@ class FedCARTServerParams(Params):
     retrain_epochs: int | None = Field(
         RETRAIN_EPOCHS,
         ge=1,
+        le=MAX_EPOCHS,
         description="T_R, the cap on re-training passes over Z_v per round (CReFF: 300 epochs; "
         "unset: only retrain_steps caps it).",
     )
     retrain_steps: int | None = Field(
         None,
         ge=0,
+        le=MAX_STEPS,
         description="A cap on re-training SGD steps per round (unset: none; 300 with "
         "retrain_epochs unset was the previous default).",
     )
     retrain_min_epochs: int = Field(
         RETRAIN_MIN_EPOCHS,
         ge=0,
+        le=MAX_EPOCHS,
         description="Passes over Z_v before the stopping rule may fire (a flat start never "
         "stops re-training).",
     )
@@ -145,7 +158,9 @@ class FedCARTServerParams(Params):
         "the minimum; unset: the plateau rule alone).",
     )
     retrain_lr: float = Field(RETRAIN_LR, gt=0.0, description="SGD step size of re-training.")
-    retrain_batch: int = Field(32, ge=1, description="Mini-batch size of re-training.")
+    retrain_batch: int = Field(
+        32, ge=1, le=MAX_VIRTUAL, description="Mini-batch size of re-training."
+    )
     retrain_window: int = Field(
         RETRAIN_WINDOW,
         ge=0,
