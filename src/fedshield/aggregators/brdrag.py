@@ -77,7 +77,7 @@ def brdrag_calibrate(
     """
     single = updates.dim() == 1
     x = updates.unsqueeze(0) if single else updates
-    c = parse_params(BrDragParams, {"c": c}, "brdrag_calibrate").c  # type: ignore[attr-defined]
+    c = parse_params(BrDragParams, {"c": c}, "brdrag_calibrate").c
     r = check_reference("brdrag_calibrate", reference, x)
     lam, cos, coef_g, coef_r, replaced, _ = _brdrag_coefficients(x, r, c)
     v = torch.empty_like(x)

@@ -79,7 +79,7 @@ def drag_calibrate(
     """
     single = updates.dim() == 1
     x = updates.unsqueeze(0) if single else updates
-    c = parse_params(DragParams, {"c": c}, "drag_calibrate").c  # type: ignore[attr-defined]
+    c = parse_params(DragParams, {"c": c}, "drag_calibrate").c
     r = check_reference("drag_calibrate", reference, x)
     lam, coef_r, geo = _drag_coefficients(x, r, c)
     v = torch.empty_like(x)

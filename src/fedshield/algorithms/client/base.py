@@ -90,6 +90,9 @@ class ClientAlgorithm:
     """Plain local SGD; the base of every client algorithm."""
 
     params_schema: type[Params] = NoParams
+    #: The validated parameters; a subclass re-declares it with its schema (``params:
+    #: ProxParams`` next to ``params_schema = ProxParams``) so its fields type-check.
+    params: Params
     #: The server's broadcast extras its pieces read (a Flower client helper decodes them:
     #: :class:`fedshield.flower.client_tools.AlgorithmClient`).
     payload_extras: tuple[str, ...] = ()

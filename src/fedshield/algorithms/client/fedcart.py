@@ -144,10 +144,11 @@ class FedCARTClient(AdversarialClient):
     """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h' (SPEC §7)."""
 
     params_schema = FedCARTParams
+    params: FedCARTParams
 
     @property
     def p(self) -> FedCARTParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def round_payload(self, payload: Payload, rnd: int) -> Payload:
         # TAET's stage depends on the round.

@@ -270,13 +270,14 @@ class MultiExit(ClientAlgorithm):
     """
 
     params_schema = MultiExitParams
+    params: MultiExitParams
     #: the method's KD warm-up / ramp-up as a share of T_FL when the param is None
     kd_warmup_share: ClassVar[float] = 0.0
     kd_rampup_share: ClassVar[float] = 0.0
 
     @property
     def p(self) -> MultiExitParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def depth_for(self, client_id: int, num_exits: int) -> int:
         m = cycled(self.p.depths, client_id, num_exits)
@@ -502,10 +503,11 @@ class DepthFL(MultiExit):
     """
 
     params_schema = DepthFLParams
+    params: DepthFLParams
     kd_rampup_share = 0.3
 
     def check_layout(self, model: EarlyExitViT) -> None:
-        if self.params.require_bottlenecks and model.bottlenecks is None:  # type: ignore[attr-defined]
+        if self.params.require_bottlenecks and model.bottlenecks is None:
             raise ConfigError(
                 "client.algorithm = 'depthfl' needs its bottleneck classifiers: set "
                 "model.params.exit_bottleneck = 'depthfl' (or client.params."
@@ -548,11 +550,12 @@ class ReeFL(MultiExit):
     """
 
     params_schema = ReeFLParams
+    params: ReeFLParams
     kd_rampup_share = 0.3
 
     @property
     def rp(self) -> ReeFLParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def check_layout(self, model: EarlyExitViT) -> None:
         if model.exit_mode != "recurrent":

@@ -76,6 +76,7 @@ class BRDragCt(BRDRAG):
     """BR-DRAG whose DoD scale is the theorem's per-round c^t ∈ [1/2, 1] (seed 000 Thm. 2)."""
 
     params_schema = BRDragCtParams
+    params: BRDragCtParams
 
     def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
         super().__init__(aggregator, **kwargs)
@@ -109,7 +110,7 @@ class BRDragCt(BRDRAG):
         ctx: RoundContext,
         services: ServerServices,
     ) -> ServerStep:
-        p: BRDragCtParams = self.params  # type: ignore[assignment]
+        p: BRDragCtParams = self.params
         ref = super().reference(params, buffers, state, updates, ctx, services)
         assert ref is not None
         geo = ref_geometry(stack_deltas(updates), ref)

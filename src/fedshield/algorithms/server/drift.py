@@ -35,6 +35,7 @@ class DRAG(FedAvg):
     reference for the next round; it is broadcast so a client may calibrate locally."""
 
     params_schema = DragParams
+    params: DragParams
     default_aggregator = "drag"
     optional_broadcast = ("ref",)
 
@@ -84,7 +85,7 @@ class DRAG(FedAvg):
     ) -> ServerStep:
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
         ref = self.reference(params, buffers, state, updates, ctx, services)
-        alpha = self.params.alpha  # type: ignore[attr-defined]
+        alpha = self.params.alpha
         new_state = state | agg.state | {"ref": (1 - alpha) * ref + alpha * agg.delta}
         return ServerStep(params + self.lr * agg.delta, agg.buffers, new_state, agg.metrics)
 
@@ -99,6 +100,7 @@ class FedExP(FedAvg):
     η_g = max{1, Σ‖g_m‖² / (2S(‖Δ̃‖² + ε))}, θ^{t+1} = θ^t + η_g Δ̃."""
 
     params_schema = FedExPParams
+    params: FedExPParams
 
     def update(
         self,
@@ -114,7 +116,7 @@ class FedExP(FedAvg):
         # under a robust rule): one huge upload cannot set the step size (SPEC §12).
         sq = stack_deltas(updates).to(torch.float64).pow(2).sum(1, keepdim=True)
         mean_sq = float(self.aggregate_field(sq, None)[0])
-        eps = self.params.eps  # type: ignore[attr-defined]
+        eps = self.params.eps
         agg_sq = float(agg.delta.to(torch.float64).pow(2).sum())
         eta = max(1.0, mean_sq / (2 * (agg_sq + eps)))
         metrics = agg.metrics | {"agg/eta_g": eta}
@@ -132,11 +134,12 @@ class FedACG(FedAvg):
     Pair with the ``fedacg`` client (proximal term towards θ̂)."""
 
     params_schema = FedACGParams
+    params: FedACGParams
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
-        lam = self.params.lam  # type: ignore[attr-defined]
+        lam = self.params.lam
         start = params + lam * state["m"] if "m" in state else params
         return Payload(start, buffers)
 
@@ -150,14 +153,14 @@ class FedACG(FedAvg):
         services: ServerServices,
     ) -> ServerStep:
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        lam = self.params.lam  # type: ignore[attr-defined]
+        lam = self.params.lam
         m = lam * state["m"] + agg.delta if "m" in state else agg.delta
         metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
         new_state = state | agg.state | {"m": m}
         return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
 
 
-class DragACGParams(Params):
+class DragACGParams(DragParams):  # DragACG runs DRAG's steps: it has DRAG's fields
     alpha: float = Field(0.25, gt=0.0, lt=1.0, description="DRAG's reference momentum α (eq. 8)")
     lam: float = Field(0.85, ge=0.0, lt=1.0, description="FedACG's look-ahead momentum λ")
 
@@ -175,11 +178,12 @@ class DragACG(DRAG):
     c = 0 is FedACG."""
 
     params_schema = DragACGParams
+    params: DragACGParams
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
-        lam = self.params.lam  # type: ignore[attr-defined]
+        lam = self.params.lam
         start = params + lam * state["m"] if "m" in state else params
         extras = {"ref": state["ref"]} if "ref" in state else {}
         return Payload(start, buffers, extras)
@@ -195,7 +199,7 @@ class DragACG(DRAG):
     ) -> ServerStep:
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
         ref = self.reference(params, buffers, state, updates, ctx, services)
-        p: DragACGParams = self.params  # type: ignore[assignment]
+        p: DragACGParams = self.params
         m = p.lam * state["m"] + agg.delta if "m" in state else agg.delta
         metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
         new_state = state | agg.state | {"ref": (1 - p.alpha) * ref + p.alpha * agg.delta, "m": m}

@@ -338,10 +338,11 @@ class FedCARTServer(FedAvg):
     virtual features and re-trains the inference head h' on them (SPEC §7)."""
 
     params_schema = FedCARTServerParams
+    params: FedCARTServerParams
 
     @property
     def p(self) -> FedCARTServerParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
