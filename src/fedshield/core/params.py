@@ -104,7 +104,7 @@ def schema_from_signature(obj: Any, skip: tuple[str, ...] = ()) -> type[Params]:
         fields[p.name] = (ann, default)
     name = f"{getattr(obj, '__name__', 'Component')}Params"
     base: type[Params] = _OpenParams if open_ended else Params
-    return create_model(name, __base__=base, **fields)  # type: ignore[call-overload]
+    return create_model(name, __base__=base, **fields)
 
 
 class _OpenParams(Params):

@@ -378,7 +378,11 @@ def svhn(root: str, download: bool) -> DataBundle:
 
         for split in ("train", "test"):
             _torchvision(
-                "svhn", root, True, lambda p, dl, s=split: tvd.SVHN(str(p), s, download=dl)
+                "svhn",
+                root,
+                True,
+                # the default binds this split (mypy cannot infer a lambda with a default)
+                lambda p, dl, s=split: tvd.SVHN(str(p), s, download=dl),  # type: ignore[misc]
             )
     out = []
     for split in ("train", "test"):

@@ -117,7 +117,7 @@ class AttackerMod:
 
     def is_attacker(self, context: Context) -> bool:
         pid = context.node_config.get("partition-id")
-        return int(pid if pid is not None else context.node_id) in self.nodes  # type: ignore[arg-type]
+        return int(pid if pid is not None else context.node_id) in self.nodes
 
     def poison(
         self, context: Context, x: Tensor, y: Tensor, num_classes: int

@@ -54,7 +54,7 @@ def node_partition(node_config: UserConfig) -> tuple[int, int | None]:
             "--node-config 'partition-id=K num-partitions=M' (K = its fedshield client index)"
         )
     n = node_config.get("num-partitions")
-    return int(node_config["partition-id"]), None if n is None else int(n)  # type: ignore[arg-type]
+    return int(node_config["partition-id"]), None if n is None else int(n)
 
 
 def state_dir(node_config: UserConfig) -> Path | None:

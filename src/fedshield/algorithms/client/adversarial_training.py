@@ -208,7 +208,7 @@ class CalFAT(AdversarialClient):
 
     def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         p = self.params
-        return calibrated_ce(model(x_adv), b.y, b.consts[LOG_PRIOR_KEY], p.scale, p.tau)  # type: ignore[attr-defined]
+        return calibrated_ce(model(x_adv), b.y, b.consts[LOG_PRIOR_KEY], p.scale, p.tau)
 
 
 class TAETParams(ATParams):

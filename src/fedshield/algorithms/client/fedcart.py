@@ -117,8 +117,10 @@ def cart_objective(
     the natural and adversarial predictions)."""
     terms: list[Tensor] = []
     if p.at_loss == "trades":
+        assert logits_adv is not None
         terms.append(trades_loss(logits, logits_adv, y, p.beta))
     elif p.at_loss == "mart":
+        assert logits_adv is not None
         terms.append(mart_loss(logits, logits_adv, y, p.beta))
     elif stage == 1:  # TAET's stabilisation stage: natural CE
         terms.append(F.cross_entropy(logits, y))
@@ -129,6 +131,7 @@ def cart_objective(
         if p.nat:
             terms.append(F.cross_entropy(logits, y))
         if p.at:
+            assert logits_adv is not None
             terms.append(F.cross_entropy(logits_adv, y))
     if p.align:
         assert z_adv is not None and logits_adv is not None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -192,18 +192,20 @@ def multi_exit_loss(
     def kl(s: int, t: int) -> Tensor:
         return kd_term(logits[s], logits[t], temperature, detach_teacher)
 
+    # cast: each sum below runs over m > 1 terms, so it is a tensor (never sum's start 0)
     if m > 1 and kd == "deepest":
-        kd_loss = sum(kl(e, m - 1) for e in range(m - 1)) / (m - 1)
+        kd_loss = cast(Tensor, sum(kl(e, m - 1) for e in range(m - 1))) / (m - 1)
     elif m > 1 and kd == "deepest_weighted":
-        kd_loss = sum(float(w[e]) * kl(e, m - 1) for e in range(m - 1))
+        kd_loss = cast(Tensor, sum(float(w[e]) * kl(e, m - 1) for e in range(m - 1)))
     elif m > 1 and kd == "mutual":
-        kd_loss = sum(
-            float(w[i]) * kl(i, j) / (m - 1) for i in range(m) for j in range(m) if i != j
+        kd_loss = cast(
+            Tensor,
+            sum(float(w[i]) * kl(i, j) / (m - 1) for i in range(m) for j in range(m) if i != j),
         )
     elif m > 1 and kd == "best":
         if teacher is None or not 0 <= teacher < m:
             raise ValueError(f"kd = 'best' needs a teacher exit in 0..{m - 1}, got {teacher}")
-        kd_loss = sum(float(w[j]) * kl(j, teacher) for j in range(m) if j != teacher)
+        kd_loss = cast(Tensor, sum(float(w[j]) * kl(j, teacher) for j in range(m) if j != teacher))
     loss = sup + gamma * kd_loss
     parts = {"train/loss_sup": float(sup.detach()), "train/loss_kd": float(kd_loss.detach())}
     return loss, parts

@@ -201,7 +201,7 @@ class WidthScaled(MultiExit):
     params_schema = WidthParams
     params: WidthParams
     name: ClassVar[str] = "width"
-    rounding: ClassVar[Rounding] = staticmethod(math.ceil)  # type: ignore[assignment]
+    rounding: ClassVar[staticmethod[[float], int]] = staticmethod(math.ceil)
 
     @property
     def wp(self) -> WidthParams:
@@ -414,7 +414,7 @@ class ScaleFL(WidthScaled):
     params_schema = ScaleFLParams
     params: ScaleFLParams
     name = "scalefl"
-    rounding = staticmethod(math.floor)  # type: ignore[assignment]
+    rounding = staticmethod(math.floor)
     kd_warmup_share = 0.25
 
     def check_layout(self, model: EarlyExitViT) -> None:

@@ -168,14 +168,14 @@ class VectorizedTrainer:
         pd = {name: t for (name, _), t in zip(self.layout.params, params)}
         bd = {name: t for (name, _, _), t in zip(self.layout.buffers, buffers)}
 
-        def per_client(pd, bd, x, y, consts, cid):  # type: ignore[no-untyped-def]
+        def per_client(pd, bd, x, y, consts, cid):
             draws.bind(cid)
             b = Batch(x, y, payload, consts)
             x_adv = functional_call(bound, (pd, bd), (algo.examples, b, draws))
 
             # Buffers enter as an argument, not a capture: BatchNorm mutates them in place,
             # which grad transforms allow on inputs only.
-            def loss_fn(p, bufs):  # type: ignore[no-untyped-def]
+            def loss_fn(p, bufs):
                 loss = functional_call(bound, (p, bufs), (algo.objective, b, x_adv))
                 return loss, loss.detach()
 
