@@ -21,7 +21,7 @@ itself is the ``brdrag`` rule (eq. 15) with c = c^t for the round.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -29,7 +29,7 @@ from torch import Tensor
 
 import fedshield.aggregators  # noqa: F401  (registers the rules)
 from fedshield.aggregators._ops import ref_geometry
-from fedshield.aggregators.base import AGGREGATORS
+from fedshield.aggregators.base import AGGREGATORS, Aggregator
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerServices,
@@ -78,7 +78,7 @@ class BRDragCt(BRDRAG):
     params_schema = BRDragCtParams
     params: BRDragCtParams
 
-    def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
+    def __init__(self, aggregator: Aggregator, **kwargs: Any) -> None:
         super().__init__(aggregator, **kwargs)
         name = getattr(type(aggregator), "registry_name", type(aggregator).__name__)
         if name != "brdrag":

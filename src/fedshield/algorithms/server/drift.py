@@ -3,10 +3,13 @@ and DRAG's calibration under FedACG's look-ahead momentum (``drag_acg``, our com
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pydantic import Field
 from torch import Tensor
 
+from fedshield.aggregators.base import Aggregator
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerServices,
@@ -39,7 +42,7 @@ class DRAG(FedAvg):
     default_aggregator = "drag"
     optional_broadcast = ("ref",)
 
-    def __init__(self, aggregator, **kwargs) -> None:  # noqa: ANN001, ANN003
+    def __init__(self, aggregator: Aggregator, **kwargs: Any) -> None:
         super().__init__(aggregator, **kwargs)
         if not aggregator.needs_reference:
             raise ConfigError(
