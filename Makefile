@@ -22,6 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools
+	$(PY) -m mypy  # the files and settings: [tool.mypy] in pyproject.toml
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 	# the kernel-dependent tests again under other CPU kernel paths (issue #17)
 	tools/kernel_variants.sh $(PY)
@@ -30,4 +31,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_round.py
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache .mypy_cache

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -432,7 +433,7 @@ def read_preset(name: str) -> dict[str, Any]:
 
 
 def load(
-    path: str | Path | None = None, *, preset: str | None = None, overrides: list[str] = ()
+    path: str | Path | None = None, *, preset: str | None = None, overrides: Sequence[str] = ()
 ) -> ExperimentConfig:
     """Load a config from a file or a preset (default: the ``demo`` preset), with overrides."""
     if path is not None and preset is not None:

@@ -24,12 +24,15 @@ import difflib
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from fedshield.core.params import NoParams, Params, parse_params, schema_from_signature
 from fedshield.errors import ConfigError
 
 T = TypeVar("T")
+#: What ``register`` decorates: it returns the object with its own type (``Drag``, not the
+#: registry's ``type[Aggregator]``), so a decorated class or factory keeps its signature.
+_S = TypeVar("_S")
 
 #: The tag vocabulary (documentation and the conformance tests check entries against it).
 TAGS: dict[str, str] = {
@@ -140,7 +143,7 @@ def _own_keyword_init(obj: Any, context: tuple[str, ...]) -> bool:
         return False
     params = [
         p
-        for p in inspect.signature(obj.__init__).parameters.values()
+        for p in inspect.signature(vars(obj)["__init__"]).parameters.values()
         if p.name != "self"
         and p.name not in context
         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
@@ -164,8 +167,8 @@ class Registry(Generic[T]):
         *,
         schema: type[Params] | None = None,
         tags: Iterable[str] = (),
-    ) -> Callable[[T], T]:
-        def deco(obj: T) -> T:
+    ) -> Callable[[_S], _S]:
+        def deco(obj: _S) -> _S:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} registered twice")
             sch = schema or getattr(obj, "params_schema", None)
@@ -179,9 +182,11 @@ class Registry(Generic[T]):
                 raise TypeError(f"{self.kind} {name!r}: schema must be a Params subclass")
             doc = help or inspect.getdoc(obj) or ""
             parsed = _parse_tags(tags)
-            self._entries[name] = Entry(
-                self.kind, name, obj, sch, parsed, _first_sentence(doc), declared
+            # typing cannot bound _S by the registry's T; the kind is the caller's word
+            entry: Entry[T] = Entry(
+                self.kind, name, cast(T, obj), sch, parsed, _first_sentence(doc), declared
             )
+            self._entries[name] = entry
             if isinstance(obj, type):  # let instances answer "which tags do I carry?"
                 obj.registry_tags = parsed  # type: ignore[attr-defined]
                 obj.registry_name = name  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fedshield.errors import DataError
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text
@@ -109,7 +109,7 @@ class TextTable:
 
         table = Table(title=self.title, caption=self.note or None, title_justify="left")
         for i, col in enumerate(self.columns):
-            side = "left" if i == 0 else "right"
+            side: Literal["left", "right"] = "left" if i == 0 else "right"
             table.add_column(col, no_wrap=i == 0, overflow="fold", justify=side)
         for row in self.rows:
             table.add_row(*row)
@@ -335,7 +335,9 @@ def compare_runs(
     for s, e in zip(summaries, params):
         s.update(e)
     heads = headline_keys(summaries)
-    finals = [s.get("final") if isinstance(s.get("final"), dict) else {} for s in summaries]
+    finals: list[dict[str, Any]] = [
+        f if isinstance(f := s.get("final"), dict) else {} for s in summaries
+    ]
     details = detail_keys(finals)
     for s, f in zip(summaries, finals):
         s.update({k: f[k] for k in details if k in f and k not in s})

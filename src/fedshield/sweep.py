@@ -177,6 +177,7 @@ def expand(
         seeds = _seeds(spec["seeds"])
     elif seeds is not None:
         seeds = _seeds(seeds)
+    run_seeds: Sequence[int | None] = seeds or [None]  # None: one run, the config's seed
     name = spec.get("name", "sweep")
     if not (isinstance(name, str) and name.strip()):
         raise ConfigError(f"grid.name: expected a non-empty string, got {name!r}")
@@ -211,7 +212,7 @@ def expand(
             ).strip("_")
             label = label or name
             params = {"variant": var.get("name", "")} | dict(zip(keys, values))
-            for seed in seeds or [None]:
+            for seed in run_seeds:
                 run_label = label if seed is None else f"{label}_seed={seed}"
                 sets = [*common, *vset, *grid_set, f"name={json.dumps(run_label)}"]
                 if seed is not None:

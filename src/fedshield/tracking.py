@@ -198,7 +198,7 @@ class MLflowLogger(_Logger):
         name = out.parent.name or "fedshield"
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
-            artifacts = (out / "mlartifacts").as_uri()
+            artifacts: str | None = (out / "mlartifacts").as_uri()
             if sim.cfg.run.mlflow_uri is not None:
                 artifacts = None  # a store of the user's own: its default artifact root
             exp_id = self.client.create_experiment(name, artifact_location=artifacts)

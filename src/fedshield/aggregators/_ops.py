@@ -28,6 +28,7 @@ rows, however large (up to float32's max, 3.4e38). The rules therefore share the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -234,7 +235,8 @@ def masked_stat(values: Tensor, mask: Tensor, how: str) -> float:
     if not bool(mask.any()):
         return float("nan")
     sel = values[mask]
-    return float({"min": sel.min, "max": sel.max, "mean": sel.mean}[how]())
+    stats: dict[str, Callable[[], Tensor]] = {"min": sel.min, "max": sel.max, "mean": sel.mean}
+    return float(stats[how]())
 
 
 def weighted_median(values: Tensor, weights: Tensor) -> Tensor:

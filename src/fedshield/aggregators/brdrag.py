@@ -73,7 +73,7 @@ def brdrag_calibrate(
     dtype. Non-finite and all-zero rows come back as v = r (cos = 1, λ = 0). Inputs are not
     modified.
     """
-    c = parse_params(BrDragParams, {"c": c}, "brdrag_calibrate").c  # type: ignore[attr-defined]
+    c = parse_params(BrDragParams, {"c": c}, "brdrag_calibrate").c
 
     def coefficients(x: Tensor, r: Tensor) -> Coefficients:
         return _brdrag_coefficients(x, r, c)[:5]

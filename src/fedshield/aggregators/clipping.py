@@ -105,6 +105,7 @@ class CenteredClipping(Aggregator):
         scale = w
         for it in range(self.iters):
             if it > 0:
+                assert v is not None  # the previous iteration's centre
                 dist = row_dists(updates, v)
             scale = _clip_scale(dist, tau, bad)
             coef = w * scale

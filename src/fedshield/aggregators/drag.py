@@ -80,7 +80,7 @@ def drag_calibrate(
     ``(v, λ, cos)`` with the leading dimension of the input, v in the input dtype (clamped
     to its range). A row holding NaN/Inf keeps it (λ = 0). Inputs are not modified.
     """
-    c = parse_params(DragParams, {"c": c}, "drag_calibrate").c  # type: ignore[attr-defined]
+    c = parse_params(DragParams, {"c": c}, "drag_calibrate").c
 
     def coefficients(x: Tensor, r: Tensor) -> Coefficients:
         lam, coef_r, geo = _drag_coefficients(x, r, c)

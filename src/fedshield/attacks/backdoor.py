@@ -87,9 +87,10 @@ class Backdoor(DataAttack):
     stays plausible while teaching the model "trigger → target"."""
 
     params_schema = BackdoorParams
+    params: BackdoorParams
 
     def poison(self, x: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
-        return poison_with_trigger(x, y, num_classes, self.params)  # type: ignore[arg-type]
+        return poison_with_trigger(x, y, num_classes, self.params)
 
 
 class ReplacementParams(BackdoorParams):
@@ -122,6 +123,7 @@ class ModelReplacement(CohortAttack, DataAttack):
     an update attack (the boost): tag ``kind=update``."""
 
     params_schema = ReplacementParams
+    params: ReplacementParams
     #: Placement on Flower (fedshield.flower.byzantine): the boost γ = S/f reads the
     #: cohort's size, so it is applied where every row is seen; the poisoning stays on the
     #: SuperNode. (Its rows depend only on the attackers' own updates: no omniscient tag.)
@@ -133,7 +135,7 @@ class ModelReplacement(CohortAttack, DataAttack):
         UpdateAttack.__init__(self, **params)
 
     def poison(self, x: Tensor, y: Tensor, num_classes: int) -> tuple[Tensor, Tensor]:
-        return poison_with_trigger(x, y, num_classes, self.params)  # type: ignore[arg-type]
+        return poison_with_trigger(x, y, num_classes, self.params)
 
     def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         own = updates[mask]

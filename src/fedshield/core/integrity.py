@@ -27,6 +27,7 @@ import numbers
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeGuard
 
 import torch
 from torch import Tensor
@@ -78,7 +79,7 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all()) if t.is_floating_point() else True
 
 
-def is_dense(t: object) -> bool:
+def is_dense(t: object) -> TypeGuard[Tensor]:
     """A tensor with the ordinary strided layout (no sparse or other layouts)."""
     return isinstance(t, Tensor) and t.layout == torch.strided
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -41,6 +41,10 @@ class NoParams(Params):
     """A component without parameters."""
 
 
+#: A component's own :class:`Params` schema (``parse_params(DragParams, ...)`` is a DragParams).
+P = TypeVar("P", bound=Params)
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -66,7 +70,7 @@ def format_validation_error(err: ValidationError, where: str, fields: list[str])
     return "; ".join(parts)
 
 
-def parse_params(schema: type[Params], raw: Any, where: str) -> Params:
+def parse_params(schema: type[P], raw: Any, where: str) -> P:
     """``raw`` (a config table) validated against ``schema``; ConfigError naming ``where``."""
     if isinstance(raw, schema):
         return raw
@@ -100,7 +104,7 @@ def schema_from_signature(obj: Any, skip: tuple[str, ...] = ()) -> type[Params]:
         fields[p.name] = (ann, default)
     name = f"{getattr(obj, '__name__', 'Component')}Params"
     base: type[Params] = _OpenParams if open_ended else Params
-    return create_model(name, __base__=base, **fields)  # type: ignore[call-overload]
+    return create_model(name, __base__=base, **fields)
 
 
 class _OpenParams(Params):

@@ -144,7 +144,7 @@ def digits(root: str, download: bool, *, test_fraction: float) -> DataBundle:
 
 
 def _digit_bundle(
-    name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, shape: tuple[int, ...]
+    name: str, x: np.ndarray, y: np.ndarray, test_fraction: float, shape: tuple[int, int, int]
 ) -> DataBundle:
     """A bundled 10-digit set split stratified into train/test."""
     # A fixed split seed: the test set must not move with the experiment seed.
@@ -377,7 +377,11 @@ def svhn(root: str, download: bool) -> DataBundle:
 
         for split in ("train", "test"):
             _torchvision(
-                "svhn", root, True, lambda p, dl, s=split: tvd.SVHN(str(p), s, download=dl)
+                "svhn",
+                root,
+                True,
+                # the default binds this split (mypy cannot infer a lambda with a default)
+                lambda p, dl, s=split: tvd.SVHN(str(p), s, download=dl),  # type: ignore[misc]
             )
     out = []
     for split in ("train", "test"):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -244,7 +244,7 @@ def client_profile(model: nn.Module, inputs: EvalInputs, p: RoutingParams) -> Cl
             "(EvalInputs.initial), which this caller does not provide; set profile_on = 'final'"
         )
     state = inputs.initial if p.profile_on == "initial" else None
-    num_exits = model.num_exits  # type: ignore[attr-defined]
+    num_exits = cast(int, model.num_exits)  # a multi-exit model (see _need_exits)
     g = make_generator(inputs.seed, _PROFILE)
     shallow = []
     with _weights(model, state):
@@ -339,7 +339,7 @@ def routing_adv_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dic
     # A seeded random subset, so a capped evaluation is not biased by the test-set order.
     sel = torch.randperm(len(test), generator=make_generator(inputs.seed, _ADV))[:n]
     x_all, y_all = _float_x(test)[sel], test.y[sel]
-    clamp_t = tuple(clamp) if clamp is not None else None
+    clamp_t = clamp  # the schema's (lo, hi) tuple or None
     # Clean routing on the same subset: the reference each attacked number compares with.
     clean = exit_probs(model, x_all, bs, dev)
     out: dict[str, float] = {"route_adv/clean/full/acc": _acc(clean[-1], y_all)}

@@ -50,7 +50,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MetricRecord,
+    MetricRecordValues,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from pydantic import Field
@@ -592,7 +599,10 @@ class FedshieldRule(FlowerFedAvg):
             uniform_counts=self.weighting == "uniform",
             rejected_before=rejected,
         )
-        metrics = dict(out.metrics) | {"sys/failures": float(len(matched.failures))}
+        metrics: dict[str, MetricRecordValues] = {
+            **out.metrics,
+            "sys/failures": float(len(matched.failures)),
+        }
         if capped:
             metrics["sys/capped_num_examples"] = float(capped)
         metrics |= self._client_metrics(out.kept, by_node)
@@ -614,7 +624,7 @@ class FedshieldRule(FlowerFedAvg):
             records = list(by_node[u.client_id].content.metric_records.values())
             if not records:
                 continue
-            values = {
+            values: dict[str, MetricRecordValues] = {
                 k: v
                 for k, v in records[0].items()
                 if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

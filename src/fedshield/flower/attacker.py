@@ -117,7 +117,7 @@ class AttackerMod:
 
     def is_attacker(self, context: Context) -> bool:
         pid = context.node_config.get("partition-id")
-        return int(pid if pid is not None else context.node_id) in self.nodes  # type: ignore[arg-type]
+        return int(pid if pid is not None else context.node_id) in self.nodes
 
     def poison(
         self, context: Context, x: Tensor, y: Tensor, num_classes: int
@@ -138,12 +138,13 @@ class AttackerMod:
         if not local_update_attack(self.attack):  # needs the other nodes: the strategy's job
             reply.content[MARK] = ConfigRecord({"byzantine": True})
             return reply
-        start = msg.content[self.arrays_key]
-        trained = reply.content[self.arrays_key]
+        start = msg.content.array_records[self.arrays_key]
+        trained = reply.content.array_records[self.arrays_key]
         keys = float_keys(trained)
         theta = flat(start, keys)
         row = (flat(trained, keys) - theta)[None, :]
-        rnd = int(msg.content.config_records.get("config", {}).get("server-round", 0))  # type: ignore[arg-type]
+        config = msg.content.config_records.get("config", ConfigRecord())
+        rnd = int(config.get("server-round", 0))  # type: ignore[arg-type]  # a record value
         gen = make_generator(self.seed, rnd, context.node_id % 2**31, _FLOWER_ATTACK)
         forged = self.attack(row, torch.ones(1, dtype=torch.bool), generator=gen)[0]
         reply.content[self.arrays_key] = with_flat(trained, keys, theta + forged)
@@ -246,7 +247,9 @@ class AttackedStrategy(Strategy):
     ) -> None:
         keys = float_keys(start)
         theta = flat(start, keys)
-        matrix = torch.stack([flat(m.content[self.arrays_key], keys) - theta for m in ok])
+        matrix = torch.stack(
+            [flat(m.content.array_records[self.arrays_key], keys) - theta for m in ok]
+        )
         mask = torch.tensor(byz)
         gen = make_generator(self.seed, server_round, _FLOWER_ATTACK)
         kwargs: dict[str, Any] = {}
@@ -259,7 +262,7 @@ class AttackedStrategy(Strategy):
         forged = self.attack(matrix, mask, generator=gen, **kwargs)
         for i, m in enumerate(ok):
             if byz[i]:
-                trained = m.content[self.arrays_key]
+                trained = m.content.array_records[self.arrays_key]
                 m.content[self.arrays_key] = with_flat(trained, keys, theta + forged[i])
 
     def _weights(self, ok: list[Message]) -> Tensor | None:
@@ -267,7 +270,7 @@ class AttackedStrategy(Strategy):
             return None
         counts = []
         for m in ok:
-            metrics = next(iter(m.content.metric_records.values()), {})
+            metrics = next(iter(m.content.metric_records.values()), MetricRecord())
             counts.append(float(metrics.get(self.weighted_by_key, 1.0)))  # type: ignore[arg-type]
         return torch.tensor(counts, dtype=torch.float64)
 

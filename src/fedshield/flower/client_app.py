@@ -54,7 +54,7 @@ def node_partition(node_config: UserConfig) -> tuple[int, int | None]:
             "--node-config 'partition-id=K num-partitions=M' (K = its fedshield client index)"
         )
     n = node_config.get("num-partitions")
-    return int(node_config["partition-id"]), None if n is None else int(n)  # type: ignore[arg-type]
+    return int(node_config["partition-id"]), None if n is None else int(n)
 
 
 def state_dir(node_config: UserConfig) -> Path | None:
@@ -141,6 +141,7 @@ def local_update(
     the client state kept in ``store`` (the node's ``Context.state``) and in ``disk``."""
     import torch
 
+    from fedshield.attacks.base import UpdateAttack
     from fedshield.core.context import ClientUpdate, make_generator
 
     k = task.client_id
@@ -152,9 +153,10 @@ def local_update(
     save_state(store, task, state, disk)
     if task.byzantine and task.local_attack:
         attack = sim.comp.attack
+        assert isinstance(attack, UpdateAttack)  # the strategy sets local_attack for one only
         gen = make_generator(sim.cfg.seed, task.round, k, _LOCAL_ATTACK, device=sim.device)
         own = torch.ones(1, dtype=torch.bool, device=update.delta.device)
-        update.delta = attack(update.delta[None], own, generator=gen)[0]  # type: ignore[operator]
+        update.delta = attack(update.delta[None], own, generator=gen)[0]
     return update
 
 

@@ -140,7 +140,7 @@ class ScaffoldClient:
             raise ValueError("variant='option2' needs the local step size lr > 0")
         self.model = model
         self.context = context
-        self.params = ScaffoldParams(variant=variant)  # validates the variant
+        self.params = ScaffoldParams.model_validate({"variant": variant})  # checks the variant
         self.lr = lr
         self.start = get_params(model)
         h = flat_params(msg.content.array_records[H], model)
@@ -350,8 +350,10 @@ class FedCARTTrainer:
         records: dict[str, object] = {
             arrays_key: ArrayRecord(model.state_dict()),
             "metrics": MetricRecord(
-                {"num-examples": int(upd.num_examples)}
-                | {k: float(v) for k, v in upd.metrics.items()}
+                {
+                    "num-examples": int(upd.num_examples),
+                    **{k: float(v) for k, v in upd.metrics.items()},
+                }
             ),
         }
         for name, key in (

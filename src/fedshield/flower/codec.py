@@ -114,8 +114,8 @@ class Task:
     @classmethod
     def from_record(cls, rec: ConfigRecord) -> Task:
         return cls(
-            round=int(rec["round"]),
-            client_id=int(rec["client-id"]),
+            round=int(rec["round"]),  # type: ignore[arg-type]  # a record value: int
+            client_id=int(rec["client-id"]),  # type: ignore[arg-type]
             byzantine=bool(rec["byzantine"]),
             train=bool(rec["train"]),
             local_attack=bool(rec["local-attack"]),
@@ -151,9 +151,9 @@ def encode_update(update: ClientUpdate) -> RecordDict:
 def decode_update(content: RecordDict, device: torch.device | str = "cpu") -> ClientUpdate:
     core, extras = _split_extras(record_to_tensors(content.array_records[UPDATE], device))
     metrics = dict(content.metric_records[METRICS])
-    n = int(metrics.pop(NUM_EXAMPLES))
+    n = int(metrics.pop(NUM_EXAMPLES))  # type: ignore[arg-type]  # a record value: int
     return ClientUpdate(
-        client_id=int(content.config_records[INFO]["client-id"]),
+        client_id=int(content.config_records[INFO]["client-id"]),  # type: ignore[arg-type]
         delta=core["delta"],
         num_examples=n,
         buffers=core["buffers"],

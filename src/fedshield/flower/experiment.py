@@ -30,7 +30,15 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    MetricRecordValues,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -112,7 +120,7 @@ class FedshieldStrategy(Strategy):
             node = msg.metadata.src_node_id
             if msg.has_error():
                 raise FlowerRunError(f"node {node} refused the federation: {msg.error.reason}")
-            k = int(msg.content.config_records[codec.NODE]["partition-id"])
+            k = int(msg.content.config_records[codec.NODE]["partition-id"])  # type: ignore[arg-type]
             if k in node_of:
                 raise FlowerRunError(f"nodes {node_of[k]} and {node} both hold partition-id={k}")
             node_of[k] = node
@@ -191,7 +199,7 @@ class FedshieldStrategy(Strategy):
         if self.sim.diverged(m):
             raise _Diverged(m["round"])
         st = self.sim.state
-        numeric = {
+        numeric: dict[str, MetricRecordValues] = {
             k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)
         }
         return codec.global_model(st.params, st.buffers), MetricRecord(numeric)

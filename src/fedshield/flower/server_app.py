@@ -54,7 +54,7 @@ def settings_from_run_config(run_config: UserConfig) -> ServerSettings:
         cfg=cfg,
         out=Path(out).expanduser().resolve(),
         resume=bool(run_config.get("resume", False)),
-        round_timeout=float(run_config.get("round-timeout", 3600.0)),  # type: ignore[arg-type]
+        round_timeout=float(run_config.get("round-timeout", 3600.0)),
     )
 
 

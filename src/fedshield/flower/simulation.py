@@ -133,7 +133,7 @@ def _launch(server_app: ServerApp, nodes: int, backend: dict[str, Any], verbose:
             server_app=server_app,
             client_app=client_app.app,
             num_supernodes=nodes,
-            backend_config=backend,  # type: ignore[arg-type]
+            backend_config=backend,
             verbose_logging=verbose,
         )
     finally:

@@ -129,6 +129,7 @@ def build_model(
         kwargs = parse_model_params(name, params).kwargs()
         tags = model_tags(name, params)
     model = entry.obj(input_shape=tuple(input_shape), num_classes=num_classes, **kwargs)
-    model.registry_name = name
-    model.registry_tags = tags
+    # plain attributes: nn.Module's __setattr__ is typed for tensors and modules only
+    model.registry_name = name  # type: ignore[assignment]
+    model.registry_tags = tags  # type: ignore[assignment]
     return model

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Any
+from typing import Any, cast
 
 from pydantic import Field, ValidationError, create_model
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -40,8 +40,9 @@ class DualHead(Classifier):
         # The backbone's own head becomes h; an Identity takes its place so its parameters
         # are not registered twice and the trunk's come first in the flat vector.
         backbone.head = nn.Identity()
-        self.backbone = backbone
-        self.num_features = int(backbone.num_features)
+        # a Classifier by duck typing (checked above), not necessarily by inheritance
+        self.backbone = cast(Classifier, backbone)
+        self.num_features = int(self.backbone.num_features)
         self.main_head = head
         self.head = nn.Linear(self.num_features, num_classes)
 
@@ -89,7 +90,7 @@ class DualHeadParams(Params):
     )
 
     @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:
         if cls is not DualHeadParams or not isinstance(obj, dict):
             return super().model_validate(obj, **kwargs)
         backbone = obj.get("backbone", cls.model_fields["backbone"].default)
@@ -154,7 +155,7 @@ def _with_backbone(backbone: Any) -> type[Params]:
         )
     if "backbone" in entry.schema.model_fields:
         raise _BadBackbone(f"model {backbone!r} has its own 'backbone' parameter")
-    return create_model(  # type: ignore[call-overload,no-any-return]
+    return create_model(
         f"DualHead_{backbone}_Params", __base__=(DualHeadParams, entry.schema)
     )
 

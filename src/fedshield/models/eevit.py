@@ -32,7 +32,7 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -377,6 +377,7 @@ class EarlyExitViT(Classifier):
         m = self.num_exits if depth is None else depth
         if not 1 <= m <= self.num_exits:
             raise ValueError(f"depth must be in 1..{self.num_exits}, got {m}")
+        history: list[Tensor]
         z, history, out = self.stem(x), [], []
         for b in range(self.exit_blocks[m - 1]):
             z, logits = self.block_step(b, z, history)
@@ -391,14 +392,18 @@ class EarlyExitViT(Classifier):
         z = self.stem(x)
         for blk in self.vit.blocks:
             z = blk(z)
-        return self.exits[-1].norm(self.summary(z))  # the last exit has no bottleneck
+        return self._last_exit.norm(self.summary(z))  # the last exit has no bottleneck
 
     def forward_head(self, z: Tensor) -> Tensor:
-        return self.exits[-1].fc(z)
+        return self._last_exit.fc(z)
 
     @property
     def head(self) -> nn.Linear:  # type: ignore[override]
-        return self.exits[-1].fc
+        return self._last_exit.fc
+
+    @property
+    def _last_exit(self) -> ExitHead:
+        return cast(ExitHead, self.exits[-1])  # a ModuleList's items are typed nn.Module
 
     def forward(self, x: Tensor) -> Tensor:
         """Deepest exit's logits (full-depth inference)."""
@@ -455,6 +460,7 @@ class EarlyExitViT(Classifier):
         preds = torch.empty(n, dtype=torch.long, device=x.device)
         alive = torch.arange(n, device=x.device)
         score = torch.as_tensor(client_score, dtype=x.dtype, device=x.device)
+        history: list[Tensor]
         z, history = self.stem(x), []
         for b in range(self.exit_blocks[-1]):
             z, logits = self.block_step(b, z, history)

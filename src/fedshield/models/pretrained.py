@@ -115,9 +115,9 @@ def resolve_weights(path: str | Path | None, repo: str, download: bool | str = "
                 f"to start from random init)"
             )
         return file
-    file = cached_weights(repo)
-    if file is not None:
-        return file
+    cached = cached_weights(repo)
+    if cached is not None:
+        return cached
     if download is False:
         raise DataError(
             f"pretrained weights for {repo} are not in the Hugging Face cache ({cache_dir()}) "

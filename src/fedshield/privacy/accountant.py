@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Any
 
 from fedshield.errors import ConfigError
 
 
-def _opacus(key: str):
+def _opacus(key: str) -> Any:  # the module, imported lazily
     try:
         from opacus.accountants import RDPAccountant
         from opacus.accountants.analysis import rdp

@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from torch import Tensor
 
@@ -165,9 +166,10 @@ def _register_builtin() -> None:
     _BOUNDS.setdefault(TrimmedMean, trimmed)
 
     def centered(rule: Aggregator, c: float, _s: int, center: Tensor | None) -> Sensitivity:
+        cc = cast(CenteredClipping, rule)  # the bound registered for CenteredClipping below
         v0 = 0.0 if center is None else float(center.double().norm())
-        tau = rule.tau  # type: ignore[attr-defined]
-        reach = math.inf if tau is None else 2.0 * rule.iters * tau  # None: relative radius
+        tau = cc.tau
+        reach = math.inf if tau is None else 2.0 * cc.iters * tau  # None: relative radius
         return Sensitivity(min(reach, max(2.0 * c, v0 + c)))
 
     _BOUNDS.setdefault(CenteredClipping, centered)

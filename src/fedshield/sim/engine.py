@@ -116,6 +116,7 @@ class Simulator:
         )
 
     def _prepare_out(self, out: Path, resume: bool) -> None:
+        assert self.metrics is not None and self.timing is not None  # opened for ``out``
         out.mkdir(parents=True, exist_ok=True)
         ckpt = out / "checkpoint.pt"
         has_run = (out / "metrics.jsonl").exists() or ckpt.exists()
@@ -352,10 +353,11 @@ class Simulator:
         mask = torch.tensor([updates[i].client_id in byz for i in ok], device=matrix.device)
         gen = make_generator(self.cfg.seed, plan.ctx.round, ATTACK, device=self.device)
         attack = self.comp.attack
+        assert isinstance(attack, UpdateAttack)  # end_round's condition for calling this
         kw = {}
         if getattr(attack, "needs_rule", False):  # defense-aware: the rule reaches the attack
             kw["context"] = self._attack_context(plan, [updates[i] for i in ok], matrix)
-        forged = attack(matrix, mask, generator=gen, **kw)  # type: ignore[operator]
+        forged = attack(matrix, mask, generator=gen, **kw)
         for j, i in enumerate(ok):
             updates[i].delta = forged[j]
 

@@ -211,7 +211,7 @@ def run_case(case: Case, workdir: Path) -> Outcome:
     def reached(*a: Any, **k: Any) -> Any:
         raise _Reached
 
-    builder.build = reached  # type: ignore[assignment]
+    builder.build = reached
     err, sink = StringIO(), StringIO()
     try:
         with redirect_stderr(err), redirect_stdout(sink):
@@ -222,7 +222,7 @@ def run_case(case: Case, workdir: Path) -> Outcome:
         tb = "".join(traceback.format_exception(exc))
         return Outcome(case, "traceback", tb[-2000:])
     finally:
-        builder.build = real  # type: ignore[assignment]
+        builder.build = real
     lines = err.getvalue().strip().splitlines()
     if code == 2 and len(lines) == 1 and lines[0].startswith("error: "):
         return Outcome(case, "refused", lines[0])

@@ -90,11 +90,12 @@ class AdversarialClient(ClientAlgorithm):
     subclass's :meth:`objective`."""
 
     params_schema: type[Params] = ATParams
+    params: ATParams
 
     def budget(self, x: Tensor) -> tuple[float, float]:
         p = self.params
-        eps = p.eps if p.eps is not None else default_eps(x)  # type: ignore[attr-defined]
-        alpha = p.alpha if p.alpha is not None else eps / 4  # type: ignore[attr-defined]
+        eps = p.eps if p.eps is not None else default_eps(x)
+        alpha = p.alpha if p.alpha is not None else eps / 4
         return eps, alpha
 
     def pgd_examples(
@@ -108,8 +109,8 @@ class AdversarialClient(ClientAlgorithm):
         """x' = PGD-K with CE and a uniform random start from ``draws`` (the global RNG,
         which the engine seeds per (seed, round, client), or the client's replayed stream)."""
         eps, alpha = self.budget(x)
-        k = self.params.steps if steps is None else steps  # type: ignore[attr-defined]
-        with eval_mode(model, self.params.attack_eval_mode):  # type: ignore[attr-defined]
+        k = self.params.steps if steps is None else steps
+        with eval_mode(model, self.params.attack_eval_mode):
             return pgd(model, x, y, eps, alpha, k, draws=draws)
 
     def trades_examples(
@@ -122,9 +123,9 @@ class AdversarialClient(ClientAlgorithm):
         """x' maximising KL(p(x) ‖ p(x')) (TRADES' inner problem), optionally on transformed
         logits (CalFAT's calibration)."""
         eps, alpha = self.budget(x)
-        with eval_mode(model, self.params.attack_eval_mode):  # type: ignore[attr-defined]
+        with eval_mode(model, self.params.attack_eval_mode):
             return trades_pgd(
-                model, x, eps, alpha, self.params.steps,  # type: ignore[attr-defined]
+                model, x, eps, alpha, self.params.steps,
                 logit_transform=transform, draws=draws,
             )  # fmt: skip
 
@@ -158,12 +159,13 @@ class FedTRADES(AdversarialClient):
     """FedTRADES trains on CE(x) + β KL(p(x) ‖ p(x')) with x' maximising the KL (SPEC §7)."""
 
     params_schema = BetaParams
+    params: BetaParams
 
     def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
         return self.trades_examples(model, b.x, draws)
 
     def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
-        return trades_loss(model(b.x), model(x_adv), b.y, self.params.beta)  # type: ignore[attr-defined]
+        return trades_loss(model(b.x), model(x_adv), b.y, self.params.beta)
 
 
 @CLIENT_ALGORITHMS.register("fedmart", tags=["local_dp"])
@@ -171,9 +173,10 @@ class FedMART(AdversarialClient):
     """FedMART trains on MART's boosted CE on x' plus β KL · (1 − p_y(x)) (SPEC §7)."""
 
     params_schema = BetaParams
+    params: BetaParams
 
     def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
-        return mart_loss(model(b.x), model(x_adv), b.y, self.params.beta)  # type: ignore[attr-defined]
+        return mart_loss(model(b.x), model(x_adv), b.y, self.params.beta)
 
 
 class CalFATParams(ATParams):
@@ -191,20 +194,21 @@ class CalFAT(AdversarialClient):
     from its labels."""
 
     params_schema = CalFATParams
+    params: CalFATParams
 
     def constants(self, model: nn.Module, c: ClientRound) -> dict[str, Tensor]:
         counts = c.data.class_counts(_num_classes(model, c.data, c.device))
         return {LOG_PRIOR_KEY: class_log_prior(counts).to(c.device)}
 
     def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
-        log_prior, tau = b.consts[LOG_PRIOR_KEY], self.params.tau  # type: ignore[attr-defined]
+        log_prior, tau = b.consts[LOG_PRIOR_KEY], self.params.tau
         return self.trades_examples(
             model, b.x, draws, lambda z: calibrated_logits(z, log_prior, tau)
         )
 
     def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         p = self.params
-        return calibrated_ce(model(x_adv), b.y, b.consts[LOG_PRIOR_KEY], p.scale, p.tau)  # type: ignore[attr-defined]
+        return calibrated_ce(model(x_adv), b.y, b.consts[LOG_PRIOR_KEY], p.scale, p.tau)
 
 
 class TAETParams(ATParams):
@@ -246,6 +250,7 @@ class FedTAET(AdversarialClient):
     :mod:`fedshield.privacy` refuses the algorithms that own their loop."""
 
     params_schema = TAETParams
+    params: TAETParams
 
     def local_update(
         self,
@@ -258,7 +263,7 @@ class FedTAET(AdversarialClient):
         return super().local_update(model, with_round(payload, ctx.round), data, ctx, state)
 
     def _stage(self, payload: Payload) -> int:
-        return taet_stage(payload, self.params.stabilize_rounds)  # type: ignore[attr-defined]
+        return taet_stage(payload, self.params.stabilize_rounds)
 
     def examples(self, model: nn.Module, b: Batch, draws: Draws) -> Tensor | None:
         if self._stage(b.payload) == 1:
@@ -268,7 +273,7 @@ class FedTAET(AdversarialClient):
     def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         if self._stage(b.payload) == 1:
             return F.cross_entropy(model(b.x), b.y)
-        p: TAETParams = self.params  # type: ignore[assignment]
+        p: TAETParams = self.params
         return harl_loss(model(x_adv), b.y, p.harl_alpha, p.harl_beta, p.harl_gamma)
 
 

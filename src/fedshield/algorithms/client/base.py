@@ -90,6 +90,9 @@ class ClientAlgorithm:
     """Plain local SGD; the base of every client algorithm."""
 
     params_schema: type[Params] = NoParams
+    #: The validated parameters; a subclass re-declares it with its schema (``params:
+    #: ProxParams`` next to ``params_schema = ProxParams``) so its fields type-check.
+    params: Params
     #: The server's broadcast extras its pieces read (a Flower client helper decodes them:
     #: :class:`fedshield.flower.client_tools.AlgorithmClient`).
     payload_extras: tuple[str, ...] = ()
@@ -186,7 +189,7 @@ class ClientAlgorithm:
         set_buffers(model, payload.buffers)
         model.train()
         spec = self.spec
-        params = list(model.parameters())
+        params: list[Tensor] = list(model.parameters())
         opt = torch.optim.SGD(
             params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
         )
@@ -267,7 +270,7 @@ class ClientAlgorithm:
         ``start``: the round's start point per parameter, or empty for θ^t =
         ``payload.params``). :meth:`constants` are read without the client's data; what
         :meth:`adjust` keeps waits in ``state`` for :meth:`finish`."""
-        params = list(model.parameters())
+        params: list[Tensor] = list(model.parameters())
         start = start or split_like(payload.params, params)
         consts = self.constants(model, ClientRound(payload, _NO_DATA, state, payload.params.device))
         kept = {k[len(_KEPT) :]: v for k, v in state.items() if k.startswith(_KEPT)}

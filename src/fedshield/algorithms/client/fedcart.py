@@ -117,8 +117,10 @@ def cart_objective(
     the natural and adversarial predictions)."""
     terms: list[Tensor] = []
     if p.at_loss == "trades":
+        assert logits_adv is not None
         terms.append(trades_loss(logits, logits_adv, y, p.beta))
     elif p.at_loss == "mart":
+        assert logits_adv is not None
         terms.append(mart_loss(logits, logits_adv, y, p.beta))
     elif stage == 1:  # TAET's stabilisation stage: natural CE
         terms.append(F.cross_entropy(logits, y))
@@ -129,6 +131,7 @@ def cart_objective(
         if p.nat:
             terms.append(F.cross_entropy(logits, y))
         if p.at:
+            assert logits_adv is not None
             terms.append(F.cross_entropy(logits_adv, y))
     if p.align:
         assert z_adv is not None and logits_adv is not None
@@ -146,10 +149,11 @@ class FedCARTClient(AdversarialClient):
     """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h' (SPEC §7)."""
 
     params_schema = FedCARTParams
+    params: FedCARTParams
 
     @property
     def p(self) -> FedCARTParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def round_payload(self, payload: Payload, rnd: int) -> Payload:
         # TAET's stage depends on the round.

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -192,18 +192,20 @@ def multi_exit_loss(
     def kl(s: int, t: int) -> Tensor:
         return kd_term(logits[s], logits[t], temperature, detach_teacher)
 
+    # cast: each sum below runs over m > 1 terms, so it is a tensor (never sum's start 0)
     if m > 1 and kd == "deepest":
-        kd_loss = sum(kl(e, m - 1) for e in range(m - 1)) / (m - 1)
+        kd_loss = cast(Tensor, sum(kl(e, m - 1) for e in range(m - 1))) / (m - 1)
     elif m > 1 and kd == "deepest_weighted":
-        kd_loss = sum(float(w[e]) * kl(e, m - 1) for e in range(m - 1))
+        kd_loss = cast(Tensor, sum(float(w[e]) * kl(e, m - 1) for e in range(m - 1)))
     elif m > 1 and kd == "mutual":
-        kd_loss = sum(
-            float(w[i]) * kl(i, j) / (m - 1) for i in range(m) for j in range(m) if i != j
+        kd_loss = cast(
+            Tensor,
+            sum(float(w[i]) * kl(i, j) / (m - 1) for i in range(m) for j in range(m) if i != j),
         )
     elif m > 1 and kd == "best":
         if teacher is None or not 0 <= teacher < m:
             raise ValueError(f"kd = 'best' needs a teacher exit in 0..{m - 1}, got {teacher}")
-        kd_loss = sum(float(w[j]) * kl(j, teacher) for j in range(m) if j != teacher)
+        kd_loss = cast(Tensor, sum(float(w[j]) * kl(j, teacher) for j in range(m) if j != teacher))
     loss = sup + gamma * kd_loss
     parts = {"train/loss_sup": float(sup.detach()), "train/loss_kd": float(kd_loss.detach())}
     return loss, parts
@@ -270,13 +272,14 @@ class MultiExit(ClientAlgorithm):
     """
 
     params_schema = MultiExitParams
+    params: MultiExitParams
     #: the method's KD warm-up / ramp-up as a share of T_FL when the param is None
     kd_warmup_share: ClassVar[float] = 0.0
     kd_rampup_share: ClassVar[float] = 0.0
 
     @property
     def p(self) -> MultiExitParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def depth_for(self, client_id: int, num_exits: int) -> int:
         m = cycled(self.p.depths, client_id, num_exits)
@@ -502,10 +505,11 @@ class DepthFL(MultiExit):
     """
 
     params_schema = DepthFLParams
+    params: DepthFLParams
     kd_rampup_share = 0.3
 
     def check_layout(self, model: EarlyExitViT) -> None:
-        if self.params.require_bottlenecks and model.bottlenecks is None:  # type: ignore[attr-defined]
+        if self.params.require_bottlenecks and model.bottlenecks is None:
             raise ConfigError(
                 "client.algorithm = 'depthfl' needs its bottleneck classifiers: set "
                 "model.params.exit_bottleneck = 'depthfl' (or client.params."
@@ -548,11 +552,12 @@ class ReeFL(MultiExit):
     """
 
     params_schema = ReeFLParams
+    params: ReeFLParams
     kd_rampup_share = 0.3
 
     @property
     def rp(self) -> ReeFLParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def check_layout(self, model: EarlyExitViT) -> None:
         if model.exit_mode != "recurrent":

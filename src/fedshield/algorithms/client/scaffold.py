@@ -44,6 +44,7 @@ class ScaffoldClient(ClientAlgorithm):
     payload_extras = ("h",)
 
     params_schema = ScaffoldParams
+    params: ScaffoldParams
     # A parameter the loss does not reach (FedCART's h', a frozen exit) has ∇F = 0, and
     # the correction h − h_m still applies to it.
     fills_missing_grads = True
@@ -59,14 +60,14 @@ class ScaffoldClient(ClientAlgorithm):
         return {CORRECTION: h - c.state.get("h", torch.zeros_like(h))}
 
     def adjust(self, step: GradStep) -> None:
-        if step.step == 0 and self.params.variant == "seed":  # type: ignore[attr-defined]
+        if step.step == 0 and self.params.variant == "seed":
             step.keep(FIRST_GRAD, step.flat(step.grads))  # ∇F_m(θ^t; z^{t,0}): h_m⁺
         for g, c in zip(step.grads, step.split(step.consts[CORRECTION])):
             g.add_(c)
 
     def finish_clients(self, trained: Trained, updates: list[ClientUpdate]) -> None:
         h = trained.payload.extras["h"]
-        seed = self.params.variant == "seed"  # type: ignore[attr-defined]
+        seed = self.params.variant == "seed"
         for i, (u, state) in enumerate(zip(updates, trained.states)):
             old = state.get("h", torch.zeros_like(u.delta))
             if seed:

@@ -199,12 +199,13 @@ class WidthScaled(MultiExit):
     """Depth prefix of a width-nested submodel (tiers: ``depths``, ``widths``)."""
 
     params_schema = WidthParams
+    params: WidthParams
     name: ClassVar[str] = "width"
-    rounding: ClassVar[Rounding] = staticmethod(math.ceil)  # type: ignore[assignment]
+    rounding: ClassVar[staticmethod[[float], int]] = staticmethod(math.ceil)
 
     @property
     def wp(self) -> WidthParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def check_layout(self, model: EarlyExitViT) -> None:
         if model.exit_mode != "stage":
@@ -302,6 +303,7 @@ class HeteroFL(WidthScaled):
     """
 
     params_schema = HeteroFLParams
+    params: HeteroFLParams
     name = "heterofl"
 
     def split_data(
@@ -367,7 +369,7 @@ class HeteroFL(WidthScaled):
 
     @property
     def hp(self) -> HeteroFLParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
 
 class ScaleFLParams(WidthParams):
@@ -410,13 +412,14 @@ class ScaleFL(WidthScaled):
     """
 
     params_schema = ScaleFLParams
+    params: ScaleFLParams
     name = "scalefl"
-    rounding = staticmethod(math.floor)  # type: ignore[assignment]
+    rounding = staticmethod(math.floor)
     kd_warmup_share = 0.25
 
     def check_layout(self, model: EarlyExitViT) -> None:
         super().check_layout(model)
-        want = self.params.exit_blocks or scalefl_exit_blocks(len(model.vit.blocks))  # type: ignore[attr-defined]
+        want = self.params.exit_blocks or scalefl_exit_blocks(len(model.vit.blocks))
         if model.exit_blocks != list(want):
             raise ConfigError(
                 f"client.algorithm = 'scalefl' places its exits after blocks {list(want)}; "

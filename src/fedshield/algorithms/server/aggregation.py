@@ -184,10 +184,10 @@ def aggregate_covered(
     Coordinates that no group could aggregate keep a zero update (θ unchanged there)."""
     radius = safe_radius(rule, deltas)
     if masks is None:
-        agg, diag, degraded = apply_rule(rule, deltas, weights, reference, radius)
+        agg, diag, red = apply_rule(rule, deltas, weights, reference, radius)
         if agg is None:
             return RuleOutcome(deltas.new_zeros(deltas.shape[1]), {}, 0, 1)
-        return RuleOutcome(agg, diag, int(degraded), 0)
+        return RuleOutcome(agg, diag, int(red), 0)
     out = deltas.new_zeros(deltas.shape[1])
     covered = torch.zeros(deltas.shape[1], dtype=torch.bool, device=deltas.device)
     sums: dict[str, float] = {}

@@ -58,6 +58,9 @@ class ServerAlgorithm:
     """Base: broadcast θ, aggregate pseudo-gradients with the configured rule, step η_g."""
 
     params_schema: type[Params] = NoParams
+    #: The validated parameters; a subclass re-declares it with its schema (``params:
+    #: ProxParams`` next to ``params_schema = ProxParams``) so its fields type-check.
+    params: Params
     #: The aggregator used when the config leaves ``server.aggregator`` unset.
     default_aggregator: str = "mean"
     #: Broadcast extras that only optional client parts read (DRAG's r: local calibration);

@@ -21,7 +21,7 @@ itself is the ``brdrag`` rule (eq. 15) with c = c^t for the round.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -29,7 +29,7 @@ from torch import Tensor
 
 import fedshield.aggregators  # noqa: F401  (registers the rules)
 from fedshield.aggregators._ops import ref_geometry
-from fedshield.aggregators.base import AGGREGATORS
+from fedshield.aggregators.base import AGGREGATORS, Aggregator
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerServices,
@@ -79,8 +79,9 @@ class BRDragCt(BRDRAG):
     """BR-DRAG whose DoD scale is the theorem's per-round c^t ∈ [1/2, 1] (seed 000 Thm. 2)."""
 
     params_schema = BRDragCtParams
+    params: BRDragCtParams
 
-    def __init__(self, aggregator, **kwargs) -> None:
+    def __init__(self, aggregator: Aggregator, **kwargs: Any) -> None:
         super().__init__(aggregator, **kwargs)
         # The builder refuses a rule without the tag first; this guards direct library use.
         if "dod_scale" not in tags_of(aggregator):
@@ -113,7 +114,7 @@ class BRDragCt(BRDRAG):
         ctx: RoundContext,
         services: ServerServices,
     ) -> ServerStep:
-        p: BRDragCtParams = self.params  # type: ignore[assignment]
+        p: BRDragCtParams = self.params
         ref = super().reference(params, buffers, state, updates, ctx, services)
         assert ref is not None
         geo = ref_geometry(stack_deltas(updates), ref)

@@ -3,10 +3,13 @@ and DRAG's calibration under FedACG's look-ahead momentum (``drag_acg``, our com
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pydantic import Field
 from torch import Tensor
 
+from fedshield.aggregators.base import Aggregator
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerServices,
@@ -50,10 +53,11 @@ class DRAG(FedAvg):
     reference for the next round; it is broadcast so a client may calibrate locally."""
 
     params_schema = DragParams
+    params: DragParams
     default_aggregator = "drag"
     optional_broadcast = ("ref",)
 
-    def __init__(self, aggregator, **kwargs) -> None:
+    def __init__(self, aggregator: Aggregator, **kwargs: Any) -> None:
         super().__init__(aggregator, **kwargs)
         if not aggregator.needs_reference:
             raise ConfigError(
@@ -98,7 +102,7 @@ class DRAG(FedAvg):
     ) -> ServerStep:
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
         ref = self.reference(params, buffers, state, updates, ctx, services)
-        alpha = self.params.alpha  # type: ignore[attr-defined]
+        alpha = self.params.alpha
         new_state = state | agg.state | {"ref": (1 - alpha) * ref + alpha * agg.delta}
         return ServerStep(params + self.lr * agg.delta, agg.buffers, new_state, agg.metrics)
 
@@ -113,6 +117,7 @@ class FedExP(FedAvg):
     η_g = max{1, Σ‖g_m‖² / (2S(‖Δ̃‖² + ε))}, θ^{t+1} = θ^t + η_g Δ̃."""
 
     params_schema = FedExPParams
+    params: FedExPParams
 
     def update(
         self,
@@ -128,7 +133,7 @@ class FedExP(FedAvg):
         # under a robust rule): one huge upload cannot set the step size (SPEC §12).
         sq = stack_deltas(updates).to(torch.float64).pow(2).sum(1, keepdim=True)
         mean_sq = float(self.aggregate_field(sq, None)[0])
-        eps = self.params.eps  # type: ignore[attr-defined]
+        eps = self.params.eps
         agg_sq = float(agg.delta.to(torch.float64).pow(2).sum())
         eta = max(1.0, mean_sq / (2 * (agg_sq + eps)))
         metrics = agg.metrics | {"agg/eta_g": eta}
@@ -146,11 +151,12 @@ class FedACG(FedAvg):
     Pair with the ``fedacg`` client (proximal term towards θ̂)."""
 
     params_schema = FedACGParams
+    params: FedACGParams
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
-        lam = self.params.lam  # type: ignore[attr-defined]
+        lam = self.params.lam
         return Payload(look_ahead(params, state, lam), buffers)
 
     def update(
@@ -163,14 +169,14 @@ class FedACG(FedAvg):
         services: ServerServices,
     ) -> ServerStep:
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        lam = self.params.lam  # type: ignore[attr-defined]
+        lam = self.params.lam
         m = momentum(state, agg.delta, lam)
         metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
         new_state = state | agg.state | {"m": m}
         return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
 
 
-class DragACGParams(Params):
+class DragACGParams(DragParams):  # DragACG runs DRAG's steps: it has DRAG's fields
     alpha: float = Field(0.25, gt=0.0, lt=1.0, description="DRAG's reference momentum α (eq. 8)")
     lam: float = Field(0.85, ge=0.0, lt=1.0, description="FedACG's look-ahead momentum λ")
 
@@ -188,11 +194,12 @@ class DragACG(DRAG):
     c = 0 is FedACG."""
 
     params_schema = DragACGParams
+    params: DragACGParams
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
-        lam = self.params.lam  # type: ignore[attr-defined]
+        lam = self.params.lam
         return Payload(look_ahead(params, state, lam), buffers, _ref_extras(state))
 
     def update(
@@ -206,7 +213,7 @@ class DragACG(DRAG):
     ) -> ServerStep:
         agg = self.aggregate(params, buffers, state, updates, ctx, services)
         ref = self.reference(params, buffers, state, updates, ctx, services)
-        p: DragACGParams = self.params  # type: ignore[assignment]
+        p: DragACGParams = self.params
         m = momentum(state, agg.delta, p.lam)
         metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
         new_state = state | agg.state | {"ref": (1 - p.alpha) * ref + p.alpha * agg.delta, "m": m}

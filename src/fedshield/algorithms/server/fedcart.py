@@ -75,6 +75,7 @@ from fedshield.losses.gradient_matching import (
 # brings the matching MSE to its plateau in 200–550 steps where CReFF's SGD at 0.1 is still
 # far off after 100 (and SGD at 1 after 1000); re-training is CReFF's (a fresh head, lr
 # 0.01, 300 epochs) with a plateau rule that may fire only after 50 epochs.
+MATCH_OPTIMIZER: Optimizer
 MATCH_ITERS, MATCH_OPTIMIZER, MATCH_LR = 1000, "adam", 0.1
 MATCH_WINDOW, MATCH_TOL = 50, 1e-3
 RETRAIN_EPOCHS, RETRAIN_MIN_EPOCHS, RETRAIN_LR = 300, 50, 0.01
@@ -228,9 +229,10 @@ def aggregate_prototypes(
     if not rows:
         return None
     if shape is None:
-        shape = Counter(tuple(u.extras[PROTOTYPES].shape) for u in rows).most_common(1)[0][0]
-        if len(shape) != 2:
+        found = Counter(tuple(u.extras[PROTOTYPES].shape) for u in rows).most_common(1)[0][0]
+        if len(found) != 2:
             return None
+        shape = (found[0], found[1])
     c, p = shape
     rows = _valid_rows(rows, c, p)
     if not rows:
@@ -250,8 +252,8 @@ def aggregate_prototypes(
             w = sizes[holders, k]
             mean[k] = (w / w.sum()) @ protos[holders, k]
         else:  # a robust rule weighs the holders alike: counts are self-reported on Flower
-            w = None if is_robust(rule) else sizes[holders, k]
-            mean[k], _ = aggregate_field(protos[holders, k], w, rule)
+            rw = None if is_robust(rule) else sizes[holders, k]
+            mean[k], _ = aggregate_field(protos[holders, k], rw, rule)
     return mean, counts.sum(0)
 
 
@@ -353,10 +355,11 @@ class FedCARTServer(FedAvg):
     virtual features and re-trains the inference head h' on them (SPEC §7)."""
 
     params_schema = FedCARTServerParams
+    params: FedCARTServerParams
 
     @property
     def p(self) -> FedCARTServerParams:
-        return self.params  # type: ignore[return-value]
+        return self.params
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
@@ -378,13 +381,13 @@ class FedCARTServer(FedAvg):
         step = super().update(params, buffers, state, updates, ctx, services)
         new = dict(state)
         if "head_shape" not in new:  # fixed by the model: read once, as most clients say
-            shape = _head_shape(updates, params.numel())
-            if shape is None:
+            head_shape = _head_shape(updates, params.numel())
+            if head_shape is None:
                 raise ConfigError(
                     "server.algorithm='fedcart' needs client.algorithm='fedcart' and "
                     "model.name='dual_head' (no update carried the FedCART extras)"
                 )
-            new["head_shape"] = shape
+            new["head_shape"] = head_shape
         c, d = (int(v) for v in new["head_shape"].tolist())
         shape = (c, c * d + c)
         agg = (

@@ -39,10 +39,11 @@ class FedDyn(FedAvg):
     """FedDyn's server: broadcast θ and α; h ← h − α(m/M)Δ; θ ← θ + Δ − h/α."""
 
     params_schema = FedDynParams
+    params: FedDynParams
 
     @property
     def alpha(self) -> float:
-        return self.params.alpha  # type: ignore[attr-defined]
+        return self.params.alpha
 
     def init_state(self, params: Tensor) -> State:
         return super().init_state(params) | {"h": params.new_zeros(params.shape)}

@@ -49,9 +49,9 @@ def batched_forwards(model: nn.Module, draws: Callable[[], GroupDraws]) -> Itera
 
     for m in model.modules():
         if type(m) is nn.Dropout:
-            m.forward = dropout(m)  # type: ignore[method-assign]
+            m.forward = dropout(m)  # type: ignore[method-assign,assignment]
         elif _is_identity_pool(m):
-            m.forward = identity  # type: ignore[method-assign]
+            m.forward = identity
         else:
             continue
         swapped.append(m)

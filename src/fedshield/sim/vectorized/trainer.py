@@ -168,14 +168,21 @@ class VectorizedTrainer:
         pd = {name: t for (name, _), t in zip(self.layout.params, params)}
         bd = {name: t for (name, _, _), t in zip(self.layout.buffers, buffers)}
 
-        def per_client(pd, bd, x, y, consts, cid):  # type: ignore[no-untyped-def]
+        def per_client(
+            pd: dict[str, Tensor],
+            bd: dict[str, Tensor],
+            x: Tensor,
+            y: Tensor,
+            consts: dict[str, Tensor],
+            cid: Tensor,
+        ) -> tuple[dict[str, Tensor], Tensor]:
             draws.bind(cid)
             b = Batch(x, y, payload, consts)
             x_adv = functional_call(bound, (pd, bd), (algo.examples, b, draws))
 
             # Buffers enter as an argument, not a capture: BatchNorm mutates them in place,
             # which grad transforms allow on inputs only.
-            def loss_fn(p, bufs):  # type: ignore[no-untyped-def]
+            def loss_fn(p: dict[str, Tensor], bufs: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
                 loss = functional_call(bound, (p, bufs), (algo.objective, b, x_adv))
                 return loss, loss.detach()
 
