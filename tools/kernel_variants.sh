@@ -13,7 +13,7 @@ x86=0
 [[ "$(uname -m)" == x86_64 ]] && x86=1
 run() {
     echo "== numerics under $*"
-    env "$@" "$PY" -m pytest -q -n 2 -m numerics -p no:cacheprovider "${EXTRA[@]}"
+    env "$@" "$PY" -m pytest -q -n 2 --dist loadgroup -m numerics -p no:cacheprovider "${EXTRA[@]}"
 }
 EXTRA=("$@")
 if [[ $x86 == 1 ]]; then
