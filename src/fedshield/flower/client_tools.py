@@ -113,6 +113,10 @@ def param_record(vec: Tensor, model: nn.Module) -> ArrayRecord:
     return ArrayRecord(out)
 
 
+#: The data argument of ClientAlgorithm.finish in a user's own loop: the step count comes
+#: from the spec, so no rows are needed.
+_NO_DATA = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
+
 class ScaffoldClient:
     """SCAFFOLD's client part in a user's training loop (see the module docstring).
 
@@ -168,8 +172,7 @@ class ScaffoldClient:
         delta = get_params(self.model) - self.start
         update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
         ctx = ClientContext(0, 0, torch.Generator(), delta.device)
-        no_data = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
-        out = self._algorithm().finish(self.model, update, self.payload, no_data, ctx, self.state)
+        out = self._algorithm().finish(self.model, update, self.payload, _NO_DATA, ctx, self.state)
         self.context.state[SCAFFOLD_STATE] = param_record(self.state["h"], self.model)
         return {DH: param_record(out.extras["dh"], self.model)}
 
@@ -242,11 +245,9 @@ class AlgorithmClient:
         delta = get_params(self.model) - self.start
         update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
         ctx = ClientContext(0, 0, torch.Generator(), delta.device)
-        # finish() reads the number of steps taken from the spec and the data's length.
-        n = max(self.steps, 1)
-        no_data = TensorData(torch.zeros(n), torch.zeros(n, dtype=torch.int64))
-        self.algorithm.spec = LocalSpec(lr=1.0, batch_size=1, steps=n)
-        out = self.algorithm.finish(self.model, update, self.payload, no_data, ctx, self.state)
+        # finish() reads the number of steps taken from the spec (steps given: no data needed).
+        self.algorithm.spec = LocalSpec(lr=1.0, batch_size=1, steps=max(self.steps, 1))
+        out = self.algorithm.finish(self.model, update, self.payload, _NO_DATA, ctx, self.state)
         self.context.state[self._state_key] = ArrayRecord(
             {k: Array(v.detach().cpu().numpy()) for k, v in self.state.items()}
         )
