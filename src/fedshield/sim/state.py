@@ -1,6 +1,6 @@
 """The values of a run: its built parts (:class:`Components`, :class:`Experiment`), what a
 checkpoint holds (:class:`RunState`), a round's decisions before any client trains
-(:class:`RoundPlan`), and what the batched trainer needs of the run (:class:`CohortHost`).
+(:class:`RoundPlan`, with its faults), and what the batched trainer needs of the run (:class:`CohortHost`).
 Value types only, below the builder and the engine, so the batched trainer, the privacy
 set-up, the Flower strategy and the callbacks name them without importing either."""
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fedshield.algorithms.server import ServerAlgorithm
     from fedshield.attacks.base import DataAttack, UpdateAttack
     from fedshield.config import ExperimentConfig
+    from fedshield.faults.base import RoundFaults
 
 
 @dataclass
@@ -93,9 +94,15 @@ class RoundPlan:
     ctx: RoundContext
     payload: Any
     skip_training: bool
+    #: ``[faults]``: who was online, who drops, who is late (None: no faults configured).
+    faults: RoundFaults | None = None
 
     def trains(self, k: int) -> bool:
         return not (self.skip_training and k in self.ctx.byzantine)
+
+    def local_steps(self, k: int, full: int) -> int:
+        """Client ``k``'s local steps: ``full``, or the steps a late client finished."""
+        return full if self.faults is None else self.faults.local_steps(k, full)
 
 
 class CohortHost(Protocol):
