@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 import tomli_w
+import torch
 
 from fedshield import config
 from fedshield.cli import main

@@ -105,9 +105,7 @@ class FaultPlan:
         return out
 
 
-def build_plan(
-    faults: Any, env: FaultEnv, fixed_attackers: Sequence[int] = ()
-) -> FaultPlan | None:
+def build_plan(faults: Any, env: FaultEnv, fixed_attackers: Sequence[int] = ()) -> FaultPlan | None:
     """The plan of a ``[faults]`` section (None when it lists no model)."""
     if not faults.models:
         if faults.params:

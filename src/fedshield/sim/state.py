@@ -1,6 +1,6 @@
 """The values of a run: its built parts (:class:`Components`, :class:`Experiment`), what a
 checkpoint holds (:class:`RunState`), a round's decisions before any client trains
-(:class:`RoundPlan`, with its faults), and what the batched trainer needs of the run (:class:`CohortHost`).
+(:class:`RoundPlan`), and what the batched trainer needs of the run (:class:`CohortHost`).
 Value types only, below the builder and the engine, so the batched trainer, the privacy
 set-up, the Flower strategy and the callbacks name them without importing either."""
 
