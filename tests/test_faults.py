@@ -222,6 +222,11 @@ def test_faults_are_deterministic_and_resume_equals_uninterrupted(tmp_path):
     assert full == (tmp_path / "again" / "metrics.jsonl").read_text()
     assert full == (tmp_path / "resumed" / "metrics.jsonl").read_text()
     assert '"faults/partial"' in full
+    summary = json.loads((tmp_path / "full" / "summary.json").read_text())["faults"]
+    records = [json.loads(line) for line in full.splitlines()]
+    assert summary["dropped"] == sum(r["faults/dropped"] for r in records)
+    assert summary["max_byz_share_kept"] == max(r["byz/share_kept"] for r in records)
+    assert "- **faults**: mean_available " in (tmp_path / "full" / "report.md").read_text()
 
 
 def test_partial_work_is_the_first_steps_of_the_full_run():

@@ -54,7 +54,13 @@ from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
-from fedshield.sim.faults import build_faults, capped_steps, round_metrics, training_plan
+from fedshield.sim.faults import (
+    build_faults,
+    capped_steps,
+    fault_summary,
+    round_metrics,
+    training_plan,
+)
 from fedshield.sim.outputs import (
     nonfinite_keys,
     plot_curves,
@@ -500,6 +506,8 @@ class Simulator:
         if self.cfg.eval.target_acc is not None:
             extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
             extra["target_acc"] = self.cfg.eval.target_acc
+        if self.faults is not None:
+            extra["faults"] = fault_summary(self.records)
         summary = summarize(self.cfg.name, self.records, extra)
         if self.out is not None:
             plot_curves(self.records, self.out, self.cfg.name)

@@ -108,11 +108,30 @@ def round_metrics(plan: RoundPlan, kept: Sequence[ClientUpdate], attacked: bool)
     return out
 
 
+def fault_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The run's faults for summary.json and report.md: mean clients online and sampled
+    per round, total dropped / late / partial uploads, the largest Byzantine share of the
+    kept rows in any round."""
+    if not records:
+        return {}
+    out = {
+        "mean_available": sum(r.get("faults/available", 0.0) for r in records) / len(records),
+        "mean_sampled": sum(r.get("faults/sampled", 0.0) for r in records) / len(records),
+    }
+    for key in ("dropped", "late", "partial"):
+        out[key] = float(sum(r.get(f"faults/{key}", 0.0) for r in records))
+    shares = [r["byz/share_kept"] for r in records if "byz/share_kept" in r]
+    if shares:
+        out["max_byz_share_kept"] = max(shares)
+    return out
+
+
 __all__ = [
     "build_faults",
     "capped_steps",
     "check_faults",
     "fault_env",
+    "fault_summary",
     "response_models",
     "round_metrics",
     "share_kept",
