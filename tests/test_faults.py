@@ -380,6 +380,16 @@ def test_bad_trace_file_is_one_error_naming_the_file(tmp_path, capsys, text, suf
     assert not (tmp_path / "run").exists()  # refused before any work
 
 
+def test_central_dp_refuses_availability_but_not_dropouts():
+    dp = {"central": {"clip": 1.0, "noise_multiplier": 1.0}}
+    uniform = {"clients_per_round": 5, "weighting": "uniform"}
+    raw = raw_cfg({"models": ["diurnal"]}, privacy=dp, server=uniform)
+    with pytest.raises(ConfigError, match=r"faults.models: diurnal changes who can be sampled"):
+        build_components(config.validate(raw))
+    ok = raw_cfg({"models": ["dropout", "deadline"]}, privacy=dp, server=uniform)
+    build_components(config.validate(ok))
+
+
 def test_flower_refuses_in_process_dropouts():
     pytest.importorskip("flwr")
     from fedshield.flower.server_app import prepare

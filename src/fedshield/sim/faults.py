@@ -16,6 +16,7 @@ from typing import Any
 from fedshield.algorithms.client.base import ClientAlgorithm
 from fedshield.config import ExperimentConfig
 from fedshield.core.context import ClientUpdate
+from fedshield.errors import ConfigError
 from fedshield.faults.base import FaultEnv
 from fedshield.faults.plan import FaultPlan, build_models, build_plan
 from fedshield.registry import tags_of
@@ -27,7 +28,16 @@ def check_faults(cfg: ExperimentConfig) -> None:
     (against ``data.num_clients``)."""
     if cfg.faults is None:
         return
-    build_plan(cfg.faults, FaultEnv(cfg.seed, cfg.data.num_clients))
+    plan = build_plan(cfg.faults, FaultEnv(cfg.seed, cfg.data.num_clients))
+    online = [m.name for m in plan.models if m.stage == "availability"] if plan else []
+    if online and cfg.privacy is not None and cfg.privacy.central is not None:
+        # Amplification by subsampling needs every client sampled with q = S/M; a client
+        # online in few rounds is sampled with up to S/(clients online) when it is.
+        raise ConfigError(
+            f"faults.models: {', '.join(online)} changes who can be sampled, but "
+            f"[privacy.central]'s accountant assumes each client is sampled with q = S/M; "
+            f"remove the availability model or the central DP section"
+        )
 
 
 def response_models(cfg: ExperimentConfig) -> list[str]:
