@@ -248,6 +248,7 @@ def test_partial_work_is_the_first_steps_of_the_full_run():
         assert ups[k].metrics == want.metrics
 
 
+@pytest.mark.numerics  # batched vs sequential: rerun under other float kernels by `make test`
 def test_batched_equals_sequential_under_faults():
     raw = raw_cfg(ALL_KINDS, attack={"name": "sign_flip", "fraction": 0.2})
     raw["server"]["aggregator"] = "median"
@@ -390,12 +391,22 @@ def test_central_dp_refuses_availability_but_not_dropouts():
     build_components(config.validate(ok))
 
 
-def test_flower_refuses_in_process_dropouts():
+def test_flower_samples_the_online_nodes_and_refuses_in_process_dropouts():
     pytest.importorskip("flwr")
-    from fedshield.flower.server_app import prepare
+    from fedshield.flower.local import LocalGrid
+    from fedshield.flower.server_app import prepare, serve
 
     with pytest.raises(ConfigError, match=r"faults.models: dropout inject in-process"):
         prepare(config.validate(raw_cfg({"models": ["availability", "dropout"]})), None)
+    raw = raw_cfg({"models": ["availability"], "params": {"availability": {"p": 0.5}}})
+    raw["rounds"] = 2
+    sim = prepare(config.validate(raw), None)
+    serve(LocalGrid(10), sim)
+    ref = simulate(raw)  # the same cohorts and the same θ as in process
+    for a, b in zip(sim.records, ref.records, strict=True):
+        assert a["faults/sampled"] == b["faults/sampled"] == b["sys/kept"]
+        assert a["faults/available"] == b["faults/available"]
+    torch.testing.assert_close(sim.state.params, ref.state.params, rtol=1e-5, atol=1e-6)
 
 
 def test_the_faults_preset_builds():
