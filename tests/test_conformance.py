@@ -48,6 +48,7 @@ from fedshield.data import (
 )
 from fedshield.errors import ConfigError, DataError
 from fedshield.eval.base import EVALUATORS
+from fedshield.faults import FAULT_MODELS
 from fedshield.models import MODELS, build_model, model_tags, parse_model_params
 from fedshield.preaggregators import PRE_AGGREGATORS
 from fedshield.registry import TAGS, Registry, tags_of
@@ -70,6 +71,7 @@ REGISTRIES: dict[str, tuple[Registry[Any], str, str]] = {
     "server_algorithm": (SERVER_ALGORITHMS, "server.params", "server.algorithm"),
     "evaluator": (EVALUATORS, "eval.params", "eval.metrics"),
     "routing_policy": (POLICIES, "policies", "policy"),
+    "fault": (FAULT_MODELS, "faults.params", "faults.models"),
 }
 
 

@@ -173,6 +173,7 @@ LIST_KINDS = (
     "evaluators",
     "routing-policies",
     "eval-attacks",
+    "faults",
 )
 
 
@@ -184,6 +185,7 @@ def _registries() -> dict[str, Any]:
     from fedshield.attacks.base import ATTACKS
     from fedshield.data import DATASETS, PARTITIONERS
     from fedshield.eval import EVALUATORS
+    from fedshield.faults import FAULT_MODELS
     from fedshield.models import MODELS
     from fedshield.routing import POLICIES
     from fedshield.sim.builder import load_plugins
@@ -200,6 +202,7 @@ def _registries() -> dict[str, Any]:
         "evaluators": EVALUATORS,
         "routing-policies": POLICIES,
         "eval-attacks": EVAL_ATTACKS,
+        "faults": FAULT_MODELS,
     }
 
 

@@ -236,6 +236,23 @@ class PrivacyConfig(Section):
     local: LocalDPConfig | None = Field(None, description="sample-level DP-SGD (Opacus)")
 
 
+class FaultsConfig(Section):
+    """System heterogeneity in the simulator (docs/faults.md): who is online, who drops,
+    who misses the deadline; each model is a registry entry (``fedshield list faults``)."""
+
+    models: list[str] = Field(
+        [], description='fault models applied in order, e.g. ["diurnal", "dropout", "deadline"]'
+    )
+    params: dict[str, dict[str, Any]] = Field(
+        {}, description="parameters per fault model, e.g. {dropout = {p = 0.1}}"
+    )
+    attackers_fail: bool = Field(
+        False,
+        description="Byzantine clients fault like the others; default false: they are "
+        "always online and always answer (the worst case)",
+    )
+
+
 #: Longest run name: it becomes a folder name (most file systems allow 255 bytes).
 MAX_NAME = 200
 
@@ -286,6 +303,9 @@ class ExperimentConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     run: RunConfig = RunConfig()
     privacy: PrivacyConfig | None = Field(None, description="differential privacy (SPEC §13)")
+    faults: FaultsConfig | None = Field(
+        None, description="availability, dropout and deadlines in the simulator (docs/faults.md)"
+    )
 
     @field_validator("name")
     @classmethod

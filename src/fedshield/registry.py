@@ -71,6 +71,9 @@ TAGS: dict[str, str] = {
     "omniscient": "reads the round's benign updates (mean, std, ...), as in the literature",
     "needs_rule": "crafts its rows through the server's configured rule (defense-aware: the "
     "rule object reaches it in an AttackContext)",
+    # fault models
+    "stage": "when a fault model acts: stage=availability (who can be sampled) or "
+    "stage=response (after selection: dropout, deadline, partial work)",
     # datasets
     "bundled": "ships with the installed packages (works offline)",
     "files": "reads files under data.root",

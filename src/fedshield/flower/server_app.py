@@ -28,9 +28,11 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedshield import config as config_mod
 from fedshield.config import ExperimentConfig
+from fedshield.errors import ConfigError
 from fedshield.flower.experiment import FedshieldStrategy, RoundCallback
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
+from fedshield.sim.faults import response_models
 
 app = ServerApp()
 
@@ -63,6 +65,12 @@ def prepare(cfg: ExperimentConfig, out: Path | None, resume: bool = False) -> Si
     contacted, so a bad config or an occupied ``out`` fails in seconds."""
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    injected = response_models(cfg)
+    if injected:  # availability filters the nodes asked; a node's own silence is the dropout
+        raise ConfigError(
+            f"faults.models: {', '.join(injected)} inject in-process dropouts; on Flower the "
+            f"nodes' real missing replies are the dropouts (availability models apply)"
+        )
     return Simulator(build(cfg), out, resume=resume)
 
 

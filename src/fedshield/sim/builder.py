@@ -220,6 +220,10 @@ def build_components(cfg: ExperimentConfig) -> Components:
             f"server.aggregator={s.aggregator!r} needs a root dataset: set data.root_size > 0"
         )
     resolve_device(cfg.run.device)
+    if cfg.faults is not None:  # fault model names, parameters, trace files
+        from fedshield.sim.faults import check_faults
+
+        check_faults(cfg)
     comp = Components(client, server, aggregator, attack)
     if cfg.privacy is not None and meta is not None:  # what cannot be private, before data
         from fedshield.privacy.checks import check_central, check_local

@@ -54,6 +54,13 @@ from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text, load_checkpoint, save_checkpoint
+from fedshield.sim.faults import (
+    build_faults,
+    capped_steps,
+    fault_summary,
+    round_metrics,
+    training_plan,
+)
 from fedshield.sim.outputs import (
     nonfinite_keys,
     plot_curves,
@@ -100,6 +107,9 @@ class Simulator:
             max_num_examples=self.cfg.server.max_num_examples,
         )
         self.trust_counts = trusts_counts(self.cfg, self.comp)
+        # [faults]: availability, dropout, deadlines; stateless (drawn from the seed), so a
+        # checkpoint needs nothing more to replay them.
+        self.faults = build_faults(exp)
         # θ^0 is rebuilt identically from the config on resume (seeded model init).
         self.initial = (self.state.params.clone(), self.state.buffers.clone())
         if out is not None:
@@ -205,7 +215,11 @@ class Simulator:
     def begin_round(self, rnd: int) -> RoundPlan:
         """Cohort S^t, Byzantine subset A^t and the broadcast payload of round ``rnd``."""
         cfg = self.cfg
-        cohort = sample_cohort(cfg.seed, rnd, cfg.data.num_clients, cfg.server.clients_per_round)
+        if self.faults is None:
+            m, s = cfg.data.num_clients, cfg.server.clients_per_round
+            cohort, online = sample_cohort(cfg.seed, rnd, m, s), m
+        else:  # sampled from the clients online this round
+            cohort, online = self.faults.cohort(rnd, cfg.server.clients_per_round)
         byz = self._byzantine(rnd, cohort)
         ctx = RoundContext(rnd, cohort, byz, cfg.seed, cfg.data.num_clients, self.device)
         st = self.state
@@ -218,7 +232,11 @@ class Simulator:
             and not attack.needs_own_update
             and len(byz) < len(cohort)
         )
-        return RoundPlan(ctx, payload, skip_training)
+        if self.faults is None:
+            return RoundPlan(ctx, payload, skip_training)
+        # Dropouts and deadlines after selection; ctx.cohort stays the sampled cohort.
+        faults = self.faults.outcome(rnd, cohort, byz, online)
+        return RoundPlan(ctx, payload, skip_training, faults)
 
     def client_update(self, plan: RoundPlan, k: int) -> ClientUpdate:
         """Client ``k``'s upload for ``plan`` (before update attacks), state kept in process."""
@@ -226,7 +244,10 @@ class Simulator:
         if not plan.trains(k):  # the attack overwrites this row; no need to train
             return self.untrained_upload(k, torch.zeros_like(st.params))
         state = st.client_states.setdefault(k, self.comp.client.init_state(st.params.numel()))
-        return self.train_client(k, plan.payload, plan.ctx.round, k in plan.ctx.byzantine, state)
+        steps = None if plan.faults is None else plan.faults.steps.get(k)  # a late client
+        byzantine = k in plan.ctx.byzantine
+        with capped_steps(self.comp.client, steps):
+            return self.train_client(k, plan.payload, plan.ctx.round, byzantine, state)
 
     def untrained_upload(self, k: int, delta: Tensor) -> ClientUpdate:
         """The upload of an attacker whose row the update attack overwrites: ``delta`` and
@@ -252,7 +273,11 @@ class Simulator:
 
         With ``run.vectorize`` ("auto" by default) and a vectorisable client algorithm and
         model, the cohort trains as one batched computation (:mod:`fedshield.sim.vectorized`)
-        and the deltas are row views of one [S, d] tensor; otherwise client by client."""
+        and the deltas are row views of one [S, d] tensor; otherwise client by client.
+        Under ``[faults]`` only the clients that answer train (:func:`training_plan`)."""
+        plan = training_plan(plan)
+        if not plan.ctx.cohort:  # every sampled client dropped: no upload this round
+            return []
         trainer = self._batched_trainer(plan)
         if trainer is not None:
             return trainer.train(self, plan)
@@ -330,6 +355,7 @@ class Simulator:
             rejected_before=rejected_before,
         )
         metrics.update(out.metrics)
+        metrics.update(round_metrics(plan, out.kept, attack is not None))
         # The scale a resume checks its checkpoint against (fedshield.sim.resume).
         metrics["sys/theta_norm"] = theta_norm(out.params)
         metrics["sys/state_norm"] = state_norm(out.state)
@@ -480,6 +506,8 @@ class Simulator:
         if self.cfg.eval.target_acc is not None:
             extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
             extra["target_acc"] = self.cfg.eval.target_acc
+        if self.faults is not None:
+            extra["faults"] = fault_summary(self.records)
         summary = summarize(self.cfg.name, self.records, extra)
         if self.out is not None:
             plot_curves(self.records, self.out, self.cfg.name)

@@ -185,6 +185,9 @@ def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
             lines.append(
                 f"- **{key}**: {val:.4f}" if isinstance(val, float) else f"- **{key}**: {val}"
             )
+    if summary.get("faults"):  # [faults]: what the clients' availability and deadlines did
+        text = ", ".join(f"{k} {v:.4g}" for k, v in summary["faults"].items())
+        lines.append(f"- **faults**: {text}")
     lines += [
         "",
         "![accuracy](test_acc.png)",

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fedshield.algorithms.server import ServerAlgorithm
     from fedshield.attacks.base import DataAttack, UpdateAttack
     from fedshield.config import ExperimentConfig
+    from fedshield.faults.base import RoundFaults
 
 
 @dataclass
@@ -93,9 +94,15 @@ class RoundPlan:
     ctx: RoundContext
     payload: Any
     skip_training: bool
+    #: ``[faults]``: who was online, who drops, who is late (None: no faults configured).
+    faults: RoundFaults | None = None
 
     def trains(self, k: int) -> bool:
         return not (self.skip_training and k in self.ctx.byzantine)
+
+    def local_steps(self, k: int, full: int) -> int:
+        """Client ``k``'s local steps: ``full``, or the steps a late client finished."""
+        return full if self.faults is None else self.faults.local_steps(k, full)
 
 
 class CohortHost(Protocol):

@@ -284,7 +284,7 @@ class VectorizedTrainer:
         data = [sim.client_data(k, k in plan.ctx.byzantine) for k in ks]
         d = st.params.numel()
         states = [st.client_states.setdefault(k, algo.init_state(d)) for k in ks]
-        steps = [spec.num_steps(len(x)) for x in data]
+        steps = [plan.local_steps(k, spec.num_steps(len(x))) for k, x in zip(ks, data)]
         batches = [
             batch_indices(len(x), spec.batch_size, s, make_generator(cfg.seed, rnd, k, _BATCH))
             for x, s, k in zip(data, steps, ks)
