@@ -163,6 +163,7 @@ def _status(summary: dict[str, Any]) -> str:
 LIST_KINDS = (
     "presets",
     "grids",
+    "benches",
     "datasets",
     "partitioners",
     "models",
@@ -260,6 +261,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
             for name in grid_names():
                 table.add_row(name, Text(read_grid(grid=name)[0].get("description", "")))
+        elif kind == "benches":
+            from fedshield.bench.command import bench_names, read_bench
+
+            for name in bench_names():
+                table.add_row(name, Text(read_bench(name=name)[0].description))
         else:
             for entry in regs[kind].entries():
                 table.add_row(entry.name, details(entry))
@@ -466,6 +472,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per run (default 0)")
     sw.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+    from fedshield.bench.command import add_parser as add_bench
+
+    add_bench(sub, [verbose])
     return p
 
 
