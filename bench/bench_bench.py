@@ -4,10 +4,11 @@
     python bench/bench_bench.py --rounds 5      # quicker
 
 Both paths run the same defense × attack × share × seed runs of the digits attack grid in
-this process on one thread, one after the other: (a) the per-run path — a config loaded
+this process on one thread (half the per-run path, the bench runner, the other half): (a) the per-run path — a config loaded
 from the preset, built and run to its last round by the simulator, one run at a time (what
 ``tools/attack_grid.py run`` did per run: its ``run_one``, evaluation at the last round
-only) on the bench's own configs; (b) ``fedshield bench``'s runner — the same runs planned from a bench spec and
+only) on the bench's own configs; (b) ``fedshield bench``'s runner — the same runs
+planned from a bench spec and
 trained in lockstep (:mod:`fedshield.bench.lockstep`), with the validation accuracy the
 protocol needs on top. Prints both wall times, the ratio and the largest difference of
 the final test accuracies (lockstep training equals run-by-run training).
@@ -48,22 +49,41 @@ def main() -> None:
     from fedshield.bench.spec import parse_spec
 
     spec = parse_spec({"name": "speed", "base": "brdrag-digits-cpu", "rounds": args.rounds,
-                       "shares": [args.share], "defenses": DEFENSES, "attacks": ATTACKS})  # fmt: skip
+                       "shares": [args.share], "defenses": DEFENSES,
+                       "attacks": ATTACKS})  # fmt: skip
     runs = plan(spec, Path(".")).runs
     per_run(runs[0].raw)  # warm-up: imports, first build
+    # A-B-A: half the per-run path, the bench runner, the other half, so that load from
+    # other processes on a shared machine falls on both alike.
+    half = len(runs) // 2
     t0 = time.perf_counter()
-    old = [per_run(r.raw) for r in runs]
+    old = [per_run(r.raw) for r in runs[:half]]
     t_old = time.perf_counter() - t0
     t0 = time.perf_counter()
     new = [rec for g in groups(runs, 24) for rec in run_group([r.raw for r in g])]
     t_new = time.perf_counter() - t0
-    diffs = [abs(a - b["test_acc"]) for a, b in zip(old, new) if a is not None and b["test_acc"] is not None]
+    t0 = time.perf_counter()
+    old += [per_run(r.raw) for r in runs[half:]]
+    t_old += time.perf_counter() - t0
+    diffs = [
+        abs(a - b["test_acc"])
+        for a, b in zip(old, new)
+        if a is not None and b["test_acc"] is not None
+    ]
     print(f"{len(runs)} runs ({len(DEFENSES)} defenses × {len(ATTACKS)} attacks, share "
           f"{args.share}, {args.rounds} rounds, digits, 1 thread)")  # fmt: skip
-    print(f"per-run path (tools/attack_grid.py run_one): {t_old:7.2f} s  {t_old / len(runs):.3f} s/run")
-    print(f"fedshield bench runner (lockstep)         : {t_new:7.2f} s  {t_new / len(runs):.3f} s/run")
+    print(
+        f"per-run path (tools/attack_grid.py run_one): {t_old:7.2f} s  "
+        f"{t_old / len(runs):.3f} s/run"
+    )
+    print(
+        f"fedshield bench runner (lockstep)         : {t_new:7.2f} s  {t_new / len(runs):.3f} s/run"
+    )
     print(f"speed-up: {t_old / t_new:.2f}x")
-    print(f"final test accuracy, largest |difference| between the paths: {max(diffs, default=0.0):.2e}")
+    print(
+        "final test accuracy, largest |difference| between the paths: "
+        f"{max(diffs, default=0.0):.2e}"
+    )
 
 
 if __name__ == "__main__":

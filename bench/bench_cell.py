@@ -56,7 +56,8 @@ def main() -> None:
 
     attacks = [args.attack, *[a for a in ATTACKS if a != args.attack]][: args.group]
     spec = parse_spec({"name": "cell", "base": "brdrag-digits-cpu", "rounds": args.rounds,
-                       "shares": [args.share], "defenses": [args.defense], "attacks": attacks})  # fmt: skip
+                       "shares": [args.share], "defenses": [args.defense],
+                       "attacks": attacks})  # fmt: skip
     runs = plan(spec, Path(".")).runs
     raw = runs[0].raw
     run_group([raw])  # warm-up (imports, first build)

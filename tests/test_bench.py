@@ -100,7 +100,9 @@ def test_declared_f_and_backdoor_evaluator_in_the_run_configs() -> None:
     assert run.raw["data"]["val_size"] == 200
 
 
-def _fake(p: Any, val: dict[tuple[str, int, str], float], test: dict[tuple[str, int, str], Any]) -> dict[str, Any]:
+def _fake(
+    p: Any, val: dict[tuple[str, int, str], float], test: dict[tuple[str, int, str], Any]
+) -> dict[str, Any]:
     out = {}
     for r in p.runs:
         key = (r.defense, r.tune, r.attack)
@@ -116,10 +118,16 @@ def test_selection_takes_the_best_validation_worst_case_per_defense() -> None:
     # median: lr 1.0 has the better mean on validation (0.9, 0.3) but the worse worst case;
     # lr 0.5 (0.5, 0.6) is chosen. nnm+trimmed_mean: lr 1.0 wins. Test accuracies differ
     # from validation so that the report must come from the chosen candidate's test runs.
-    val = {("median", 0, "ipm"): 0.9, ("median", 0, "alie"): 0.3,
-           ("median", 1, "ipm"): 0.5, ("median", 1, "alie"): 0.6,
-           ("nnm+trimmed_mean", 0, "ipm"): 0.7, ("nnm+trimmed_mean", 0, "alie"): 0.8,
-           ("nnm+trimmed_mean", 1, "ipm"): 0.2, ("nnm+trimmed_mean", 1, "alie"): 0.9}
+    val = {
+        ("median", 0, "ipm"): 0.9,
+        ("median", 0, "alie"): 0.3,
+        ("median", 1, "ipm"): 0.5,
+        ("median", 1, "alie"): 0.6,
+        ("nnm+trimmed_mean", 0, "ipm"): 0.7,
+        ("nnm+trimmed_mean", 0, "alie"): 0.8,
+        ("nnm+trimmed_mean", 1, "ipm"): 0.2,
+        ("nnm+trimmed_mean", 1, "alie"): 0.9,
+    }
     test = {k: v - 0.05 for k, v in val.items()} | {("median", 1, "ipm"): 0.41}
     choices = {c.defense: c for c in select(p, _fake(p, val, test))}
     assert choices["median"].tune == 1 and choices["median"].val_worst == 0.5

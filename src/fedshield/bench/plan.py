@@ -199,7 +199,8 @@ def plan(spec: BenchSpec, where: Path, check: bool = True) -> Plan:
             )
     for key in spec.tune:
         if key != DECLARED_F:  # a config key: must exist in the schema
-            cfgmod.validate(cfgmod.apply_overrides(base, [f"{key}={json.dumps(spec.tune[key][0])}"]),
+            first = f"{key}={json.dumps(spec.tune[key][0])}"
+            cfgmod.validate(cfgmod.apply_overrides(base, [first]),
                             f"bench.tune.{key}")  # fmt: skip
     tunes = tune_candidates(spec)
     settings = [

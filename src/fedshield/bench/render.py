@@ -7,7 +7,8 @@ mean, 95 % half-width, min, max over the seeds, diverged seeds), ``worst.csv`` /
 the model was destroyed), ``choice.csv`` (the candidate chosen per defense and setting,
 with its validation worst case), ``asr.csv`` / ``asr.md`` (backdoor attacks), heat maps
 ``heatmap-<defense>.png`` (worst-case accuracy, share × heterogeneity) and ``best.png`` /
-``best.md`` (the best defense per cell), and ``provenance.json``.
+``best.md`` (the best defense per cell), ``header.md`` (the commit, command, attack mode
+and faults a page states) and ``provenance.json``.
 """
 
 from __future__ import annotations
@@ -101,27 +102,28 @@ def write_all(
     for d in defenses:
         row = []
         for s in plan.settings:
-            c = by.get((d, s))
-            row.append(worst_text(c) if c else ("infeasible" if (d, s) in plan.infeasible else "-"))
-            if c:
-                choice_rows.append([d, column(s, axes), plan.tune_label(c.tune),
-                                    round(c.val_worst, 6)])  # fmt: skip
+            ch = by.get((d, s))
+            gap = "infeasible" if (d, s) in plan.infeasible else "-"
+            row.append(worst_text(ch) if ch else gap)
+            if ch:
+                choice_rows.append([d, column(s, axes), plan.tune_label(ch.tune),
+                                    round(ch.val_worst, 6)])  # fmt: skip
         worst_rows.append([d, *row])
     _write_csv(out / "worst.csv", ["defense", *cols], worst_rows)
     (out / "worst.md").write_text(_md(["defense", *cols], worst_rows))
     _write_csv(out / "choice.csv", ["defense", "setting", "chosen", "val_worst"], choice_rows)
     files |= {"worst": out / "worst.md", "choice": out / "choice.csv"}
 
-    backdoor = [a for a in plan.spec.attacks if any(c.cells[a.key].asr for c in choices)]
+    backdoor = [b for b in plan.spec.attacks if any(x.cells[b.key].asr for x in choices)]
     if backdoor:
-        hdr = ["defense", *[f"{a.key}@{col}" for a in backdoor for col in cols]]
+        hdr = ["defense", *[f"{b.key}@{col}" for b in backdoor for col in cols]]
         asr_rows = []
         for d in defenses:
             r = [d]
-            for a in backdoor:
+            for b in backdoor:
                 for s in plan.settings:
-                    c = by.get((d, s))
-                    cell = c.cells[a.key] if c else None
+                    ch = by.get((d, s))
+                    cell = ch.cells[b.key] if ch else None
                     if cell is None:
                         r.append("-")
                     elif cell.is_diverged:
@@ -133,6 +135,8 @@ def write_all(
         (out / "asr.md").write_text(_md(hdr, asr_rows))
         files["asr"] = out / "asr.md"
 
+    (out / "header.md").write_text(header(plan, results, command))
+    files["header"] = out / "header.md"
     files |= heatmaps(plan, choices, out)
     prov = provenance(plan, results, command)
     (out / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
@@ -140,7 +144,30 @@ def write_all(
     return files
 
 
-def provenance(plan: Plan, results: dict[str, dict[str, Any]], command: list[str]) -> dict[str, Any]:
+def header(plan: Plan, results: dict[str, dict[str, Any]], command: list[str]) -> str:
+    """What a rendered page states above the tables: commit(s), command, attack mode(s),
+    faults, seeds, rounds and the protocol."""
+    spec = plan.spec
+    commits = sorted({str(results[r.id].get("commit"))[:12] for r in plan.runs if r.id in results})
+    dirty = any(results[r.id].get("dirty") for r in plan.runs if r.id in results)
+    rounds = sorted({int(r.raw.get("rounds", 0)) for r in plan.runs})
+    faults = "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in spec.faults.items())
+    tune = ", ".join(f"{k} ∈ {v}" for k, v in spec.tune.items()) or "none (the base config's)"
+    return (
+        f"Produced by `{' '.join(command)}` (bench `{spec.name}`) at commit "
+        f"{', '.join(f'`{c}`' for c in commits)}{' (uncommitted changes)' if dirty else ''}; "
+        f"attack mode {', '.join(spec.attack_modes)}; faults / dropout: {faults}; seeds "
+        f"{spec.seeds}; rounds {rounds[0] if len(rounds) == 1 else rounds}; "
+        f"{len(plan.runs)} runs. Hyper-parameters chosen per defense and setting by the worst "
+        f"case over the attacks on a {spec.val_size}-sample validation split ({tune}); cells: "
+        f"test accuracy at the last round for that choice, the worst attack named; "
+        f'"diverged": the attack drove the model non-finite.\n'
+    )
+
+
+def provenance(
+    plan: Plan, results: dict[str, dict[str, Any]], command: list[str]
+) -> dict[str, Any]:
     from fedshield.provenance import combined_sha256
 
     runs = {r.id: results[r.id].get("config_sha256", "") for r in plan.runs if r.id in results}
@@ -161,7 +188,7 @@ def provenance(plan: Plan, results: dict[str, dict[str, Any]], command: list[str
 def _grid(plan: Plan) -> tuple[list[float], list[str], list[tuple[str, str]]]:
     shares = list(plan.spec.shares)
     hets = list(plan.spec.heterogeneity)
-    panels = [(f, m) for f in plan.spec.faults for m in plan.spec.attack_modes]
+    panels = [(f, str(m)) for f in plan.spec.faults for m in plan.spec.attack_modes]
     return shares, hets, panels
 
 

@@ -116,7 +116,7 @@ def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dic
         t = time.perf_counter()
         group = [sims[i] for i in active]
         trainer = group[0]._batched_trainer(plans[active[0]]) if batched else None
-        if batched and lockstep_ok(group, trainer):
+        if trainer is not None and lockstep_ok(group, trainer):
             ups = dict(zip(active, train_runs(trainer, group, [plans[i] for i in active])))
             share = (time.perf_counter() - t) / len(active)
             for i in active:
@@ -158,7 +158,9 @@ def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dic
     return out
 
 
-def run_task(raw: dict[str, Any], out: str, threads: int, cap_threads: bool = False) -> dict[str, Any]:
+def run_task(
+    raw: dict[str, Any], out: str, threads: int, cap_threads: bool = False
+) -> dict[str, Any]:
     """One backend task (a group): ``raw["runs"]`` = [{id, meta, raw}], results written to
     ``Path(out).parent`` (the cells folder) as each group finishes; the same signature as
     :func:`fedshield.sweep.run_one`, so the sweep backends run it."""

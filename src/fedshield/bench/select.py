@@ -111,7 +111,11 @@ def select(plan: Plan, results: dict[str, dict[str, Any]]) -> list[Choice]:
             cells = {}
             for a in plan.spec.attacks:
                 recs = by[d, s, best[1], a.key]
-                ok = [r for r in recs if r.get("status") != "diverged" and r.get("test_acc") is not None]
+                ok = [
+                    r
+                    for r in recs
+                    if r.get("status") != "diverged" and r.get("test_acc") is not None
+                ]
                 cells[a.key] = AttackCell(
                     a.key,
                     [r["test_acc"] for r in ok],

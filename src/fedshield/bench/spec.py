@@ -14,7 +14,8 @@ choice)::
     shares = [0.2, 0.4]                 # Byzantine share w of each cohort
     attack_modes = ["per_round"]        # and/or "fixed"
     val_size = 200                      # validation split carved from the train split
-    defenses = ["fedavg", "median", "nnm+krum", {name = "norm_clip", set = ["server.aggregator_args.tau=1.0"]}]
+    defenses = ["fedavg", "median", "nnm+krum",
+                {name = "norm_clip", set = ["server.aggregator_args.tau=1.0"]}]
     attacks = ["ipm", "alie", {name = "backdoor", params = {target = 0}}]
     [heterogeneity]                     # label → overrides (default: the base config)
     "dir0.5" = ["data.beta=0.5"]
@@ -165,11 +166,11 @@ def parse_spec(raw: dict[str, Any], source: str = "bench") -> BenchSpec:
     try:
         spec = BenchSpec.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_validation_error(err, source).replace(": invalid config", "")) from None
-    if (spec.base is None) == (spec.file is None):
         raise ConfigError(
-            f"{source}: set exactly one of base (a preset) and file (a config file)"
-        )
+            _format_validation_error(err, source).replace(": invalid config", "")
+        ) from None
+    if (spec.base is None) == (spec.file is None):
+        raise ConfigError(f"{source}: set exactly one of base (a preset) and file (a config file)")
     for axis, items in (("defenses", spec.defenses), ("attacks", spec.attacks)):
         keys = [x.key for x in items]
         for i, k in enumerate(keys):
