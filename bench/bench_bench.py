@@ -4,8 +4,8 @@
     python bench/bench_bench.py --rounds 5      # quicker
 
 Both paths run the same defense × attack × share × seed runs of the digits attack grid in
-this process on one thread (half the per-run path, the bench runner, the other half): (a) the per-run path — a config loaded
-from the preset, built and run to its last round by the simulator, one run at a time (what
+this process on one thread (half the per-run path, the bench runner, the other half):
+(a) the per-run path — a config loaded from the preset, built and run to its last round by the simulator, one run at a time (what
 ``tools/attack_grid.py run`` did per run: its ``run_one``, evaluation at the last round
 only) on the bench's own configs; (b) ``fedshield bench``'s runner — the same runs
 planned from a bench spec and
