@@ -5,13 +5,13 @@
 
 Both paths run the same defense × attack × share × seed runs of the digits attack grid in
 this process on one thread (half the per-run path, the bench runner, the other half):
-(a) the per-run path — a config loaded from the preset, built and run to its last round by the simulator, one run at a time (what
-``tools/attack_grid.py run`` did per run: its ``run_one``, evaluation at the last round
-only) on the bench's own configs; (b) ``fedshield bench``'s runner — the same runs
-planned from a bench spec and
-trained in lockstep (:mod:`fedshield.bench.lockstep`), with the validation accuracy the
-protocol needs on top. Prints both wall times, the ratio and the largest difference of
-the final test accuracies (lockstep training equals run-by-run training).
+(a) the per-run path — each config validated, built and run to its last round by the
+simulator, one run at a time (what ``tools/attack_grid.py run`` did per run: its
+``run_one``, evaluation at the last round only), on the bench's own configs; (b)
+``fedshield bench``'s runner — the same runs trained in lockstep
+(:mod:`fedshield.bench.lockstep`), with the validation accuracy the protocol needs on
+top. Prints both wall times, the ratio and the largest difference of the final test
+accuracies (lockstep training equals run-by-run training).
 """
 
 from __future__ import annotations
