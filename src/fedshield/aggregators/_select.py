@@ -38,12 +38,12 @@ def selection_blocks(x: Tensor) -> list[slice]:
     return [slice(i, min(i + step, d)) for i in range(0, d, step)]
 
 
-def partitioned(x: Tensor, lo: int, hi: int) -> np.ndarray:
-    """Rows ``lo..hi`` (inclusive) of ``x`` sorted column-wise, in some order within the
-    block: a numpy ``[hi − lo + 1, d]`` array (a copy; ``x`` is not modified)."""
-    xn = x.detach().numpy()
-    kth = [lo] if lo == hi else [lo, hi]
-    return np.partition(xn, kth, axis=0)[lo : hi + 1]
+def partitioned(x: Tensor, ranks: list[int]) -> np.ndarray:
+    """``x`` partitioned column-wise at ``ranks`` (a numpy copy; ``x`` is not modified):
+    row r holds the value of rank r for every r in ``ranks``, and the rows between two
+    ranks the values between them, in some order. NaN ranks last, so with rank S − 1 among
+    ``ranks`` the last row says which columns hold a NaN (as ``numpy.median`` checks)."""
+    return np.partition(x.detach().numpy(), sorted(set(ranks)), axis=0)
 
 
 __all__ = ["partitioned", "selectable", "selection_blocks"]

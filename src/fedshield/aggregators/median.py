@@ -44,14 +44,14 @@ def _median_by_selection(x: Tensor) -> Tensor:
     lo, hi = (s - 1) // 2, s // 2
     out = torch.empty(x.shape[1], dtype=x.dtype)
     for blk in selection_blocks(x):
-        mid = partitioned(x[:, blk], lo, hi)
+        part = partitioned(x[:, blk], [lo, hi, s - 1])
         if lo == hi:
-            out[blk] = torch.from_numpy(mid[0])
+            mid = torch.from_numpy(part[lo].copy())
         else:  # float64 midpoint: between a and b, so the cast back cannot overflow
-            pair = mid.astype(np.float64)
-            out[blk] = torch.from_numpy((pair[0] + pair[1]) * 0.5).to(x.dtype)
-    if bool(torch.isnan(x).any()):  # partition moves NaN to the end; the median is NaN
-        out.masked_fill_(torch.isnan(x).any(dim=0), torch.nan)
+            pair = part[lo : hi + 1].astype(np.float64)
+            mid = torch.from_numpy((pair[0] + pair[1]) * 0.5).to(x.dtype)
+        # NaN ranks last: a column whose largest value is NaN holds one, its median is NaN
+        out[blk] = mid.masked_fill_(torch.from_numpy(np.isnan(part[s - 1])), torch.nan)
     return out
 
 

@@ -47,8 +47,8 @@ def trimmed_mean(updates: Tensor, f: int) -> Tensor:
     fast = selectable(updates)
     for blk in selection_blocks(updates) if fast else column_blocks(updates):
         if fast:
-            kept = partitioned(updates[:, blk], f, s - f - 1)
-            out[blk] = torch.from_numpy(kept.astype(np.float64).mean(axis=0))
+            kept = partitioned(updates[:, blk], [f, s - f - 1])[f : s - f]
+            out[blk] = torch.from_numpy(kept.mean(axis=0, dtype=np.float64))
         else:
             out[blk] = torch.sort(updates[:, blk], dim=0).values[f : s - f].to(W).mean(dim=0)
     return to_dtype(out, updates.dtype)
