@@ -201,3 +201,44 @@ def test_tiny_bench_end_to_end_with_resume(tmp_path: Path, monkeypatch: Any) -> 
     assert main(["bench", "--bench", "tiny-cpu", "--out", str(out), "-q",
                  "--only", "defense=median,attack=ipm"]) == 0  # fmt: skip
     assert "nnm+trimmed_mean" not in (out / "worst.md").read_text()
+
+
+def test_list_benches_shows_the_bundled_ones(capsys: Any) -> None:
+    assert main(["list", "benches"]) == 0
+    out = capsys.readouterr().out
+    assert "robustness-digits-cpu" in out and "tiny-cpu" in out
+
+
+@pytest.mark.slow
+def test_the_readme_grid_bench_plans_every_feasible_run() -> None:
+    """The bundled grid of the README table: 22 defenses × 18 attacks × 4 shares × 3 seeds,
+    less Krum / Multi-Krum (2f + 2 < S) and Trimmed Mean (2f < S) where they cannot run."""
+    spec, where = read_bench(name="robustness-digits-cpu")
+    p = plan(spec, where)
+    per_defense_share = len(spec.attacks) * len(spec.seeds)
+    # infeasible at S = 10: krum, multikrum (and nnm+) from 40 %, trimmed_mean from 60 %
+    infeasible = 4 * 3 + 2 * 2
+    assert len(p.runs) == (22 * 4 - infeasible) * per_defense_share == 3888
+    assert len(p.infeasible) == infeasible
+
+
+def test_collect_bench_records_provenance(tmp_path: Path) -> None:
+    import importlib.util
+
+    out = tmp_path / "out"
+    assert main(["bench", "--bench", "tiny-cpu", "--out", str(out), "-q",
+                 "--only", "defense=median"]) == 0  # fmt: skip
+    path = Path(__file__).parents[1] / "tools" / "render_results.py"
+    spec = importlib.util.spec_from_file_location("render_results", path)
+    assert spec is not None and spec.loader is not None
+    rr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rr)
+    data = tmp_path / "data"
+    files = rr.collect_bench(out, data)
+    assert (data / "bench-tiny-cpu-worst.csv").exists() and files
+    assert rr.check_provenance(data) == []
+    header = (data / "bench-tiny-cpu-header.md").read_text()
+    assert "attack mode per_round" in header and "faults / dropout: none" in header
+    assert "commit" in header and "fedshield" in header
+    (data / "bench-tiny-cpu-worst.csv").write_text("changed\n")
+    assert any("changed since" in p for p in rr.check_provenance(data))

@@ -474,8 +474,17 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
     from fedshield.bench.command import add_parser as add_bench
 
-    add_bench(sub, [verbose])
+    add_bench(sub, [verbose], cmd_bench)
     return p
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``fedshield bench`` (:mod:`fedshield.bench.command`) with the sweep's backend flags."""
+    from fedshield.bench.command import cmd_bench as run
+
+    if args.group < 1:  # before Ray is started
+        raise FedshieldError(f"--group {args.group}: expected a number of runs >= 1")
+    return run(args, _sweep_backend(args), console)
 
 
 def _interrupted(args: argparse.Namespace) -> str:

@@ -99,23 +99,24 @@ def _is_float(x: str) -> bool:
     return True
 
 
-def backend_of(args: argparse.Namespace) -> Any:
+def backend_of(args: argparse.Namespace, ray: Any) -> Any:
+    """``ray``: the sweep's Ray backend of the same flags (None: local, ``-j`` processes);
+    either runs the bench's group task."""
     from fedshield.bench.runner import run_task
-    from fedshield.cli import _sweep_backend
     from fedshield.sweep import LocalBackend
 
-    backend = _sweep_backend(args)  # the same flags and checks as `fedshield sweep`
-    if backend is None:
+    if ray is None:
         return LocalBackend(args.jobs, task=run_task)
-    backend.task = run_task
-    return backend
+    ray.task = run_task
+    return ray
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
+    """The command; ``ray`` and ``console`` come from :mod:`fedshield.cli` (the sweep's
+    backend flags and checks, the CLI's console)."""
     from fedshield.bench.render import write_all
     from fedshield.bench.runner import execute
     from fedshield.bench.select import select
-    from fedshield.cli import console
 
     if (args.bench_file is None) == (args.bench is None):
         raise FedshieldError("give a bench file or --bench NAME (see `fedshield list benches`)")
@@ -130,7 +131,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     p = plan(spec, where)
     if only:
         p = restrict(p, only)
-    backend = backend_of(args)
+    backend = backend_of(args, ray)
     out = Path(args.out) if args.out else Path("runs") / f"bench-{spec.name}"
     console.print(
         f"bench {spec.name}: {len(p.runs)} runs ({len(p.infeasible)} defense × setting cells "
@@ -151,7 +152,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> None:
     b = sub.add_parser(
         "bench", parents=parents,
         help="the robustness benchmark: defenses × attacks × shares × heterogeneity × seeds",
@@ -168,7 +169,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     b.add_argument("--cpus-per-run", type=float, help="Ray: CPUs per task (default 1)")
     b.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per task (default 0)")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
-    b.set_defaults(func=cmd_bench)
+    b.set_defaults(func=func)
 
 
 __all__ = ["add_parser", "bench_names", "cmd_bench", "parse_only", "read_bench", "restrict"]
