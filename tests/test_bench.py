@@ -242,3 +242,36 @@ def test_collect_bench_records_provenance(tmp_path: Path) -> None:
     assert "commit" in header and "fedshield" in header
     (data / "bench-tiny-cpu-worst.csv").write_text("changed\n")
     assert any("changed since" in p for p in rr.check_provenance(data))
+
+
+def test_axes_modes_and_overrides_reach_the_run_configs() -> None:
+    spec = parse_spec(BASE | {
+        "attack_modes": ["fixed", "per_round"],
+        "heterogeneity": {"iid": ['data.partition="iid"'], "dir0.1": ["data.beta=0.1"]},
+        "faults": {"none": [], "slow": ["server.clients_per_round=8"]},
+    })  # fmt: skip
+    p = plan(spec, Path("."))
+    assert len(p.settings) == 2 * 2 * 2 and len(p.runs) == 8 * 2 * 2
+    run = next(r for r in p.runs if r.setting.heterogeneity == "iid" and r.setting.fault == "slow"
+               and r.setting.mode == "fixed" and r.defense == "nnm+trimmed_mean")  # fmt: skip
+    assert run.raw["data"]["partition"] == "iid" and run.raw["attack"]["mode"] == "fixed"
+    assert run.raw["server"]["clients_per_round"] == 8
+    assert run.raw["server"]["aggregator_args"]["f"] == 1  # ⌊0.2 · 8⌋, from the fault's S
+
+
+@pytest.mark.slow
+def test_ray_backend_equals_local(tmp_path: Path, monkeypatch: Any) -> None:
+    ray = pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU tasks: no GPU env
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    args = ["bench", "--bench", "tiny-cpu", "-q", "--only", "defense=median"]
+    assert main([*args, "--out", str(local)]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        assert main([*args, "--out", str(remote), "--backend", "ray"]) == 0
+    finally:
+        ray.shutdown()
+    assert (local / "worst.md").read_text() == (remote / "worst.md").read_text()
+    assert (local / "runs.csv").read_text().count("\n") == (remote / "runs.csv").read_text().count(
+        "\n"
+    )
