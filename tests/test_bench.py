@@ -76,6 +76,9 @@ def test_cli_bad_bench_is_one_error_line_exit_2(tmp_path: Path, capsys: Any) -> 
     assert main(["bench", "--bench", "tiny-cpuu"]) == 2
     assert "did you mean 'tiny-cpu'?" in capsys.readouterr().err
     assert main(["bench", "--bench", "tiny-cpu", "--only", "colour=red"]) == 2
+    assert main(["bench", "--bench", "tiny-cpu", "--group", "0"]) == 2
+    assert main(["bench", "--bench", "tiny-cpu", "-j", "0"]) == 2
+    assert main(["bench", "--bench", "tiny-cpu", "--address", "auto"]) == 2  # needs ray
 
 
 def test_infeasible_shares_are_left_out_not_errors() -> None:

@@ -124,8 +124,6 @@ def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
         from fedshield.sweep import check_jobs
 
         check_jobs(args.jobs)
-    if args.group < 1:
-        raise ConfigError(f"--group {args.group}: expected a number of runs >= 1")
     only = parse_only(args.only) if args.only else {}
     spec, where = read_bench(args.bench_file, args.bench)
     p = plan(spec, where)
