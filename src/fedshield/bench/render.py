@@ -151,7 +151,7 @@ def header(plan: Plan, results: dict[str, dict[str, Any]], command: list[str]) -
     commits = sorted({str(results[r.id].get("commit"))[:12] for r in plan.runs if r.id in results})
     dirty = any(results[r.id].get("dirty") for r in plan.runs if r.id in results)
     rounds = sorted({int(r.raw.get("rounds", 0)) for r in plan.runs})
-    faults = "; ".join(f"{k}: {', '.join(v) or 'none'}" for k, v in spec.faults.items())
+    faults = "; ".join(f"{k} ({', '.join(v)})" if v else k for k, v in spec.faults.items())
     tune = ", ".join(f"{k} ∈ {v}" for k, v in spec.tune.items()) or "none (the base config's)"
     return (
         f"Produced by `{' '.join(command)}` (bench `{spec.name}`) at commit "
