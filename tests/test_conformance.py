@@ -355,7 +355,9 @@ def test_eval_attack_stays_in_its_ball_and_the_unit_box(kind, entry):
 # --- fedshield list -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [k for k in LIST_KINDS if k not in ("presets", "grids")])
+@pytest.mark.parametrize(
+    "kind", [k for k in LIST_KINDS if k not in ("presets", "grids", "benches")]
+)
 def test_list_shows_every_entry_with_params_and_tags(kind, capsys, monkeypatch):
     from rich.cells import cell_len
 

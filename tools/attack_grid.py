@@ -1,5 +1,12 @@
-"""The defense × attack × Byzantine-share grid behind docs/results/robustness.md ("Under
-attack") and the README's worst-case table.
+"""The defense × attack × Byzantine-share grid behind the *published* tables of
+docs/results/robustness.md ("Under attack") and the README's worst-case table.
+
+Superseded by ``fedshield bench --bench robustness-digits-cpu`` (docs/bench.md): the same
+grid with ByzFL's validation protocol, lockstep training (several times faster), resume by
+config hash and commit, diverged runs shown as diverged, heat maps. This file stays for
+the published CSVs it produced and for the grid setting that
+tests/test_attacks_adaptive_e2e.py imports (``overrides``, ``BASE``, ``FIXED``); ``run``
+prints a pointer to the bench.
 
     nice -n 19 python tools/attack_grid.py run [-j 2] [--rounds 30] [--seeds 0,1,2]
     python tools/attack_grid.py cells        # runs CSV → the cells / worst / ASR CSVs
@@ -204,6 +211,11 @@ def write_spec(rounds: int, seeds: list[int]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    print(
+        "note: tools/attack_grid.py is superseded by `fedshield bench --bench "
+        "robustness-digits-cpu` (docs/bench.md)",
+        file=sys.stderr,
+    )
     seeds = [int(s) for s in args.seeds.split(",")]
     todo = cells(args.rounds, seeds)
     done: set[tuple[str, str, float, int]] = set()

@@ -78,9 +78,11 @@ if [ $# -gt 0 ]; then
   for g in "$@"; do run_grid "$g"; done
 else
   for g in "${ORDER[@]}"; do run_grid "$g"; done
-  # The defense × attack grid of docs/results/robustness.md ("Under attack"), ~3 h here.
-  $NICE "$PY" tools/attack_grid.py run --rounds 20 -j "$JOBS" > runs/attack-grid.log 2>&1
-  "$PY" tools/attack_grid.py cells --rounds 20 > /dev/null
+  # The defense × attack grid of docs/results/robustness.md ("Under attack"): the bench
+  # (docs/bench.md), its tables collected as docs/results/data/bench-robustness-digits-cpu-*.
+  $NICE $FS bench --bench robustness-digits-cpu -j "$JOBS" -q \
+    --out runs/bench-robustness-digits-cpu > runs/bench-robustness-digits-cpu.log 2>&1
+  "$PY" tools/render_results.py --collect-bench runs/bench-robustness-digits-cpu > /dev/null
 fi
 # shellcheck disable=SC2086
 $PY tools/render_results.py

@@ -20,7 +20,8 @@ and this script replaces what lies between the markers by the table computed fro
 * ``where=KEY:V1|V2`` — keep only rows whose KEY is one of the values (repeatable, ``;``);
 * ``digits=N`` — decimals (default 3);
 * ``include=FILE`` (with optional ``lines=A-B``) — a benchmark's saved output, verbatim, in
-  a code block;
+  a code block; ``text=FILE`` — a Markdown file as it is (a bench's ``header.md``: commit,
+  command, attack mode, faults);
 * ``worst=ROW,OVER`` with ``source=a.csv,b.csv`` and ``labels=A,B`` — per ROW value, the
   lowest mean of ``value`` over OVER in each source, with the OVER value where it occurs
   (e.g. a defense's worst case over the attacks at each Byzantine share).
@@ -28,6 +29,7 @@ and this script replaces what lies between the markers by the table computed fro
     python tools/render_results.py                 # rewrite every block in place
     python tools/render_results.py --check         # exit 1 if a document is out of date
     python tools/render_results.py --collect runs/brdrag-attacks-20-cpu  # copy its CSVs only
+    python tools/render_results.py --collect-bench runs/bench-robustness-digits-cpu
 
 Every result file records what produced it: ``--collect`` writes beside the CSVs
 ``<name>.provenance.json`` — the sweep's ``provenance.json`` (the commits its runs ran from,
@@ -147,6 +149,8 @@ def render_include(opts: dict[str, str], root: Path) -> str:
 
 
 def render(opts: dict[str, str], root: Path = ROOT) -> str:
+    if "text" in opts:
+        return (root / opts["text"]).read_text()
     if "include" in opts:
         return render_include(opts, root)
     if "worst" in opts:
@@ -251,6 +255,34 @@ def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
     return [*out, side]
 
 
+#: The files of a ``fedshield bench`` output that are results (copied as
+#: ``bench-<name>-<file>``); the per-run JSON files stay in the run folder.
+BENCH_FILES = ("worst.csv", "asr.csv", "cells.csv", "runs.csv", "choice.csv", "best.md",
+               "header.md")  # fmt: skip
+
+
+def collect_bench(bench_dir: Path, data: Path = DATA) -> list[Path]:
+    """Copy a ``fedshield bench`` output's tables to docs/results/data/bench-<name>-*.{csv,md}
+    with ``bench-<name>.provenance.json``: the bench's provenance.json (commits, each run's
+    config hash, the command, attack modes, faults) and the files' SHA-256."""
+    prov_file = bench_dir / "provenance.json"
+    if not prov_file.exists():
+        raise SystemExit(f"{prov_file}: missing; is {bench_dir} a `fedshield bench` output?")
+    prov = json.loads(prov_file.read_text())
+    name = f"bench-{prov['bench']}"
+    data.mkdir(parents=True, exist_ok=True)
+    out = []
+    for f in BENCH_FILES:
+        if (bench_dir / f).exists():
+            dst = data / f"{name}-{f}"
+            shutil.copyfile(bench_dir / f, dst)
+            out.append(dst)
+    prov["files"] = {p.name: _sha256(p) for p in out}
+    side = data / f"{name}{PROVENANCE}"
+    side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+    return [*out, side]
+
+
 #: Data files that record their own origin row by row (tools/measure_results.sh appends
 #: each grid's wall time with its commit): no sidecar needed.
 SELF_RECORDING = frozenset({"campaign-times.csv"})
@@ -348,11 +380,16 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true", help="fail if a document is out of date")
     ap.add_argument("--collect", nargs="*", default=[], metavar="SWEEP_DIR")
+    ap.add_argument("--collect-bench", nargs="*", default=[], metavar="BENCH_DIR")
     args = ap.parse_args()
     for d in args.collect:
         for p in collect(Path(d)):
             print(f"collected {p.relative_to(ROOT)}")
-    if args.collect:  # collecting only copies; the documents render once all data is in
+    for d in args.collect_bench:
+        for p in collect_bench(Path(d)):
+            print(f"collected {p.relative_to(ROOT)}")
+    # collecting only copies; the documents render once all data is in
+    if args.collect or args.collect_bench:
         return 0
     stale: list[Path] = []
     missing: list[str] = []

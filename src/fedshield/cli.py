@@ -163,6 +163,7 @@ def _status(summary: dict[str, Any]) -> str:
 LIST_KINDS = (
     "presets",
     "grids",
+    "benches",
     "datasets",
     "partitioners",
     "models",
@@ -263,6 +264,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
             for name in grid_names():
                 table.add_row(name, Text(read_grid(grid=name)[0].get("description", "")))
+        elif kind == "benches":
+            from fedshield.bench.command import bench_names, read_bench
+
+            for name in bench_names():
+                table.add_row(name, Text(read_bench(name=name)[0].description))
         else:
             for entry in regs[kind].entries():
                 table.add_row(entry.name, details(entry))
@@ -469,7 +475,19 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per run (default 0)")
     sw.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+    from fedshield.bench.command import add_parser as add_bench
+
+    add_bench(sub, [verbose], cmd_bench)
     return p
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``fedshield bench`` (:mod:`fedshield.bench.command`) with the sweep's backend flags."""
+    from fedshield.bench.command import cmd_bench as run
+
+    if args.group < 1:  # before Ray is started
+        raise FedshieldError(f"--group {args.group}: expected a number of runs >= 1")
+    return run(args, _sweep_backend(args), console)
 
 
 def _interrupted(args: argparse.Namespace) -> str:

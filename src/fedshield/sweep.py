@@ -287,21 +287,23 @@ def check_jobs(jobs: Any) -> int:
 
 class LocalBackend:
     """This machine: in process (``jobs == 1``) or in ``jobs`` spawned processes, the
-    cores split evenly between them."""
+    cores split evenly between them. ``task`` runs one task (default :func:`run_one`;
+    ``fedshield bench`` passes its own, same signature)."""
 
-    def __init__(self, jobs: int = 1) -> None:
+    def __init__(self, jobs: int = 1, task: Callable[..., dict[str, Any]] | None = None) -> None:
         self.jobs = check_jobs(jobs)
+        self.task = task or run_one
 
     def map(self, tasks: Sequence[RunTask]) -> Iterator[tuple[str, dict[str, Any]]]:
         threads = max(1, (os.cpu_count() or 1) // self.jobs)
         if self.jobs == 1:
             for t in tasks:
-                yield t.name, run_one(t.raw, t.out, threads)
+                yield t.name, self.task(t.raw, t.out, threads)
             return
         import multiprocessing as mp
 
         with ProcessPoolExecutor(self.jobs, mp_context=mp.get_context("spawn")) as pool:
-            futs = {pool.submit(run_one, t.raw, t.out, threads, True): t.name for t in tasks}
+            futs = {pool.submit(self.task, t.raw, t.out, threads, True): t.name for t in tasks}
             for fut in as_completed(futs):
                 yield futs[fut], fut.result()
 

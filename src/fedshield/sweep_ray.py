@@ -27,7 +27,7 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,9 @@ from fedshield.sweep import RunTask, run_one
 TOKEN_FILE = ".fedshield-sweep-token"
 
 
-def _task(raw: dict[str, Any], out: str, threads: int, token: str) -> dict[str, Any]:
+def _task(
+    raw: dict[str, Any], out: str, threads: int, token: str, fn: Callable[..., Any] = run_one
+) -> dict[str, Any]:
     """The body of one Ray task (runs on a worker)."""
     seen = Path(out).parent / TOKEN_FILE
     if not seen.exists() or seen.read_text() != token:
@@ -46,18 +48,25 @@ def _task(raw: dict[str, Any], out: str, threads: int, token: str) -> dict[str, 
             f"{socket.gethostname()}: with Ray on several nodes, --out must be a directory "
             "every node mounts at the same path (NFS, a cluster file system)"
         )
-    return run_one(raw, out, threads)
+    return fn(raw, out, threads)
 
 
 class RayBackend:
-    """One Ray task per run with ``cpus``/``gpus`` resources each."""
+    """One Ray task per run with ``cpus``/``gpus`` resources each; ``task`` runs one
+    (default :func:`fedshield.sweep.run_one`; ``fedshield bench`` passes its own)."""
 
-    def __init__(self, address: str | None = None, cpus: float = 1.0, gpus: float = 0.0) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        cpus: float = 1.0,
+        gpus: float = 0.0,
+        task: Callable[..., dict[str, Any]] = run_one,
+    ) -> None:
         if cpus <= 0:
             raise ConfigError(f"--cpus-per-run={cpus}: must be > 0")
         if gpus < 0:
             raise ConfigError(f"--gpus-per-run={gpus}: must be >= 0")
-        self.address, self.cpus, self.gpus = address, cpus, gpus
+        self.address, self.cpus, self.gpus, self.task = address, cpus, gpus, task
 
     def _init(self) -> bool:
         """Connect to (or start) Ray; True when this call started the connection."""
@@ -115,7 +124,7 @@ class RayBackend:
             raise
         threads = max(1, math.floor(self.cpus))
         remote = ray.remote(_task).options(num_cpus=self.cpus, num_gpus=self.gpus)
-        pending = {remote.remote(t.raw, t.out, threads, token): t.name for t in tasks}
+        pending = {remote.remote(t.raw, t.out, threads, token, self.task): t.name for t in tasks}
         try:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)

@@ -9,10 +9,12 @@ two huge middle values (±3e38 in float32) is taken in float64, so it cannot ove
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from fedshield.aggregators._ops import W, row_sq_norms
+from fedshield.aggregators._select import partitioned, selectable, selection_blocks
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
@@ -33,8 +35,30 @@ def _mean_of_middles(x: Tensor) -> Tensor:
     return mid.masked_fill(torch.isnan(x).any(dim=0), torch.nan)
 
 
+def _median_by_selection(x: Tensor) -> Tensor:
+    """The definition (middle value; for even S the float64 midpoint of the two middle
+    values, cast back) from a selection of the middle rank(s) instead of a sort, per
+    block (:mod:`._select`: ≈ 1.5x faster than ``torch.quantile`` on one CPU thread at
+    S = 40, d = 10^5, and at or below Flower's ``numpy.median``)."""
+    s = x.shape[0]
+    lo, hi = (s - 1) // 2, s // 2
+    out = torch.empty(x.shape[1], dtype=x.dtype)
+    for blk in selection_blocks(x):
+        part = partitioned(x[:, blk], [lo, hi, s - 1])
+        if lo == hi:
+            mid = torch.from_numpy(part[lo].copy())
+        else:  # float64 midpoint: between a and b, so the cast back cannot overflow
+            pair = part[lo : hi + 1].astype(np.float64)
+            mid = torch.from_numpy((pair[0] + pair[1]) * 0.5).to(x.dtype)
+        # NaN ranks last: a column whose largest value is NaN holds one, its median is NaN
+        out[blk] = mid.masked_fill_(torch.from_numpy(np.isnan(part[s - 1])), torch.nan)
+    return out
+
+
 def coordinate_median(updates: Tensor) -> Tensor:
     """``[d]`` coordinate-wise median of the rows of ``updates`` (NaN where a column has one)."""
+    if selectable(updates) and updates.shape[0] > 0:
+        return _median_by_selection(updates)
     if updates.shape[0] % 2 == 1:
         # A selection, no full sort; returns the middle value, exact for odd S.
         return torch.median(updates, dim=0).values

@@ -287,14 +287,19 @@ def choose_byzantine(cfg: ExperimentConfig) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in rng.choice(m, size=a, replace=False)))
 
 
-def build(cfg: ExperimentConfig, components: Components | None = None) -> Experiment:
+def build(
+    cfg: ExperimentConfig, components: Components | None = None, bundle: Any = None
+) -> Experiment:
     """Data, partition and model for ``cfg``; ``components`` (fresh, from
-    :func:`build_components` on the same config) saves checking them a second time."""
+    :func:`build_components` on the same config) saves checking them a second time;
+    ``bundle`` (the loaded dataset of ``cfg.data``, never modified here) saves loading it
+    again for runs of the same data (``fedshield bench``)."""
     if components is None:
         components = build_components(cfg)
     device = resolve_device(cfg.run.device)
     d = cfg.data
-    bundle = load_dataset(d.dataset, d.root, d.download, d.params)
+    if bundle is None:
+        bundle = load_dataset(d.dataset, d.root, d.download, d.params)
     train = bundle.train
     if d.long_tail.rho > 1:
         train = make_long_tail(train, bundle.num_classes, d.long_tail.rho, cfg.seed)

@@ -1,0 +1,173 @@
+"""The ``fedshield bench`` command: read a bench (file or bundled name), plan its runs
+(every config checked before anything trains), run what is not done yet, apply the
+protocol and write the tables and heat maps.
+
+    fedshield bench --bench robustness-digits-cpu --out runs/robustness -j 2
+    fedshield bench my-bench.toml --only defense=median,attack=ipm
+    fedshield bench my-bench.toml --backend ray --cpus-per-run 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fedshield import config as cfgmod
+from fedshield.bench.plan import Plan, plan
+from fedshield.bench.spec import BenchSpec, parse_spec
+from fedshield.errors import ConfigError, FedshieldError
+
+PACKAGE = "fedshield.presets.benches"
+SELECT_KEYS = ("defense", "attack", "share", "heterogeneity", "fault", "mode", "seed")
+
+
+def bench_names() -> list[str]:
+    files = resources.files(PACKAGE).iterdir()
+    return sorted(f.name[:-5] for f in files if f.name.endswith(".toml"))
+
+
+def read_bench(path: str | None = None, name: str | None = None) -> tuple[BenchSpec, Path]:
+    """A bundled bench (``--bench NAME``, did-you-mean) or a bench file, validated."""
+    if name is not None:
+        names = bench_names()
+        if name not in names:
+            import difflib
+
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"--bench: unknown bench {name!r}{hint}; known: {', '.join(names)}")
+        text = resources.files(PACKAGE).joinpath(f"{name}.toml").read_text()
+        return parse_spec(tomllib.loads(text), f"bench {name}"), Path(".")
+    assert path is not None
+    if Path(path).is_dir():
+        raise ConfigError(f"{path}: is a directory; give a bench TOML file")
+    raw = cfgmod.read_toml(path)
+    return parse_spec(raw, str(path)), Path(path).parent
+
+
+def parse_only(text: str) -> dict[str, set[str]]:
+    """``--only defense=median,attack=ipm`` (a key may repeat: ``attack=ipm,attack=alie``)."""
+    out: dict[str, set[str]] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in SELECT_KEYS or not value:
+            raise ConfigError(
+                f"--only {item!r}: expected KEY=VALUE with KEY one of {', '.join(SELECT_KEYS)}"
+            )
+        out.setdefault(key, set()).add(value)
+    return out
+
+
+def restrict(p: Plan, only: dict[str, set[str]]) -> Plan:
+    """The plan's runs that match every ``--only`` key; the protocol's worst case is then
+    over the selected attacks only."""
+
+    def keep(run: Any) -> bool:
+        s = run.setting
+        vals = {"defense": run.defense, "attack": run.attack, "share": f"{s.share:g}",
+                "heterogeneity": s.heterogeneity, "fault": s.fault, "mode": s.mode,
+                "seed": str(run.seed)}  # fmt: skip
+        for key, allowed in only.items():
+            v = vals[key]
+            if key == "share":
+                allowed = {f"{float(a):g}" for a in allowed if _is_float(a)}
+            if v not in allowed:
+                return False
+        return True
+
+    runs = [r for r in p.runs if keep(r)]
+    if not runs:
+        raise ConfigError(f"--only: no run of bench {p.spec.name!r} matches {only}")
+    spec = p.spec.model_copy(update={
+        "defenses": [d for d in p.spec.defenses if any(r.defense == d.key for r in runs)],
+        "attacks": [a for a in p.spec.attacks if any(r.attack == a.key for r in runs)],
+    })  # fmt: skip
+    settings = [s for s in p.settings if any(r.setting == s for r in runs)]
+    return replace(p, spec=spec, runs=runs, settings=settings)
+
+
+def _is_float(x: str) -> bool:
+    try:
+        float(x)
+    except ValueError:
+        return False
+    return True
+
+
+def backend_of(args: argparse.Namespace, ray: Any) -> Any:
+    """``ray``: the sweep's Ray backend of the same flags (None: local, ``-j`` processes);
+    either runs the bench's group task."""
+    from fedshield.bench.runner import run_task
+    from fedshield.sweep import LocalBackend
+
+    if ray is None:
+        return LocalBackend(args.jobs, task=run_task)
+    ray.task = run_task
+    return ray
+
+
+def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
+    """The command; ``ray`` and ``console`` come from :mod:`fedshield.cli` (the sweep's
+    backend flags and checks, the CLI's console)."""
+    from fedshield.bench.render import write_all
+    from fedshield.bench.runner import execute
+    from fedshield.bench.select import select
+
+    if (args.bench_file is None) == (args.bench is None):
+        raise FedshieldError("give a bench file or --bench NAME (see `fedshield list benches`)")
+    if args.backend == "local":
+        from fedshield.sweep import check_jobs
+
+        check_jobs(args.jobs)
+    only = parse_only(args.only) if args.only else {}
+    spec, where = read_bench(args.bench_file, args.bench)
+    p = plan(spec, where)
+    if only:
+        p = restrict(p, only)
+    backend = backend_of(args, ray)
+    out = Path(args.out) if args.out else Path("runs") / f"bench-{spec.name}"
+    console.print(
+        f"bench {spec.name}: {len(p.runs)} runs ({len(p.infeasible)} defense × setting cells "
+        f"infeasible) → {out}"
+    )
+    done = [0]
+
+    def tick(rec: dict[str, Any]) -> None:
+        done[0] += 1
+        if not args.quiet and (done[0] % 25 == 0 or done[0] == len(p.runs)):
+            console.print(f"{done[0]}/{len(p.runs)} runs", highlight=False)
+
+    results = execute(p.runs, out, backend, args.group, not args.no_lockstep, tick)
+    choices = select(p, results)
+    files = write_all(p, choices, results, out, ["fedshield", *sys.argv[1:]])
+    console.print(files["worst"].read_text(), highlight=False, markup=False)
+    console.print(f"tables and heat maps in {out} (worst.md, best.md, heatmap-*.png, runs.csv)")
+    return 0
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> None:
+    b = sub.add_parser(
+        "bench", parents=parents,
+        help="the robustness benchmark: defenses × attacks × shares × heterogeneity × seeds",
+    )  # fmt: skip
+    b.add_argument("bench_file", nargs="?", help="bench TOML file (or --bench NAME)")
+    b.add_argument("--bench", help="a bundled bench (see `fedshield list benches`)")
+    b.add_argument("--out", help="output directory (default runs/bench-<name>)")
+    b.add_argument("--only", help="run a selection, e.g. defense=median,attack=ipm")
+    b.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
+    b.add_argument("--group", type=int, default=24, help="runs trained in lockstep per task")
+    b.add_argument("--no-lockstep", action="store_true", help="train run by run (for checks)")
+    b.add_argument("--backend", choices=("local", "ray"), default="local")
+    b.add_argument("--address", help="Ray cluster address (default: a local Ray)")
+    b.add_argument("--cpus-per-run", type=float, help="Ray: CPUs per task (default 1)")
+    b.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per task (default 0)")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    b.set_defaults(func=func)
+
+
+__all__ = ["add_parser", "bench_names", "cmd_bench", "parse_only", "read_bench", "restrict"]
