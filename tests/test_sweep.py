@@ -128,8 +128,9 @@ def test_a_cell_made_with_another_config_is_run_again_not_reused(tmp_path, small
         summary["final_test_acc"], abs=1e-3
     )
     caplog.clear()
+    again = ["sweep", str(grid), "--out", str(out), "-q", "--set", "client.local_steps=1"]
     with caplog.at_level(logging.WARNING, logger="fedshield"):  # same config: all kept
-        assert main(["sweep", str(grid), "--out", str(out), "-q", "--set", "client.local_steps=1"]) == 0
+        assert main(again) == 0
     assert not caplog.records
 
 

@@ -260,8 +260,8 @@ def check_provenance(data: Path = DATA) -> list[str]:
     """What is wrong with the provenance of the result files in ``data``: a file no
     ``*.provenance.json`` covers, one changed since it was recorded (another SHA-256), a
     record without a commit or a config hash, a sweep's record whose ``grid`` is neither a
-    bundled grid nor the file's own name (issue 25: it named the last run to finish). Empty: every file records
-    its origin."""
+    bundled grid nor the file's own name (issue 25: it named the last run to finish).
+    Empty: every file records its origin."""
     from fedshield.sweep import grid_names
 
     grids = set(grid_names())

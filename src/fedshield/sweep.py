@@ -323,8 +323,8 @@ def run_sweep(
     comparison files to ``out`` with ``provenance.json`` (commits and config hashes of the
     runs; ``name`` is the grid's, default the folder's). Runs made earlier with the same
     config are kept (finished: not run again; unfinished: continued); a run made with
-    another config is removed and run again (:mod:`fedshield.sweep_cells`). Returns the comparison, whose summaries are in grid order with each
-    run's parameters."""
+    another config is removed and run again (:mod:`fedshield.sweep_cells`). Returns the
+    comparison, whose summaries are in grid order with each run's parameters."""
     from fedshield.provenance import sweep_provenance
     from fedshield.report import compare_runs
     from fedshield.sim.checkpoint import atomic_write_text, dumps
