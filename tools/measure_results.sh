@@ -81,6 +81,8 @@ else
   # The defense × attack grid of docs/results/robustness.md ("Under attack"), ~3 h here.
   $NICE "$PY" tools/attack_grid.py run --rounds 20 -j "$JOBS" > runs/attack-grid.log 2>&1
   "$PY" tools/attack_grid.py cells --rounds 20 > /dev/null
+  # The demo under each kernel variant of tools/kernel_variants.sh (demo-kernels.csv), ~3 min.
+  $NICE "$PY" tools/demo_kernels.py --work runs/demo-kernels > runs/demo-kernels.log 2>&1
 fi
 # shellcheck disable=SC2086
 $PY tools/render_results.py
