@@ -32,18 +32,19 @@ log = logging.getLogger("fedshield")
 
 
 def saved_config(out: Path) -> str | None:
-    """The resolved config of the run in ``out`` that a sweep could keep: the checkpoint's
-    (what ``--resume`` continues), else a finished run's ``config.toml``; None when there
-    is nothing to keep (no run, or one killed before its first checkpoint, which starts
-    over anyway)."""
+    """The resolved config of the run in ``out`` that a sweep could keep: a finished run's
+    ``config.toml`` (written by the session that finished it; "" when missing), else the
+    checkpoint's (what ``--resume`` continues; a large file is read only here); None when
+    there is nothing to keep (no run, or one killed before its first checkpoint, which
+    starts over anyway)."""
+    if (out / "summary.json").exists():
+        saved = out / "config.toml"
+        return saved.read_text() if saved.exists() else ""
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
         from fedshield.sim.checkpoint import peek_checkpoint
 
         return str(peek_checkpoint(ckpt)["config"])
-    if (out / "summary.json").exists():
-        saved = out / "config.toml"
-        return saved.read_text() if saved.exists() else ""
     return None
 
 

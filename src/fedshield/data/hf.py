@@ -8,8 +8,8 @@ of shape [H, W] / [H, W, C]) and label column (a ``ClassLabel``, integers or str
 found by their features unless ``data.params`` names them, and held in memory like every
 other dataset: PIL images and integer pixels in 0..255 as uint8 (read as x/255), float
 arrays as they are; :mod:`fedshield.data.check` then refuses anything not uint8 or in
-[0, 1] (16-bit integers, floats 0–255), naming the dataset. A dataset without a test split is split 80/20, stratified, as the bundled
-ones are.
+[0, 1] (16-bit integers, floats 0–255), naming the dataset. A dataset without a test
+split is split 80/20, stratified, as the bundled ones are.
 
 ``data.download`` applies to Hub datasets: ``"auto"`` and ``true`` let ``datasets``
 download them (the Hub's host is probed first: no network is its own error), ``false``
