@@ -137,3 +137,52 @@ def test_mnist5k_equals_mlxtends_own_reader():
 def test_bundled_datasets_declare_their_train_size(name, params):
     """The size checked before loading (issue #17) is the size the loader produces."""
     assert dataset_info(name, params).train_size == len(load_dataset(name, "", False, params).train)
+
+
+# -- input values: one checker for every loader (issue 25) ---------------------------------
+def _register_loader(name: str, x: torch.Tensor, tags: list[str]) -> None:
+    from fedshield.data.bundle import DataBundle, TensorData
+    from fedshield.data.datasets import DATASETS
+
+    y = torch.arange(len(x)) % 2
+
+    def loader(root: str, download: bool) -> DataBundle:
+        data = TensorData(x, y)
+        return DataBundle(name, data, data, 2, tuple(x.shape[1:]), ("a", "b"))  # type: ignore[arg-type]
+
+    DATASETS.register(name, tags=tags)(loader)
+
+
+@pytest.mark.parametrize(
+    ("x", "tags", "error"),
+    [
+        (torch.full((4, 1, 2, 2), 255.0), [], r"'t-in': the train inputs are float32 in \[255, "),
+        (torch.full((4, 1, 2, 2), 3, dtype=torch.int64), [], r"int64 \(3..3\); expected uint8"),
+        (torch.full((4, 1, 2, 2), float("nan")), [], "with 16 non-finite values"),
+        (torch.full((4, 1, 2, 2), -0.5), ["input_range=-1:1"], None),
+        (torch.full((4, 1, 2, 2), -1.5), ["input_range=-1:1"], r"expected .* floats in \[-1, 1\]"),
+        (torch.full((4, 1, 2, 2), 0.5), ["input_range=1:-1"], "input_range='1:-1'; expected LO:HI"),
+        (torch.full((4, 1, 2, 2), 7, dtype=torch.uint8), [], None),
+    ],
+)
+def test_every_loaders_inputs_are_checked_after_loading(x, tags, error) -> None:
+    from fedshield.data.datasets import DATASETS
+    from fedshield.errors import FedshieldError
+
+    _register_loader("t-in", x, tags)
+    try:
+        if error is None:
+            assert load_dataset("t-in", "", False).train.x.dtype == x.dtype
+        else:
+            with pytest.raises(FedshieldError, match=error):
+                load_dataset("t-in", "", False)
+    finally:
+        DATASETS._entries.pop("t-in")
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist5k", "synthetic"])
+def test_the_bundled_datasets_pass_the_input_check(name) -> None:
+    bundle = load_dataset(name, "", False)
+    for data in (bundle.train, bundle.test):
+        x, _ = data.batch(torch.arange(min(len(data), 500)))
+        assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0

@@ -65,7 +65,7 @@ def test_collect_records_provenance_and_a_changed_file_is_noticed(tmp_path) -> N
     data = tmp_path / "data"
     with pytest.raises(SystemExit, match="provenance.json: missing"):
         render.collect(sweep, data)
-    prov = {"grid": "g", "commits": ["abc"], "config_sha256": "f00", "runs": {"a": "f00"}}
+    prov = {"grid": "demo", "commits": ["abc"], "config_sha256": "f00", "runs": {"a": "f00"}}
     (sweep / "provenance.json").write_text(json.dumps(prov))
     render.collect(sweep, data)
     side = json.loads((data / "g.provenance.json").read_text())
@@ -76,6 +76,10 @@ def test_collect_records_provenance_and_a_changed_file_is_noticed(tmp_path) -> N
     problems = render.check_provenance(data)
     assert any(p.startswith("g.csv: changed since") for p in problems)
     assert any(p.startswith("other.csv: no *.provenance.json") for p in problems)
+    # issue 25: a sweep's record named its last finished run as the grid
+    (data / "g.provenance.json").write_text(json.dumps(side | {"grid": "a"}))
+    problem = "g.provenance.json: grid 'a' is neither a bundled grid nor 'g'"
+    assert problem in render.check_provenance(data)
 
 
 def test_rendering_shows_the_seed_spread_next_to_the_interval(tmp_path) -> None:

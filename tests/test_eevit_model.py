@@ -272,3 +272,42 @@ def test_missing_weights_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
         eevit_small((3, 32, 32), 10, pretrained=True, pretrained_download=False)
     # Without pretrained weights the same architecture starts from random init.
     assert eevit_small((3, 32, 32), 10, pretrained=False, depth=1).num_exits == 1
+
+
+def test_pretrained_trunk_keeps_depth_blocks_with_exit_blocks(tmp_path: Path) -> None:
+    """Issue 25: with exit_blocks the trunk was cut to the number of exits (3), not depth
+    (6): "Missing keys blocks.3..." for a checkpoint that has every block."""
+    sd = _timm_vit(depth=8).state_dict()
+    torch.save(sd, tmp_path / "vit.pth")
+    m = build_model(
+        "eevit", (3, 16, 16), 10, patch_size=4, embed_dim=32, num_heads=2, depth=6,
+        exit_blocks=[2, 4, 6], pretrained_path=str(tmp_path / "vit.pth"),
+    )  # fmt: skip
+    assert m.num_exits == 3 and len(m.vit.blocks) == 6
+    _assert_trunk_equal(m, sd, 6)
+
+
+def test_a_checkpoint_that_does_not_fit_is_one_line_naming_the_key(tmp_path: Path) -> None:
+    """Issue 25: a shape mismatch printed load_state_dict's 77-line error."""
+    torch.manual_seed(1)
+    other = VisionTransformer(
+        img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=32, depth=6,
+        num_heads=2, mlp_ratio=2.0,
+    )  # fmt: skip
+    torch.save(other.state_dict(), tmp_path / "narrow.pth")
+    with pytest.raises(DataError) as err:
+        build_model(
+            "eevit", (3, 16, 16), 10, patch_size=4, embed_dim=32, num_heads=2, depth=6,
+            pretrained_path=str(tmp_path / "narrow.pth"),
+        )  # fmt: skip
+    text = str(err.value)
+    assert "\n" not in text, text
+    want = "blocks.0.mlp.fc1.weight has shape (64, 32) in the checkpoint, (128, 32) in the model"
+    assert want in text, text
+    assert "(and 17 more keys)" in text, text  # fc1.weight/bias, fc2.weight of 6 blocks
+    torch.save(_timm_vit(depth=4).state_dict(), tmp_path / "shallow.pth")
+    with pytest.raises(DataError, match=r"lacks the model's blocks\.4\.\S+ \(and \d+ more\)$"):
+        build_model(
+            "eevit", (3, 16, 16), 10, patch_size=4, embed_dim=32, num_heads=2, depth=6,
+            pretrained_path=str(tmp_path / "shallow.pth"),
+        )  # fmt: skip

@@ -517,6 +517,9 @@ def test_drag_local_calibration_equals_the_servers():
 
 
 def test_scaffold_client_needs_the_control_variate():
+    from fedshield.flower.local import set_task_identity
+
+    set_task_identity()
     msg = Message(RecordDict({"arrays": initial(Plain)}), dst_node_id=1, message_type="train")
     with pytest.raises(ValueError, match="fs.h"):
         ScaffoldClient(Plain(), msg, Context(0, 1, {}, RecordDict(), {}))
@@ -682,3 +685,143 @@ def test_feddyn_client_part_in_a_users_loop_is_fedshields_own_update():
         torch.testing.assert_close(get_params(model) - theta, want.delta, rtol=0, atol=1e-6)
         saved = part.state["grad"]
         torch.testing.assert_close(saved, state["grad"], rtol=0, atol=1e-6)
+
+
+def _users_loop(part: Any, model: nn.Module, data: Any, rnd: int, lr: float) -> None:
+    """The hand-written loop of the AlgorithmClient docstring: 3 SGD steps of 8 rows."""
+    import torch.nn.functional as F
+
+    from fedshield.algorithms.client.base import batch_indices
+
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for idx in batch_indices(24, 8, 3, torch.Generator().manual_seed(rnd)):
+        opt.zero_grad()
+        F.cross_entropy(model(data.x[idx]), data.y[idx]).backward()
+        part.correct()
+        opt.step()
+
+
+def _train_msg(h: torch.Tensor, model: nn.Module) -> Message:
+    from fedshield.flower.client_tools import param_record
+    from fedshield.flower.local import set_task_identity
+
+    set_task_identity()  # a Message stamps the sender's identity
+
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), H: param_record(h, model)})
+    return Message(content, dst_node_id=1, message_type="train")
+
+
+def test_scaffold_option2_client_part_divides_by_the_given_lr():
+    """Issue 25: AlgorithmClient("scaffold", variant="option2") computed Δh with η = 1 (1/η
+    too small) and refused lr=. With lr it gives fedshield's own SCAFFOLD client's Δθ, Δh_m
+    and h_m over two participations with different server h."""
+    from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
+    from fedshield.algorithms.client.base import ClientContext
+    from fedshield.core.context import Payload
+    from fedshield.core.flat import get_params, set_params
+    from fedshield.data.bundle import TensorData
+    from fedshield.flower.client_tools import AlgorithmClient, flat_params
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(24, 8, generator=g), torch.randint(0, 5, (24,), generator=g))
+    params = CLIENT_ALGORITHMS.parse("scaffold", {"variant": "option2"}, "p")
+    ref = CLIENT_ALGORITHMS.get("scaffold")(LocalSpec(lr=0.1, batch_size=8, steps=3), params)
+    torch.manual_seed(0)
+    model, ref_model = Plain(), Plain()
+    theta = get_params(model)
+    context = Context(0, 1, {}, RecordDict(), {})
+    state: dict = {}
+    for rnd in (1, 2):
+        h = 0.05 * torch.randn(theta.shape, generator=g)
+        set_params(model, theta)
+        msg = _train_msg(h, model)
+        part = AlgorithmClient("scaffold", model, msg, context, variant="option2", lr=0.1)
+        _users_loop(part, model, data, rnd, lr=0.1)
+        reply = part.reply()
+        ctx = ClientContext(0, rnd, torch.Generator().manual_seed(rnd), torch.device("cpu"))
+        payload = Payload(theta, theta.new_zeros(0), {"h": h})
+        want = ref.local_update(ref_model, payload, data, ctx, state)
+        torch.testing.assert_close(get_params(model) - theta, want.delta, rtol=0, atol=1e-6)
+        got_dh = flat_params(reply[DH], model)
+        torch.testing.assert_close(got_dh, want.extras["dh"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(part.state["h"], state["h"], rtol=1e-5, atol=1e-6)
+    assert float(want.extras["dh"].norm()) > 0
+
+
+def test_an_algorithm_that_reads_the_step_size_needs_lr():
+    from fedshield.flower.client_tools import AlgorithmClient
+
+    model = Plain()
+    msg = _train_msg(torch.zeros(sum(p.numel() for p in model.parameters())), model)
+    context = Context(0, 1, {}, RecordDict(), {})
+    with pytest.raises(ValueError, match=r"'scaffold'\(variant='option2'\) divides by the local"):
+        AlgorithmClient("scaffold", model, msg, context, variant="option2")
+    with pytest.raises(ValueError, match="lr=0: expected the optimizer's step size"):
+        AlgorithmClient("scaffold", model, msg, context, variant="option2", lr=0)
+    with pytest.raises(ValueError, match=r"variant='option2' divides by the local step size"):
+        ScaffoldClient(model, msg, context, variant="option2")
+    AlgorithmClient("scaffold", model, msg, context)  # the seed variant does not read it
+
+
+def test_only_algorithms_that_declare_it_depend_on_the_step_size():
+    """The class of issue 25's Δh bug: every client algorithm AlgorithmClient runs on a
+    plain model gives the same upload and state for lr 0.1 and 0.2 on the same steps,
+    unless it declares reads_step_size() (then they differ: the declaration is true)."""
+    from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
+    from fedshield.algorithms.client.feddyn import ALPHA
+    from fedshield.core.flat import get_params, set_params
+    from fedshield.data.bundle import TensorData
+    from fedshield.flower.client_tools import AlgorithmClient
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randn(24, 8, generator=g), torch.randint(0, 5, (24,), generator=g))
+    grid = LocalGrid(M, scripted_app())
+    # the broadcast of every extra a client algorithm declares, from the strategy that sends it
+    senders = {"h": S.SCAFFOLD(), ALPHA: S.FedDyn(alpha=0.1)}
+    names = CLIENT_ALGORITHMS.names()
+    declared = {e for n in names for e in CLIENT_ALGORITHMS.get(n).payload_extras}
+    assert declared <= set(senders), declared - set(senders)
+    cases = [(n, {}) for n in CLIENT_ALGORITHMS.names()] + [("scaffold", {"variant": "option2"})]
+    ran, failed = [], []
+    for name, params in cases:
+        algo = CLIENT_ALGORITHMS.get(name)(
+            LocalSpec(lr=1.0, batch_size=1, steps=1), CLIENT_ALGORITHMS.parse(name, params, "p")
+        )
+        try:
+            algo.check_model(Plain())
+        except ConfigError:
+            continue  # needs its own model family (multi-exit, width, dual-head)
+        msg = Message(RecordDict({"arrays": initial(Plain)}), dst_node_id=1, message_type="train")
+        for extra in type(algo).payload_extras:
+            sent = list(senders[extra].configure_train(1, initial(Plain), ConfigRecord(), grid))
+            msg = sent[0]
+        outs = []
+        for lr in (0.1, 0.2):
+            torch.manual_seed(0)
+            model = Plain()
+            theta = get_params(model)
+            context = Context(0, 1, {}, RecordDict(), {})
+            part = AlgorithmClient(name, model, msg, context, lr=lr, **params)
+            torch.manual_seed(1)
+            set_params(model, theta)
+            try:
+                _users_loop(part, model, data, 1, lr=0.1)  # the same steps: only lr= differs
+                reply = part.reply()
+            except ConfigError:  # FedCART checks its dual-head model when it finishes
+                break
+            except IndexError:
+                failed.append(name)
+                break
+            outs.append(({k: v.to_numpy_ndarrays() for k, v in reply.items()}, part.state))
+        if len(outs) < 2:
+            continue
+        same = all(
+            all(np.array_equal(a, b) for a, b in zip(outs[0][0][k], outs[1][0][k]))
+            for k in outs[0][0]
+        ) and all(torch.equal(outs[0][1][k], outs[1][1][k]) for k in outs[0][1])
+        assert same != algo.reads_step_size(), (name, params)
+        ran.append((name, params.get("variant")))
+    assert ("scaffold", "option2") in ran and ("feddyn", None) in ran and len(ran) >= 5, ran
+    # CalFAT's correction reads the client's class counts from its data, which a user's
+    # loop does not hand over: AlgorithmClient cannot run it (a known limit, not this bug)
+    assert failed == ["calfat"], failed

@@ -250,6 +250,43 @@ def test_hf_needs_a_path_before_any_data(tmp_path, capsys, small_cfg) -> None:
     one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")], "data.params.path")
 
 
+def _hf_int_digits(tmp_path: Path, scale: int = 16) -> Path:
+    """sklearn's digits saved as ``{image: int lists, label}`` (no Image feature): the
+    arrays load as int64."""
+    datasets = pytest.importorskip("datasets")
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    images = (d.images * scale).clip(0, 255 if scale == 16 else None).astype(np.int64)
+    full = datasets.Dataset.from_dict(
+        {"image": images.tolist(), "label": d.target.tolist()},
+        features=datasets.Features(
+            {"image": datasets.Sequence(datasets.Sequence(datasets.Value("int64"))),
+             "label": datasets.ClassLabel(names=[str(i) for i in range(10)])}
+        ),
+    )  # fmt: skip
+    out = tmp_path / f"hf-int-digits-{scale}"
+    full.save_to_disk(str(out))
+    return out
+
+
+def test_integer_pixel_arrays_are_8_bit_images(tmp_path) -> None:
+    """Issue 25: int lists loaded as floats 0-255 (round-1 loss 4,389, accuracy 0.10,
+    status ok). They are uint8, read as x/255 like every other set, and train."""
+    path = _hf_int_digits(tmp_path)
+    bundle = load_dataset(f"hf:{path}", "", False)
+    assert bundle.train.x.dtype == torch.uint8
+    x, _ = bundle.train.batch(torch.arange(len(bundle.train)))
+    assert float(x.min()) >= 0.0 and float(x.max()) == 1.0  # 16·16 = 256 clipped to 255
+
+
+def test_integer_pixels_beyond_8_bit_are_refused_naming_the_dataset(tmp_path) -> None:
+    path = _hf_int_digits(tmp_path, scale=256)  # 0..4096: not 8-bit
+    with pytest.raises(DataError, match=rf"dataset 'hf:{path}': the train inputs are int64 "
+                       r"\(0..4096\); expected uint8 images"):  # fmt: skip
+        load_dataset(f"hf:{path}", "", False)
+
+
 # -- Flower Datasets' partitioners ----------------------------------------------------------
 _LABELS = np.random.default_rng(0).permutation(np.repeat(np.arange(10), 60))
 

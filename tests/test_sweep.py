@@ -1,3 +1,4 @@
+import csv
 import json
 
 import pytest
@@ -97,3 +98,86 @@ def test_parallel_runs_get_their_share_of_the_cores(tmp_path, small_cfg, monkeyp
     assert saved["run"]["threads"] == 1
     alone = tomllib.loads((tmp_path / "alone" / "config.toml").read_text())
     assert alone["run"]["threads"] == 2
+
+
+def test_a_cell_made_with_another_config_is_run_again_not_reused(tmp_path, small_cfg, caplog):
+    """Issue 25: only `rounds` was compared, so a sweep re-run with `--set client.lr=...`
+    on the same --out reported the old runs (exit 0, every run still at the old value)."""
+    import logging
+    import tomllib
+
+    grid, _ = _grid(tmp_path, small_cfg)
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "-q"]) == 0
+    before = (out / "mean_lr=0.1" / "metrics.jsonl").read_text()
+    (out / "mean_lr=0.1" / "stale.txt").write_text("from the old config")
+    with caplog.at_level(logging.WARNING, logger="fedshield"):
+        code = main(["sweep", str(grid), "--out", str(out), "-q", "--set", "client.local_steps=1"])
+    assert code == 0
+    lines = [r.getMessage() for r in caplog.records if "another config" in r.getMessage()]
+    assert len(lines) == 1 and "client.local_steps: 3 → 1" in lines[0], lines
+    assert "4 runs" in lines[0]
+    for run in ("mean_lr=0.05", "mean_lr=0.1", "median_lr=0.05", "median_lr=0.1"):
+        saved = tomllib.loads((out / run / "config.toml").read_text())
+        assert saved["client"]["local_steps"] == 1, run
+    assert (out / "mean_lr=0.1" / "metrics.jsonl").read_text() != before
+    assert not (out / "mean_lr=0.1" / "stale.txt").exists()  # no stale file survives
+    rows = {r["label"]: r for r in csv.DictReader((out / "comparison.csv").open())}
+    summary = json.loads((out / "mean_lr=0.1" / "summary.json").read_text())
+    assert float(rows["mean_lr=0.1"]["final_test_acc"]) == pytest.approx(
+        summary["final_test_acc"], abs=1e-3
+    )
+    caplog.clear()
+    again = ["sweep", str(grid), "--out", str(out), "-q", "--set", "client.local_steps=1"]
+    with caplog.at_level(logging.WARNING, logger="fedshield"):  # same config: all kept
+        assert main(again) == 0
+    assert not caplog.records
+
+
+def test_an_unfinished_cell_of_another_config_is_not_continued(tmp_path, small_cfg):
+    """An interrupted cell's checkpoint holds the old config: it starts over under the new
+    one (it was a --resume error in the middle of the sweep, after the runs before it)."""
+    import tomllib
+
+    from fedshield.sweep_cells import cell_changes
+
+    grid, spec = _grid(tmp_path, small_cfg, variant=[{"name": "mean", "set": []}])
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "-q"]) == 0
+    cell = out / "mean_lr=0.05"
+    (cell / "summary.json").unlink()  # as if killed after its last checkpoint
+    _, runs = expand(dict(spec, set=["rounds=2", "client.batch_size=8"]), tmp_path)
+    assert cell_changes(runs[0].raw, cell) == {"client.batch_size": (16, 8)}
+    assert main(["sweep", str(grid), "--out", str(out), "-q", "--set", "client.batch_size=8"]) == 0
+    assert tomllib.loads((cell / "config.toml").read_text())["client"]["batch_size"] == 8
+    rounds = [json.loads(line)["round"] for line in (cell / "metrics.jsonl").open()]
+    assert rounds == [1, 2]
+
+
+def test_kept_runs_of_other_code_are_reported(tmp_path, small_cfg, caplog):
+    """The code version is reported, not enforced (fedshield.sweep_cells): a kept run of
+    another commit is named in one warning line and kept."""
+    import logging
+
+    grid, _ = _grid(tmp_path, small_cfg, variant=[{"name": "mean", "set": []}])
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "-q"]) == 0
+    path = out / "mean_lr=0.1" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["provenance"]["fedshield"] = "0.0.1"
+    path.write_text(json.dumps(summary))
+    with caplog.at_level(logging.WARNING, logger="fedshield"):
+        assert main(["sweep", str(grid), "--out", str(out), "-q"]) == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "1 by fedshield 0.0.1 (mean_lr=0.1)" in lines[0], lines
+    assert json.loads(path.read_text())["provenance"]["fedshield"] == "0.0.1"  # kept
+
+
+def test_provenance_names_the_grid_not_the_last_run(tmp_path, small_cfg):
+    """Issue 25: a reused loop variable made provenance.json's `grid` the last run to
+    finish."""
+    grid, _ = _grid(tmp_path, small_cfg)
+    out = tmp_path / "out"
+    assert main(["sweep", str(grid), "--out", str(out), "-q"]) == 0
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["grid"] == "g" and len(prov["runs"]) == 4

@@ -207,3 +207,57 @@ def test_trackers_are_complete_after_a_kill_and_resume(tmp_path, small_cfg, monk
         _same([(e.step, e.value) for e in acc.Scalars(key)], points, key)
         history = client.get_metric_history(run_id, key.replace("@", "_"))
         _same(sorted((m.step, m.value) for m in history), points, key)
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_logs_every_round_once(
+    tmp_path, small_cfg, monkeypatch
+):
+    """Issue 25: killed after round 2 with checkpoint.every = 3, the resumed run starts
+    over at round 1 and the trackers held test_acc at steps [1, 2, 1, 2, 3, 4]."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedshield.sim.builder import build
+    from fedshield.sim.engine import Simulator
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uri = (tmp_path / "store").as_uri()
+    small_cfg["rounds"] = 4
+    small_cfg["checkpoint"] = {"every": 3}
+    small_cfg["run"] |= {"loggers": ["tensorboard", "mlflow"], "mlflow_uri": uri}
+    cfg = config.validate(small_cfg)
+    out = tmp_path / "run"
+
+    class Killed(BaseException):
+        """SIGKILL after both trackers logged round 2, before the first checkpoint."""
+
+    real = MLflowLogger.after_round
+
+    def dying(self, sim, record, timing):
+        real(self, sim, record, timing)
+        if record["round"] == 2:
+            raise Killed
+
+    monkeypatch.setattr(MLflowLogger, "after_round", dying)
+    with pytest.raises(Killed):
+        Simulator(build(cfg), out).run()
+    monkeypatch.setattr(MLflowLogger, "after_round", real)
+    assert not (out / "checkpoint.pt").exists()
+    first_id = (out / "mlflow_run_id").read_text().strip()
+    Simulator(build(cfg), out, resume=True).run()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    want = _expected(rows)
+    acc = EventAccumulator(str(out / "tensorboard"))
+    acc.Reload()
+    client = MlflowClient(tracking_uri=uri)
+    run_id = (out / "mlflow_run_id").read_text().strip()
+    for key, points in want.items():
+        _same([(e.step, e.value) for e in acc.Scalars(key)], points, key)
+        history = client.get_metric_history(run_id, key.replace("@", "_"))
+        _same(sorted((m.step, m.value) for m in history), points, key)
+    assert [e.step for e in acc.Scalars("test_acc")] == [1, 2, 3, 4]
+    assert client.get_run(first_id).info.lifecycle_stage == "deleted" and run_id != first_id

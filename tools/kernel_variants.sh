@@ -6,6 +6,7 @@
 #   ATEN_CPU_CAPABILITY         torch's own vectorised kernels (default = no SIMD dispatch);
 #   ONEDNN_MAX_CPU_ISA          oneDNN's convolution kernels.
 # On a CPU without MKL/x86 ISAs (ARM) the variables are ignored and the run repeats as is.
+# The variants are the lines `variant ...` below (tools/demo_kernels.py reads them too).
 set -euo pipefail
 PY="${1:-.venv/bin/python}"
 shift || true
@@ -17,8 +18,9 @@ run() {
 }
 EXTRA=("$@")
 if [[ $x86 == 1 ]]; then
-    run MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
-    run MKL_CBWR=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+    variant() { run "$@"; }
+    variant MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41
+    variant MKL_CBWR=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
 else
     run MKL_CBWR=COMPATIBLE
 fi

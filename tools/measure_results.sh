@@ -83,6 +83,8 @@ else
   $NICE $FS bench --bench robustness-digits-cpu -j "$JOBS" -q \
     --out runs/bench-robustness-digits-cpu > runs/bench-robustness-digits-cpu.log 2>&1
   "$PY" tools/render_results.py --collect-bench runs/bench-robustness-digits-cpu > /dev/null
+  # The demo under each kernel variant of tools/kernel_variants.sh (demo-kernels.csv), ~3 min.
+  $NICE "$PY" tools/demo_kernels.py --work runs/demo-kernels > runs/demo-kernels.log 2>&1
 fi
 # shellcheck disable=SC2086
 $PY tools/render_results.py

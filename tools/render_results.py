@@ -291,13 +291,23 @@ SELF_RECORDING = frozenset({"campaign-times.csv"})
 def check_provenance(data: Path = DATA) -> list[str]:
     """What is wrong with the provenance of the result files in ``data``: a file no
     ``*.provenance.json`` covers, one changed since it was recorded (another SHA-256), a
-    record without a commit or a config hash. Empty: every file records its origin."""
+    record without a commit or a config hash, a sweep's record whose ``grid`` is neither a
+    bundled grid nor the file's own name (issue 25: it named the last run to finish).
+    Empty: every file records its origin."""
+    from fedshield.sweep import grid_names
+
+    grids = set(grid_names())
     problems = []
     covered: dict[str, str] = {}
     for side in sorted(data.glob(f"*{PROVENANCE}")):
         prov = json.loads(side.read_text())
         if not prov.get("commits") or not prov.get("config_sha256"):
             problems.append(f"{side.name}: no commit or config hash")
+        stem = side.name.removesuffix(PROVENANCE)
+        if prov.get("runs") and prov.get("grid") not in grids | {stem}:
+            problems.append(
+                f"{side.name}: grid {prov.get('grid')!r} is neither a bundled grid nor {stem!r}"
+            )
         for name, digest in prov.get("files", {}).items():
             covered[name] = side.name
             f = data / name

@@ -77,6 +77,8 @@ TAGS: dict[str, str] = {
     # datasets
     "bundled": "ships with the installed packages (works offline)",
     "files": "reads files under data.root",
+    "input_range": "float inputs lie in LO..HI, not [0, 1]: input_range=-1:1 (checked on "
+    "loading: fedshield.data.check)",
 }
 
 

@@ -12,7 +12,9 @@ A grid file::
     set = ["server.algorithm=drag"]
 
 Runs land in ``<out>/<run name>/``; a sweep that is interrupted resumes where it stopped
-(finished runs are kept, unfinished ones continue from their checkpoints).
+(finished runs are kept, unfinished ones continue from their checkpoints). A run there made
+with another config than its cell's (any key but ``rounds`` and ``run.*``) is removed and
+run again, with a warning naming the key (:mod:`fedshield.sweep_cells`).
 
 Where the runs execute is a :class:`SweepBackend`: :class:`LocalBackend` (this process, or
 ``jobs`` local processes) or :class:`fedshield.sweep_ray.RayBackend` (one Ray task per run,
@@ -244,10 +246,13 @@ class SweepBackend(Protocol):
 
 
 def finished_summary(raw: dict[str, Any], out: str) -> dict[str, Any] | None:
-    """The summary of a run in ``out`` that already reached the config's rounds, else None."""
+    """The summary of a run in ``out`` made with this config (:mod:`fedshield.sweep_cells`)
+    that already reached its rounds, else None."""
+    from fedshield.sweep_cells import cell_changes
+
     summary_path = Path(out) / "summary.json"
-    if not summary_path.exists():
-        return None
+    if not summary_path.exists() or cell_changes(raw, Path(out)):
+        return None  # another config's run: run_sweep removed it, run() refuses to resume it
     summary = json.loads(summary_path.read_text())
     cfg = cfgmod.validate(raw)
     stopped = summary.get("status") == "diverged" and cfg.run.on_nonfinite == "stop"
@@ -318,17 +323,20 @@ def run_sweep(
 ) -> Comparison:
     """Run every spec on ``backend`` (default: ``jobs`` local processes) and write the
     comparison files to ``out`` with ``provenance.json`` (commits and config hashes of the
-    runs; ``name`` is the grid's, default the folder's). Runs finished earlier are kept and
-    not run again. Returns the comparison, whose summaries are in grid order with each
-    run's parameters."""
+    runs; ``name`` is the grid's, default the folder's). Runs made earlier with the same
+    config are kept (finished: not run again; unfinished: continued); a run made with
+    another config is removed and run again (:mod:`fedshield.sweep_cells`). Returns the
+    comparison, whose summaries are in grid order with each run's parameters."""
     from fedshield.provenance import sweep_provenance
     from fedshield.report import compare_runs
     from fedshield.sim.checkpoint import atomic_write_text, dumps
+    from fedshield.sweep_cells import drop_stale_cells, warn_other_code
 
     if backend is None:
         check_jobs(jobs)  # before the output folder or any run
     out.mkdir(parents=True, exist_ok=True)
     backend = backend if backend is not None else LocalBackend(jobs)
+    drop_stale_cells([(r.name, r.raw) for r in runs], out)
     results: dict[str, dict[str, Any]] = {}
     todo: list[RunTask] = []
     for r in runs:
@@ -339,8 +347,9 @@ def run_sweep(
             results[r.name] = done
             if on_done:
                 on_done(done)
-    for name, summary in backend.map(todo):
-        results[name] = summary
+    warn_other_code(list(results.values()), out)
+    for run_name, summary in backend.map(todo):  # not `name`: that is the grid's
+        results[run_name] = summary
         if on_done:
             on_done(summary)
     ordered = []

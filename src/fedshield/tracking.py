@@ -17,7 +17,9 @@ Where: TensorBoard event files in ``<run dir>/tensorboard`` (``tensorboard --log
 ``<run dir>/mlartifacts`` (``mlflow ui --backend-store-uri sqlite:///<run dir>/mlflow.db``),
 or the store ``run.mlflow_uri`` names. A resumed run continues the same MLflow run (its id
 is kept in ``<run dir>/mlflow_run_id``) and does not log a round twice; TensorBoard's
-``purge_step`` drops the points of rounds that are replayed. A run killed between writing a
+``purge_step`` drops the points of rounds that are replayed. A run killed before its first
+checkpoint starts over at round 1: TensorBoard purges from round 1 and MLflow deletes the
+earlier session's run and starts a new one. A run killed between writing a
 round to metrics.jsonl and logging it (SIGKILL) would leave that round out of the tracker:
 on resume every logger first backfills, from the records metrics.jsonl kept, the rounds it
 lacks (MLflow: those after its last logged step; TensorBoard: all of them, after purging
@@ -115,9 +117,13 @@ class TensorBoardLogger(_Logger):
         # purge_step: TensorBoard hides points of an earlier session at steps ≥ this one;
         # from the first kept round, which is then logged again from metrics.jsonl (a
         # round killed before its logger ran is filled in).
+        # A run killed before its first checkpoint starts over at round 1 (issue 25: its
+        # rounds were logged twice, steps [1, 2, 1, 2, 3, ...]): purge from 1 then too.
         history = kept_records(sim, first_round)
-        purge = history[0]["round"] if history else first_round if first_round > 1 else None
-        self.writer = SummaryWriter(log_dir=str(sim.out / "tensorboard"), purge_step=purge)
+        logdir = sim.out / "tensorboard"
+        earlier = first_round > 1 or (logdir.is_dir() and any(logdir.iterdir()))
+        purge = history[0]["round"] if history else first_round if earlier else None
+        self.writer = SummaryWriter(log_dir=str(logdir), purge_step=purge)
         self.writer.add_text("config", "```toml\n" + sim.config_text + "\n```", first_round)
         for record in history:
             self._log(record)
@@ -176,7 +182,7 @@ class MLflowLogger(_Logger):
         uri = sim.cfg.run.mlflow_uri or f"sqlite:///{out / 'mlflow.db'}"
         try:
             self.client = MlflowClient(tracking_uri=uri)
-            self.run_id = self._run(out, sim)
+            self.run_id = self._run(out, sim, fresh=first_round <= 1)
         except MlflowException as err:
             raise ConfigError(f"run.mlflow_uri={uri!r}: {err.message}") from None
         self.logged_upto = self._last_step() if first_round > 1 else 0
@@ -185,14 +191,21 @@ class MLflowLogger(_Logger):
             if int(record["round"]) > self.logged_upto:
                 self._log(record)
 
-    def _run(self, out: Path, sim: RunView) -> str:
+    def _run(self, out: Path, sim: RunView, fresh: bool) -> str:
+        """The MLflow run of ``out``: the one of an earlier session when the run resumes
+        from a checkpoint; a new one when it starts at round 1 (a resume of a run killed
+        before its first checkpoint starts over, so the earlier session's run, whose
+        rounds are replayed, is deleted: issue 25 logged them twice)."""
         id_file = out / "mlflow_run_id"
         if id_file.exists():
             run_id = id_file.read_text().strip()
             try:
                 self.client.get_run(run_id)
-                self.client.update_run(run_id, status="RUNNING")
-                return run_id
+                if fresh:
+                    self.client.delete_run(run_id)
+                else:
+                    self.client.update_run(run_id, status="RUNNING")
+                    return run_id
             except Exception:
                 pass
         name = out.parent.name or "fedshield"

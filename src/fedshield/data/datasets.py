@@ -501,10 +501,16 @@ def load_dataset(
 ) -> DataBundle:
     """Dataset ``name`` with its ``params`` validated first (:func:`parse_dataset_params`),
     downloaded under the ``download`` policy (``"auto"``, True, False: the module doc); a
-    file set whose shape or class count differs from the registered one is a DataError."""
+    file set whose shape or class count differs from the registered one, or whose inputs
+    are not uint8 or floats in [0, 1] (or the range its ``input_range`` tag states:
+    :mod:`fedshield.data.check`), is a DataError."""
     name, params = resolve_dataset(name, params)
     p = parse_dataset_params(name, params, where)
     bundle = _load(name, root, download, p.kwargs())
+    from fedshield.data.check import check_inputs, stated_range
+
+    stated = stated_range(DATASETS.entry(name).tag_values("input_range"), name)
+    check_inputs(bundle, bundle.name or name, stated)  # dtype and range, every loader
     info = dataset_info(name, p.kwargs(), where)
     if info.input_shape is not None and tuple(bundle.input_shape) != info.input_shape:
         raise DataError(

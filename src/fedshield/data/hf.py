@@ -6,8 +6,10 @@ written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``, read with
 ``datasets.load_from_disk`` (offline). Its image column (an ``Image`` feature, or arrays
 of shape [H, W] / [H, W, C]) and label column (a ``ClassLabel``, integers or strings) are
 found by their features unless ``data.params`` names them, and held in memory like every
-other dataset. A dataset without a test split is split 80/20, stratified, as the bundled
-ones are.
+other dataset: PIL images and integer pixels in 0..255 as uint8 (read as x/255), float
+arrays as they are; :mod:`fedshield.data.check` then refuses anything not uint8 or in
+[0, 1] (16-bit integers, floats 0–255), naming the dataset. A dataset without a test
+split is split 80/20, stratified, as the bundled ones are.
 
 ``data.download`` applies to Hub datasets: ``"auto"`` and ``true`` let ``datasets``
 download them (the Hub's host is probed first: no network is its own error), ``false``
@@ -138,7 +140,8 @@ def _column(features: dict[str, Any], given: str | None, kind: str, names: tuple
 
 
 def _images(values: list[Any], size: int | None, where: str) -> torch.Tensor:
-    """Images or arrays → uint8 / float32 [N, C, H, W] (PIL images: 'L' or 'RGB')."""
+    """Images or arrays → [N, C, H, W]: uint8 for PIL images ('L' or 'RGB') and integer
+    pixels in 0..255, float32 for float arrays (checked to lie in [0, 1] on loading)."""
     arrays = []
     for v in values:
         if hasattr(v, "convert"):  # a PIL image
@@ -161,9 +164,14 @@ def _images(values: list[Any], size: int | None, where: str) -> torch.Tensor:
         x = x.transpose(0, 3, 1, 2)  # [N, H, W, C] → [N, C, H, W]
     elif x.ndim != 4:
         raise DataError(f"{where}: inputs of shape {x.shape[1:]}; expected images [H, W(, C)]")
+    if x.dtype.kind in "iu" and x.size and x.min() >= 0 and x.max() <= 255:
+        # Integer pixels (int lists saved with save_to_disk load as int64) are 8-bit
+        # images: uint8, read as x/255 like every other set (issue 25: they trained as
+        # floats 0-255). Other integers are left for fedshield.data.check to refuse.
+        x = x.astype(np.uint8)
     x = np.ascontiguousarray(x)
     t = torch.from_numpy(x)
-    return t if t.dtype == torch.uint8 else t.float()
+    return t if t.dtype == torch.uint8 or not t.is_floating_point() else t.float()
 
 
 def _load_hf(

@@ -39,6 +39,7 @@ Two methods have a client part, and both reuse fedshield's own code for it:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -47,7 +48,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from torch import Tensor, nn
 
 from fedshield.aggregators.drag import drag_calibrate
-from fedshield.algorithms.client.base import ClientContext, LocalSpec
+from fedshield.algorithms.client.base import ClientAlgorithm, ClientContext, LocalSpec
 from fedshield.algorithms.client.fedcart import (
     COUNTS,
     HEAD_SHAPE,
@@ -116,6 +117,27 @@ def param_record(vec: Tensor, model: nn.Module) -> ArrayRecord:
 #: The data argument of ClientAlgorithm.finish in a user's own loop: the step count comes
 #: from the spec, so no rows are needed.
 _NO_DATA = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
+#: A spec for building an algorithm before its step size is known (only to ask it
+#: :meth:`~fedshield.algorithms.client.base.ClientAlgorithm.reads_step_size`).
+_ANY_SPEC = LocalSpec(lr=1.0, batch_size=1, steps=1)
+
+
+def step_size(lr: float | None, algorithm: ClientAlgorithm, what: str) -> float:
+    """The local step size η for ``algorithm``'s ``finish`` in a user's loop: ``lr`` as
+    given (a finite number > 0), required when the algorithm reads it
+    (:meth:`ClientAlgorithm.reads_step_size`: SCAFFOLD option II's Δθ/(Uη) would be 1/η
+    off with a stand-in), else an unread stand-in of 1."""
+    if lr is not None:
+        ok = isinstance(lr, int | float) and not isinstance(lr, bool) and math.isfinite(lr)
+        if not (ok and lr > 0):
+            raise ValueError(f"lr={lr!r}: expected the optimizer's step size, a number > 0")
+        return float(lr)
+    if algorithm.reads_step_size():
+        raise ValueError(
+            f"{what} divides by the local step size: pass lr=<your optimizer's learning rate>"
+        )
+    return 1.0
+
 
 class ScaffoldClient:
     """SCAFFOLD's client part in a user's training loop (see the module docstring).
@@ -140,12 +162,10 @@ class ScaffoldClient:
                 f"the train message carries no {H!r} record: is the server strategy "
                 "fedshield.flower.strategies.SCAFFOLD?"
             )
-        if variant == "option2" and (lr is None or lr <= 0):
-            raise ValueError("variant='option2' needs the local step size lr > 0")
         self.model = model
         self.context = context
         self.params = ScaffoldParams.model_validate({"variant": variant})  # checks the variant
-        self.lr = lr
+        self.lr = step_size(lr, _FedshieldScaffold(_ANY_SPEC, self.params), f"variant={variant!r}")
         self.start = get_params(model)
         h = flat_params(msg.content.array_records[H], model)
         self.payload = Payload(self.start, self.start.new_zeros(0), {"h": h})
@@ -156,7 +176,7 @@ class ScaffoldClient:
         self.steps = 0
 
     def _algorithm(self) -> _FedshieldScaffold:
-        spec = LocalSpec(lr=self.lr or 1.0, batch_size=1, steps=max(self.steps, 1))
+        spec = LocalSpec(lr=self.lr, batch_size=1, steps=max(self.steps, 1))
         return _FedshieldScaffold(spec, self.params)
 
     def correct(self) -> None:
@@ -187,7 +207,9 @@ class AlgorithmClient:
     ``fs.<name>`` (:func:`fedshield.flower.keys.record_key`): a record keyed like the
     model's parameters is a parameter-shaped extra, a one-array record a tensor. The
     client's state lives in ``context.state`` (lost when a SuperNode restarts; fedshield's
-    own app keeps it in a file). ::
+    own app keeps it in a file). ``lr``: your optimizer's step size, required by an
+    algorithm whose upload divides by it (SCAFFOLD ``variant="option2"``:
+    :meth:`ClientAlgorithm.reads_step_size`), refused if not a number > 0. ::
 
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
         part = AlgorithmClient("feddyn", model, msg, context)
@@ -200,14 +222,21 @@ class AlgorithmClient:
     """
 
     def __init__(
-        self, algorithm: str, model: nn.Module, msg: Message, context: Context, **params: object
+        self,
+        algorithm: str,
+        model: nn.Module,
+        msg: Message,
+        context: Context,
+        *,
+        lr: float | None = None,
+        **params: object,
     ) -> None:
         from fedshield.algorithms.client import CLIENT_ALGORITHMS
 
         entry = CLIENT_ALGORITHMS.entry(algorithm, "algorithm")
-        self.algorithm = entry.obj(
-            LocalSpec(lr=1.0, batch_size=1, steps=1), entry.parse(dict(params), "params")
-        )
+        self.algorithm = entry.obj(_ANY_SPEC, entry.parse(dict(params), "params"))
+        shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+        self.lr = step_size(lr, self.algorithm, f"client algorithm {algorithm!r}({shown})")
         self.model = model
         self.context = context
         self.start = get_params(model)
@@ -246,7 +275,7 @@ class AlgorithmClient:
         update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
         ctx = ClientContext(0, 0, torch.Generator(), delta.device)
         # finish() reads the number of steps taken from the spec (steps given: no data needed).
-        self.algorithm.spec = LocalSpec(lr=1.0, batch_size=1, steps=max(self.steps, 1))
+        self.algorithm.spec = LocalSpec(lr=self.lr, batch_size=1, steps=max(self.steps, 1))
         out = self.algorithm.finish(self.model, update, self.payload, _NO_DATA, ctx, self.state)
         self.context.state[self._state_key] = ArrayRecord(
             {k: Array(v.detach().cpu().numpy()) for k, v in self.state.items()}

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from fedshield.core.params import Params, parse_params
 from fedshield.errors import ConfigError, DataError
 from fedshield.models.base import MODELS, Classifier
-from fedshield.models.pretrained import read_state_dict, resolve_weights
+from fedshield.models.pretrained import load_exactly, read_state_dict, resolve_weights
 from fedshield.routing import Policy, exit_threshold
 
 PAPER_CHECKPOINT = "vit_small_patch16_224.augreg_in21k_ft_in1k"
@@ -557,12 +557,14 @@ def load_pretrained(
     file = resolve_weights(path, hf_repo, download)
     raw = read_state_dict(file)
     # timm's filter converts foreign layouts and resamples pos_embed to our grid.
-    converted = checkpoint_filter_fn(raw, model.vit)
-    kept = truncate_vit_state_dict(converted, model.num_exits)
     try:
-        model.vit.load_state_dict(kept, strict=True)
-    except RuntimeError as err:
-        raise DataError(f"{file}: does not fit the model: {err}") from None
+        converted = checkpoint_filter_fn(raw, model.vit)
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise DataError(f"{file}: not a timm ViT checkpoint for this model ({err})") from None
+    # The trunk has `depth` blocks; exit_blocks only places the exits (issue 25: cut to
+    # the number of exits, a trunk with exits after [2, 4, 6] lost blocks 3..5).
+    kept = truncate_vit_state_dict(converted, len(model.vit.blocks))
+    load_exactly(model.vit, kept, file)
     return sorted(set(converted) - set(kept))
 
 

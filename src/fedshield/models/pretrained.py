@@ -53,6 +53,30 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     return sd
 
 
+def load_exactly(module: torch.nn.Module, sd: dict[str, Tensor], file: Path) -> None:
+    """Load ``sd`` into ``module`` when it holds exactly the module's keys with its shapes;
+    otherwise one :class:`DataError` line naming the first missing, unexpected or
+    mis-shaped key (``load_state_dict``'s own error lists every key, dozens of lines)."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in sd]
+    extra = [k for k in sd if k not in own]
+    wrong = [k for k in own if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)]
+    problems = []
+    if wrong:
+        k = wrong[0]
+        problems.append(
+            f"{k} has shape {tuple(sd[k].shape)} in the checkpoint, {tuple(own[k].shape)} in "
+            f"the model" + (f" (and {len(wrong) - 1} more keys)" if len(wrong) > 1 else "")
+        )
+    for keys, what in ((missing, "lacks the model's"), (extra, "has keys the model lacks:")):
+        if keys:
+            more = f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+            problems.append(f"the checkpoint {what} {keys[0]}{more}")
+    if problems:
+        raise DataError(f"{file}: does not fit the model: {'; '.join(problems)}")
+    module.load_state_dict(sd, strict=True)
+
+
 def cache_dir() -> str:
     try:
         from huggingface_hub import constants
@@ -133,6 +157,7 @@ __all__ = [
     "cache_hint",
     "cached_weights",
     "download_weights",
+    "load_exactly",
     "read_state_dict",
     "resolve_weights",
 ]

@@ -13,10 +13,7 @@ from fedshield.errors import ConfigError
 def check_run_dir(out: Path, resume: bool, config_text: str) -> None:
     """Before any work (the runner, the CLI on both backends, and the engine again): an
     ``out`` that holds a run needs ``--resume``, and a resumed checkpoint must hold this
-    config, up to ``rounds`` (a run may be extended) and ``run.*`` (device, threads,
-    progress bar: other hardware computes the same run)."""
-    import tomllib
-
+    config, up to :data:`RESUMABLE` (:func:`config_changes`)."""
     ckpt = out / "checkpoint.pt"
     has_run = (out / "metrics.jsonl").exists() or ckpt.exists()
     if has_run and not resume:
@@ -27,28 +24,41 @@ def check_run_dir(out: Path, resume: bool, config_text: str) -> None:
         return
     from fedshield.sim.checkpoint import peek_checkpoint
 
-    saved = tomllib.loads(peek_checkpoint(ckpt)["config"])
-    now = tomllib.loads(config_text)
-    for key in ("rounds", "run"):
-        saved.pop(key, None), now.pop(key, None)
-    if saved != now:
-        diff = sorted(_diff_keys(saved, now))
+    diff = config_changes(peek_checkpoint(ckpt)["config"], config_text)
+    if diff:
         raise ConfigError(f"{out}: --resume with a different config (changed: {', '.join(diff)})")
 
 
-def _diff_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> set[str]:
-    keys = set()
+#: What a resumed run may change: ``rounds`` (a run may be extended) and ``run.*`` (device,
+#: threads, progress bar, loggers: other hardware computes the same run).
+RESUMABLE = ("rounds", "run")
+
+
+def config_changes(saved_text: str, now_text: str) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (saved value, new value)}`` of two resolved configs (TOML), sorted by
+    key, the :data:`RESUMABLE` keys left out; empty when a run made with ``saved_text`` can
+    be continued or reused under ``now_text``."""
+    import tomllib
+
+    saved, now = tomllib.loads(saved_text), tomllib.loads(now_text)
+    for key in RESUMABLE:
+        saved.pop(key, None), now.pop(key, None)
+    return dict(sorted(_diff(saved, now).items()))
+
+
+def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    out: dict[str, tuple[Any, Any]] = {}
     for k in set(a) | set(b):
         path = f"{prefix}{k}"
         va, vb = a.get(k), b.get(k)
         if isinstance(va, dict) and isinstance(vb, dict):
-            keys |= _diff_keys(va, vb, path + ".")
+            out |= _diff(va, vb, path + ".")
         elif va != vb:
-            keys.add(path)
-    return keys
+            out[path] = (va, vb)
+    return out
 
 
-__all__ = ["check_run_dir"]
+__all__ = ["RESUMABLE", "check_run_dir", "config_changes"]
 
 
 def check_out_dir(out: Path, flag: str | None = None) -> None:

@@ -109,6 +109,13 @@ class ClientAlgorithm:
         self.spec = spec
         self.params = params if params is not None else self.params_schema()
 
+    def reads_step_size(self) -> bool:
+        """Whether :meth:`finish` reads the local step size ``spec.lr`` (SCAFFOLD option
+        II's (θ^t − θ_m)/(Uη)). A client helper in a user's own loop, whose optimizer
+        fedshield does not see, then needs it given
+        (:class:`fedshield.flower.client_tools.AlgorithmClient`)."""
+        return False
+
     # -- what this algorithm uploads (the server checks it: core.integrity) -----------
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
         """The extras this algorithm may upload, with their exact shapes (SPEC §12); an

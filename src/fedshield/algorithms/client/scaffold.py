@@ -49,6 +49,9 @@ class ScaffoldClient(ClientAlgorithm):
     # the correction h − h_m still applies to it.
     fills_missing_grads = True
 
+    def reads_step_size(self) -> bool:
+        return self.params.variant == "option2"  # h_m⁺ = h_m − h + (θ^t − θ_m)/(Uη)
+
     def init_state(self, num_params: int) -> dict[str, Tensor]:
         return {}  # h_m = 0 until the first participation (allocated lazily)
 
