@@ -82,6 +82,12 @@ class Aggregator:
     ) -> Tensor:
         return self.aggregate(updates, weights, reference=reference)[0]
 
+    def for_round(self, rnd: int) -> Aggregator:
+        """The rule for round ``rnd`` (the round step calls it): ``self``, except for a rule
+        whose output depends on a random draw (Bucketing in front of it), which draws from
+        (the run's seed, ``rnd``) only — never from the rows, which attackers choose."""
+        return self
+
     def validate(self, num_rows: int) -> None:
         """Raise :class:`ConfigError` when the rule cannot work with ``num_rows`` rows (at
         build time, with the configured clients per round)."""

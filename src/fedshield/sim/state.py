@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fedshield.algorithms.server import ServerAlgorithm
     from fedshield.attacks.base import DataAttack, UpdateAttack
     from fedshield.config import ExperimentConfig
+    from fedshield.sim.byzantine_budget import ByzantineBudget
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Components:
     server: ServerAlgorithm
     aggregator: Aggregator
     attack: UpdateAttack | DataAttack | None
+    #: the run's Byzantine statement (:mod:`fedshield.sim.byzantine_budget`), in summary.json
+    budget: ByzantineBudget | None = None
 
 
 @dataclass
