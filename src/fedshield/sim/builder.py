@@ -7,7 +7,6 @@ aggregator feasibility), so a bad config fails in milliseconds with the key it c
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import numpy as np
@@ -17,13 +16,13 @@ from torch import nn
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
 from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
 from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.algorithms.server.cohort import rows_needed
 from fedshield.attacks.base import ATTACKS
 from fedshield.config import ExperimentConfig
 from fedshield.data import TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.registry import Entry
-from fedshield.algorithms.server.cohort import rows_needed
 from fedshield.sim.byzantine_budget import (
     ByzantineBudget,
     group_statements,
@@ -250,7 +249,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
         weighting=s.weighting,
         params=entries["server"].parse(s.params, "server.params"),
     )
-    server.byzantine_f = budget.f
+    server.byzantine_f = budget.f if budget.mode != "none" else None  # none: its breakdown
 
     attack = None
     if cfg.attack.name != "none":

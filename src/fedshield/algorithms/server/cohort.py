@@ -8,8 +8,8 @@ time out, crash or be censored (a forged reply under its id drops both copies). 
 rule must outvote is the cohort's f:
 
 * the rule's configured ``f`` (a simulation derives it from the attack budget, see
-  :mod:`fedshield.sim.byzantine_budget`), else the run's stated f (``server.byzantine_f``),
-  else the rule's own breakdown on S rows (the largest f it tolerates on the cohort:
+  :mod:`fedshield.sim.byzantine_budget`), else the run's stated f (``server.byzantine_f``,
+  capped by the rule's breakdown on S), else the rule's own breakdown on S rows (the largest f it tolerates on the cohort:
   Krum's ⌊(S − 3)/2⌋, the median's ⌊(S − 1)/2⌋, ...);
 * missing, late and duplicated rows never lower it; rows the upload checks reject are
   known-bad and lower it by their number of distinct clients, where client ids are trusted
@@ -80,9 +80,12 @@ def cohort_f(rule: Any, cohort_size: int, stated: int | None = None) -> int | No
     if not needs_honest_majority(rule):
         return None
     f = configured_f(rule)
-    if f is None:
-        f = stated
-    return breakdown_f(rule, cohort_size) if f is None else max(0, int(f))
+    if f is not None:
+        return max(0, f)
+    breakdown = breakdown_f(rule, cohort_size)
+    # A stated f beyond the rule's breakdown could never run: the rule outvotes what it can
+    # (the run's statement says how often a cohort holds more).
+    return breakdown if stated is None else min(max(0, int(stated)), breakdown)
 
 
 def _feasible(rule: Any, f: int, num_rows: int) -> bool:
