@@ -237,9 +237,11 @@ class FedshieldRule(FlowerFedAvg):
     ``fltrust``, ``fedexp``, ``fedacg``, ``scaffold``), both validated through the registry
     (a :class:`~fedshield.errors.ConfigError` names the bad key). ``server_lr``: η_g.
     ``weighting``, ``max_num_examples``, ``reference_fn``, ``root_data``, ``model_fn``,
-    ``root_train`` and ``seed``: see the module docstring. ``buffer_keys``: the floating
-    arrays that are running statistics (default: the ``*running_mean`` / ``*running_var``
-    arrays, or the floating buffers of ``model_fn()``'s model). ``num_clients``: M for
+    ``root_train``, ``seed`` and ``byzantine_f`` (the f of the sampled nodes a robust rule
+    without ``f`` outvotes; default its breakdown on them): see the module docstring.
+    ``buffer_keys``: the floating arrays that are running statistics (default: the
+    ``*running_mean`` / ``*running_var`` arrays, or the floating buffers of ``model_fn()``'s
+    model). ``num_clients``: M for
     SCAFFOLD (default: the nodes connected). ``client_calibration`` (DRAG only): broadcast r
     and the DoD scale c so clients calibrate locally
     (:func:`fedshield.flower.client_tools.drag_calibrate_local`); the server then only

@@ -9,8 +9,8 @@ rule must outvote is the cohort's f:
 
 * the rule's configured ``f`` (a simulation derives it from the attack budget, see
   :mod:`fedshield.sim.byzantine_budget`), else the run's stated f (``server.byzantine_f``,
-  capped by the rule's breakdown on S), else the rule's own breakdown on S rows (the largest f it tolerates on the cohort:
-  Krum's ⌊(S − 3)/2⌋, the median's ⌊(S − 1)/2⌋, ...);
+  capped by the rule's breakdown on S), else the rule's own breakdown on S rows (the
+  largest f it tolerates on the cohort: Krum's ⌊(S − 3)/2⌋, the median's ⌊(S − 1)/2⌋, ...);
 * missing, late and duplicated rows never lower it; rows the upload checks reject are
   known-bad and lower it by their number of distinct clients, where client ids are trusted
   (the simulator; not on Flower, where a forged id could lower f at will).
