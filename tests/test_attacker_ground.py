@@ -203,7 +203,8 @@ def test_replies_to_other_nodes_instructions_and_from_unsampled_nodes_are_droppe
 
 def test_a_claimed_count_of_2_pow_53_cannot_buy_a_weighted_geometric_median() -> None:
     """Issue: RFA(weighting="samples") with one client claiming 2**53 examples and a 1e30
-    model moved θ by 1e30. Counts are now capped at count_cap × the median count."""
+    model moved θ by 1e30. Counts are now capped at count_cap × the median count, then
+    (issue 24) so that the cohort's f = 4 largest hold less than half: honest counts too."""
     from flwr.app import MetricRecord
 
     from fedshield.flower import strategies as S
@@ -215,7 +216,7 @@ def test_a_claimed_count_of_2_pow_53_cannot_buy_a_weighted_geometric_median() ->
 
     clean, _ = _flower_round(S.RFA(weighting="samples"), lambda r, s: r)
     step, m = _flower_round(S.RFA(weighting="samples"), forge)
-    assert m["sys/capped_counts"] == 1
+    assert m["sys/capped_counts"] >= 1
     assert step <= 3 * clean
 
 

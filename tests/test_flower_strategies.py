@@ -34,6 +34,8 @@ from flwr.serverapp import strategy as flwr_strategy
 from fedshield.aggregators import AGGREGATORS
 from fedshield.algorithms.server import SERVER_ALGORITHMS
 from fedshield.algorithms.server.base import ServerStep
+from fedshield.algorithms.server.cohort import round_budget
+from fedshield.algorithms.server.step import cap_counts
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.errors import ConfigError
 from fedshield.flower import strategies as S
@@ -188,6 +190,10 @@ def reference(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS):
                 extras["dh"] = torch.cat([torch.from_numpy(v).reshape(-1) for v in dh.values()])
             n = 1 if strategy.weighting == "uniform" else count_of(k)
             updates.append(ClientUpdate(node_of[k], p - payload.params, n, b, extras=extras))
+        if strategy.weighting != "uniform" and server.robust:
+            # the round step's count caps: 2× the median, then below half for the cohort's f
+            f = round_budget(server.aggregator, len(ctx.cohort)).f
+            updates = cap_counts(updates, strategy.count_cap, f)[0]
         step = server.update(params, buffers, state, updates, ctx, services)
         step = server.post_step(step, ctx, services)
         params, buffers, state = step.params, step.buffers, step.state
@@ -359,7 +365,13 @@ REASONS = {
 def test_bad_replies_are_rejected_and_counted_and_the_rest_aggregated():
     honest = [0, 11, 12]
     nodes = len(FORGED) + len(honest)
-    strategy = S.Median()
+    # Without a stated f the median outvotes its breakdown on the 15 sampled nodes (7):
+    # 3 kept replies are too few, θ is kept (issue 24: rejected replies never lower f
+    # on Flower, where node ids can be forged). Stated f = 1: the 3 honest replies run.
+    default = S.Median()
+    kept = run(default, LocalGrid(nodes, scripted_app(FORGED)), rounds=1)
+    assert kept.train_metrics_clientapp[1]["sys/skipped/too_few"] == 1.0
+    strategy = S.Median(byzantine_f=1)
     grid = LocalGrid(nodes, scripted_app(FORGED))
     result = run(strategy, grid, rounds=1)
     metrics = result.train_metrics_clientapp[1]
@@ -369,7 +381,7 @@ def test_bad_replies_are_rejected_and_counted_and_the_rest_aggregated():
     } == REASONS
     assert metrics["sys/kept"] == len(honest)
     # the model is the median of the honest replies alone
-    clean = S.Median()
+    clean = S.Median(byzantine_f=1)
     clean_grid = LocalGrid(nodes, scripted_app())
     clean_grid.contexts = {
         n: c for n, c in grid.contexts.items() if c.node_config["partition-id"] in honest

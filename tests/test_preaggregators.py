@@ -19,7 +19,7 @@ from fedshield.algorithms.server.aggregation import aggregate_covered
 from fedshield.errors import ConfigError
 from fedshield.preaggregators.bucketing import bucketing
 from fedshield.preaggregators.clipping import arc, arc_count, clip
-from fedshield.preaggregators.composed import ComposedRule, rows_generator
+from fedshield.preaggregators.composed import ComposedRule, round_generator
 from fedshield.preaggregators.nnm import nnm
 from fedshield.registry import tags_of
 from fedshield.sim.builder import build, build_components
@@ -109,16 +109,22 @@ def test_composed_rule_drops_nonfinite_rows_and_maps_weights() -> None:
     assert diag["agg/nonfinite"] == 1.0 and diag["agg/pre_rows"] == 5.0
 
 
-def test_bucketing_draw_is_a_pure_function_of_seed_and_rows() -> None:
+def test_bucketing_draw_is_a_pure_function_of_seed_and_round() -> None:
+    """Issue 24: the draw no longer depends on the rows (attackers picked it with one-ulp
+    nudges to their own rows); the seed and the round move it."""
     x = torch.randn(9, 4)
     rule = pre.compose(["bucketing"], {"bucketing": {"s": 3}}, agg.build("median"), seed=7)
-    assert torch.equal(rule(x), rule(x))  # same seed, same rows: same buckets (resume-safe)
-    perms = {tuple(torch.randperm(9, generator=rows_generator(s, x)).tolist()) for s in range(6)}
+    assert torch.equal(rule(x), rule(x))  # same seed, same round: same buckets (resume-safe)
+    def perm(seed: int, rnd: int) -> tuple[int, ...]:
+        return tuple(torch.randperm(9, generator=round_generator(seed, rnd, 9)).tolist())
+
+    perms = {perm(s, 1) for s in range(6)}
     assert len(perms) > 1  # the seed moves the permutation
-    y = x.clone()
-    y[0, 0] += 1.0
-    g1, g2 = rows_generator(7, x), rows_generator(7, y)
-    assert not torch.equal(torch.randperm(9, generator=g1), torch.randperm(9, generator=g2))
+    rounds = {perm(7, r) for r in range(6)}
+    assert len(rounds) > 1  # so does the round
+    assert rule.for_round(3).round == 3
+    g1, g2 = round_generator(7, 3, 9), round_generator(7, 3, 9)
+    assert torch.equal(torch.randperm(9, generator=g1), torch.randperm(9, generator=g2))
 
 
 def test_composed_rule_runs_per_coverage_group_and_on_fields() -> None:

@@ -138,6 +138,13 @@ class AttackConfig(Section):
         description="fixed: round(fraction*M) Byzantine workers chosen once by seed; "
         "per_round: exactly floor(fraction*S) of each cohort",
     )
+    f_quantile: float = Field(
+        0.99,
+        gt=0.0,
+        le=1.0,
+        description="fixed mode: the rule's f is this quantile of the hypergeometric count "
+        "of attackers per cohort (capped by the rule's breakdown); stated at start",
+    )
 
 
 class EvalConfig(Section):

@@ -82,6 +82,12 @@ class Aggregator:
     ) -> Tensor:
         return self.aggregate(updates, weights, reference=reference)[0]
 
+    def for_round(self, rnd: int) -> Aggregator:
+        """The rule for round ``rnd`` (the round step calls it): ``self``, except for a rule
+        whose output depends on a random draw (Bucketing in front of it), which draws from
+        (the run's seed, ``rnd``) only — never from the rows, which attackers choose."""
+        return self
+
     def validate(self, num_rows: int) -> None:
         """Raise :class:`ConfigError` when the rule cannot work with ``num_rows`` rows (at
         build time, with the configured clients per round)."""
@@ -113,8 +119,9 @@ AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregator")
 #: The schema text of a Byzantine count f left unset (SPEC §12: defaults are part of the
 #: defense, so a rule called robust is robust when named without arguments).
 F_DERIVED = (
-    "unset: derived — ceil(attack.fraction × S) in a simulation with an attack, else the "
-    "largest f the round's rows allow"
+    "unset: derived from the sampled cohort S — in a simulation with an attack, per_round "
+    "floor(attack.fraction × S), fixed the attack.f_quantile quantile of the attackers per "
+    "cohort, capped at the rule's breakdown on S; else that breakdown (never the rows kept)"
 )
 
 
@@ -129,7 +136,9 @@ class ByzantineCountRule(Aggregator):
 
     ``f = None`` is never a silent 0: the builder sets f from ``attack.fraction`` in a
     simulation, and a rule still without f (a Flower-native strategy, library use) runs
-    with the largest f the rows it is given allow (:meth:`f_for`)."""
+    with the largest f the rows it is given allow (:meth:`f_for`) — the round step first
+    keeps θ when those rows are too few for the sampled cohort's f
+    (:mod:`fedshield.algorithms.server.cohort`)."""
 
     f: int | None
 

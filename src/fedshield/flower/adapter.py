@@ -26,6 +26,13 @@ them (the default under a Byzantine defense), ``"samples"`` weights by them, cap
 ``max_num_examples`` when set and, under a robust rule, at ``count_cap`` × the round's
 median count.
 
+**f belongs to the sampled cohort** (issue 24): a robust rule outvotes the f of the nodes
+*asked* this round — its own ``f``, else ``byzantine_f``, else its breakdown on the sampled
+cohort — however many replies arrive. Missing, late or duplicated replies (a node that did
+not answer, an id forged to censor it) never lower f; when too few replies are kept for
+it, θ is not moved (``sys/skipped/too_few``). A reply's node id is not trusted here, so a
+rejected reply does not lower f either.
+
 **Root data** (BR-DRAG, FLTrust and any rule that needs a reference): either
 ``reference_fn(arrays) -> ArrayRecord`` — your own server-side training of the global
 model (``arrays``) on your root data, returning the trained model; a ``server_round``
@@ -230,9 +237,11 @@ class FedshieldRule(FlowerFedAvg):
     ``fltrust``, ``fedexp``, ``fedacg``, ``scaffold``), both validated through the registry
     (a :class:`~fedshield.errors.ConfigError` names the bad key). ``server_lr``: η_g.
     ``weighting``, ``max_num_examples``, ``reference_fn``, ``root_data``, ``model_fn``,
-    ``root_train`` and ``seed``: see the module docstring. ``buffer_keys``: the floating
-    arrays that are running statistics (default: the ``*running_mean`` / ``*running_var``
-    arrays, or the floating buffers of ``model_fn()``'s model). ``num_clients``: M for
+    ``root_train``, ``seed`` and ``byzantine_f`` (the f of the sampled nodes a robust rule
+    without ``f`` outvotes; default its breakdown on them): see the module docstring.
+    ``buffer_keys``: the floating arrays that are running statistics (default: the
+    ``*running_mean`` / ``*running_var`` arrays, or the floating buffers of ``model_fn()``'s
+    model). ``num_clients``: M for
     SCAFFOLD (default: the nodes connected). ``client_calibration`` (DRAG only): broadcast r
     and the DoD scale c so clients calibrate locally
     (:func:`fedshield.flower.client_tools.drag_calibrate_local`); the server then only
@@ -260,6 +269,7 @@ class FedshieldRule(FlowerFedAvg):
         device: str | torch.device = "cpu",
         count_cap: float | None = COUNT_CAP,
         round_offset: int = 0,
+        byzantine_f: int | None = None,
         **flower_kwargs: Any,
     ) -> None:
         super().__init__(**flower_kwargs)
@@ -292,10 +302,15 @@ class FedshieldRule(FlowerFedAvg):
             raise ConfigError(f"num_clients={num_clients!r}: expected an integer >= 1")
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ConfigError(f"seed={seed!r}: expected an integer")
+        if byzantine_f is not None and (
+            not isinstance(byzantine_f, int) or isinstance(byzantine_f, bool) or byzantine_f < 0
+        ):
+            raise ConfigError(f"byzantine_f={byzantine_f!r}: expected an integer >= 0")
         params = entry.parse(dict(server_args or {}), "server_args")
         self.server: ServerAlgorithm = entry.obj(
             rule, lr=float(server_lr), weighting=self.weighting, params=params
         )
+        self.server.byzantine_f = byzantine_f
         self.server_name, self.aggregator_name = server, agg_name
         self.max_num_examples = max_num_examples
         self.num_clients = num_clients
@@ -329,6 +344,7 @@ class FedshieldRule(FlowerFedAvg):
             self.local_server = entry.obj(
                 rule.replace(c=0.0), lr=float(server_lr), weighting=self.weighting, params=params
             )
+            self.local_server.byzantine_f = byzantine_f
 
         self.services: Any = _NoRoot()
         self._data_ref: _DataReference | None = None
@@ -598,6 +614,7 @@ class FedshieldRule(FlowerFedAvg):
             count_cap=self.count_cap,
             uniform_counts=self.weighting == "uniform",
             rejected_before=rejected,
+            trusted_ids=False,  # a forged node id must not lower f (module docstring)
         )
         metrics: dict[str, MetricRecordValues] = {
             **out.metrics,

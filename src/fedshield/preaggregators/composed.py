@@ -13,14 +13,18 @@ hyper-parameters as attributes (``rule.f``), so tag checks and the attacks treat
 the rule it wraps. Its minimum-row condition is the rule's on the rows that reach it
 (Bucketing turns n rows into ⌈n/s⌉): :meth:`validate` and :meth:`adapted` check it.
 
-Randomness (Bucketing's permutation) comes from a generator seeded by the run's seed and a
-fingerprint of the rows (their float64 row sums): a pure function of (seed, rows), so a
-resumed run draws the same buckets and the attackers cannot pick the permutation.
+Randomness (Bucketing's permutation) comes from a generator seeded by the run's seed and
+the round only (:meth:`ComposedRule.for_round`, called by the round step), never from the
+rows: a fingerprint of the rows let attackers pick the permutation with one-ulp nudges to
+their own rows (issue 24). A resumed run draws the same buckets.
+
+f attackers spoil up to f buckets, so the rule behind gets the cohort's f, not f/s nor an
+f derived from the bucket rows: its minimum-row condition for that f is checked on the
+⌈n/s⌉ rows that reach it (:mod:`fedshield.algorithms.server.cohort`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,28 +33,32 @@ from torch import Tensor
 
 from fedshield.aggregators._ops import row_sq_norms
 from fedshield.aggregators.base import Aggregator, Diagnostics, normalised_weights
+from fedshield.core.context import derive_seed
 from fedshield.errors import ConfigError
 from fedshield.preaggregators.base import PreAggregator
 from fedshield.registry import tags_of
 
+#: The seed purpose of Bucketing's draws (a value apart from :mod:`fedshield.core.seeds`'s).
+BUCKETS = 0xB0C4E7
 
-def rows_generator(seed: int, x: Tensor) -> torch.Generator:
-    """A CPU generator seeded by (``seed``, the rows' float64 sums)."""
-    sums = x.detach().to(torch.float64).sum(dim=1).cpu().numpy().tobytes()
-    key = int(seed).to_bytes(8, "little", signed=False)
-    digest = hashlib.blake2b(sums, digest_size=8, key=key).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+def round_generator(seed: int, rnd: int, num_rows: int) -> torch.Generator:
+    """A CPU generator seeded by (``seed``, round ``rnd``, the row count) only."""
+    return torch.Generator().manual_seed(derive_seed(seed, rnd, num_rows, BUCKETS))
 
 
 class ComposedRule(Aggregator):
     """``pre[-1] ∘ … ∘ pre[0]`` then ``rule`` (see the module docstring)."""
 
-    def __init__(self, pre: Sequence[PreAggregator], rule: Aggregator, seed: int = 0) -> None:
+    def __init__(
+        self, pre: Sequence[PreAggregator], rule: Aggregator, seed: int = 0, rnd: int = 0
+    ) -> None:
         if not pre:
             raise ValueError("ComposedRule needs at least one pre-aggregator")
         self.__dict__["rule"] = rule  # first: __getattr__ reads it
         self.pre = tuple(p.bind(rule) for p in pre)
         self.seed = seed
+        self.round = rnd
         self.params = rule.params
         # The rule's facts, so that tag checks, fields and attacks see the rule it wraps.
         self.registry_tags = tags_of(rule)
@@ -74,7 +82,12 @@ class ComposedRule(Aggregator):
         return " → ".join([*(repr(p) for p in self.pre), repr(self.rule)])
 
     def replace(self, **changes: Any) -> Aggregator:
-        return ComposedRule(self.pre, self.rule.replace(**changes), self.seed)
+        return ComposedRule(self.pre, self.rule.replace(**changes), self.seed, self.round)
+
+    def for_round(self, rnd: int) -> Aggregator:
+        if not any(p.random for p in self.pre) or rnd == self.round:
+            return self
+        return ComposedRule(self.pre, self.rule, self.seed, rnd)
 
     def _chain(self, num_rows: int) -> list[int]:
         """Rows entering each pre-aggregator, then the rule."""
@@ -109,7 +122,7 @@ class ComposedRule(Aggregator):
             return None
         if rule is self.rule and all(a is b for a, b in zip(pre, self.pre, strict=True)):
             return self
-        return ComposedRule(pre, rule, self.seed)
+        return ComposedRule(pre, rule, self.seed, self.round)
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
@@ -124,7 +137,9 @@ class ComposedRule(Aggregator):
             keep = finite.nonzero().squeeze(1)
             x = updates.index_select(0, keep)
             w = None if weights is None else weights.index_select(0, keep.to(weights.device))
-        gen = rows_generator(self.seed, x) if any(p.random for p in self.pre) else None
+        gen = None
+        if any(p.random for p in self.pre):
+            gen = round_generator(self.seed, self.round, x.shape[0])
         for p in self.pre:
             x, w = p(x, w, generator=gen)
         out, diag = self.rule.aggregate(x, w, reference=reference)
@@ -161,4 +176,4 @@ def compose(
     return ComposedRule(pre, rule, seed)
 
 
-__all__ = ["ComposedRule", "compose", "rows_generator"]
+__all__ = ["ComposedRule", "compose", "round_generator"]

@@ -7,7 +7,6 @@ aggregator feasibility), so a bad config fails in milliseconds with the key it c
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import numpy as np
@@ -17,12 +16,19 @@ from torch import nn
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
 from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
 from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.algorithms.server.cohort import rows_needed
 from fedshield.attacks.base import ATTACKS
 from fedshield.config import ExperimentConfig
 from fedshield.data import TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.registry import Entry
+from fedshield.sim.byzantine_budget import (
+    ByzantineBudget,
+    group_statements,
+    run_budget,
+    warn_groups,
+)
 from fedshield.sim.state import Components, Experiment
 
 log = logging.getLogger("fedshield")
@@ -116,27 +122,64 @@ def derive_byzantine_count(
     rule: Aggregator, entry: Entry[Any], cfg: ExperimentConfig
 ) -> Aggregator:
     """A rule whose schema has a Byzantine count ``f`` left unset gets it from the attack
-    budget: ceil(attack.fraction × S), within what S rows allow (logged). Without an attack
-    it stays unset and the rule uses the largest f its rows allow (never a silent 0)."""
+    budget (:func:`fedshield.sim.byzantine_budget.run_budget`): per_round, the exact count
+    ⌊fraction × S⌋; fixed, the ``attack.f_quantile`` quantile of the hypergeometric count
+    per cohort — within what S rows allow (logged). Without an attack it stays unset and
+    the round step gives it its breakdown on the sampled cohort (never a silent 0)."""
     if "f" not in entry.schema.model_fields or getattr(rule, "f", 0) is not None:
         return rule
     if cfg.attack.name == "none" or cfg.attack.fraction <= 0:
         return rule
-    s = cfg.server.clients_per_round
-    f = math.ceil(cfg.attack.fraction * s - 1e-9)  # 0.2 × 10 is 2, not 3
-    largest = rule.largest_f(s) if hasattr(rule, "largest_f") else None
-    if largest is not None and f > largest:
+    budget = _budget(rule, cfg)
+    wanted = budget.attackers if budget.mode == "per_round" else budget.quantile_f
+    f = budget.f
+    if f is None:
+        return rule
+    if wanted is not None and f < wanted:
         log.warning(
-            "server.aggregator=%r: attack.fraction=%s means f=%d of S=%d, more than the rule "
-            "tolerates; using its largest f=%d",
+            "server.aggregator=%r: attack.fraction=%s (%s) means f=%d of S=%d, more than the "
+            "rule tolerates; using its largest f=%d",
             entry.name,
             cfg.attack.fraction,
+            cfg.attack.mode,
+            wanted,
+            cfg.server.clients_per_round,
             f,
-            s,
-            largest,
         )
-        f = largest
     return rule.replace(f=f)
+
+
+def _budget(rule: Aggregator, cfg: ExperimentConfig) -> ByzantineBudget:
+    a = cfg.attack
+    return run_budget(
+        rule,
+        mode=a.mode,
+        fraction=a.fraction,
+        population=cfg.data.num_clients,
+        cohort=cfg.server.clients_per_round,
+        f_quantile=a.f_quantile,
+        attacked=a.name != "none",
+    )
+
+
+def state_budget(cfg: ExperimentConfig, rule: Aggregator) -> ByzantineBudget:
+    """The run's Byzantine statement (logged) for the built rule; refuses a rule that
+    cannot outvote that f on the sampled cohort even when every client answers (a rule
+    behind Bucketing: f attackers spoil up to f of the ⌈S/s⌉ buckets)."""
+    budget = _budget(rule, cfg)
+    s = cfg.server.clients_per_round
+    need = rows_needed(rule, budget.f)
+    if need is None or need > s:
+        pre = ", ".join(cfg.server.pre_aggregators) or "none"
+        raise ConfigError(
+            f"server.aggregator={cfg.server.aggregator!r} behind server.pre_aggregators "
+            f"[{pre}] cannot outvote f={budget.f} Byzantine clients of a cohort of S={s} "
+            f"(needs {need or 'more'} rows); set server.aggregator_args.f, a smaller bucket "
+            "size or a larger server.clients_per_round"
+        )
+    line = budget.line(repr(rule))
+    (log.warning if budget.p_exceeds >= 0.01 else log.info)(line)
+    return budget
 
 
 def build_components(cfg: ExperimentConfig) -> Components:
@@ -199,12 +242,14 @@ def build_components(cfg: ExperimentConfig) -> Components:
     _check_tags(cfg, entries, tags)
     if meta is not None:
         client.check_model(meta)  # tiers and exit layout against the model, before data
+    budget = state_budget(cfg, aggregator)
     server = server_cls(
         aggregator,
         lr=s.lr,
         weighting=s.weighting,
         params=entries["server"].parse(s.params, "server.params"),
     )
+    server.byzantine_f = budget.f if budget.mode != "none" else None  # none: its breakdown
 
     attack = None
     if cfg.attack.name != "none":
@@ -224,7 +269,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
         from fedshield.sim.faults import check_faults
 
         check_faults(cfg)
-    comp = Components(client, server, aggregator, attack)
+    comp = Components(client, server, aggregator, attack, budget)
     if cfg.privacy is not None and meta is not None:  # what cannot be private, before data
         from fedshield.privacy.checks import check_central, check_local
 
@@ -277,6 +322,64 @@ def check_coverage(
             )
 
 
+def state_groups(
+    cfg: ExperimentConfig,
+    comp: Components,
+    model: nn.Module,
+    clients: list[TensorData],
+    num_classes: int,
+) -> None:
+    """Say at build time, per coverage group (depth/width tiers) and per FedCART class, where
+    the holders can be half attackers under the run's f, and what the run does there
+    (:func:`fedshield.sim.byzantine_budget.group_statements`); kept in the run's statement
+    (summary.json ``byzantine.groups``)."""
+    from fedshield.algorithms.server.aggregation import bounded_by_rows, coverage_groups
+    from fedshield.registry import tags_of
+
+    budget, rule = comp.budget, comp.aggregator
+    uploads = tags_of(comp.client).get("uploads", frozenset())
+    if budget is None or not ({"mask", "prototypes"} & uploads):
+        return
+    m = cfg.data.num_clients
+    statements = []
+    if "mask" in uploads:
+        masks = [
+            comp.client.expected_mask(k, model, clients[k].class_counts(num_classes))
+            for k in range(m)
+        ]
+        if any(x is not None for x in masks):
+            d = sum(p.numel() for p in model.parameters())
+            full = torch.ones(d, dtype=torch.bool, device=next(model.parameters()).device)
+            groups = coverage_groups(torch.stack([full if x is None else x for x in masks]))
+            named = [
+                (f"coverage group of {int(c.numel())} parameters", [int(r) for r in rows])
+                for rows, c in groups
+                if rows.numel() < m  # the shared block: the round step's own f check
+            ]
+            does = (
+                "the per-block bound caps each step's size, not its direction (no cross-round "
+                "defense configured)"
+                if bounded_by_rows(rule)
+                else "no defense (the rule is not robust)"
+            )
+            statements += group_statements(named, budget, rule, does)
+    if "prototypes" in uploads:
+        counts = [clients[k].class_counts(num_classes) for k in range(m)]
+        named = [
+            (f"class {c}", [k for k in range(m) if int(counts[k][c]) > 0])
+            for c in range(num_classes)
+        ]
+        does = (
+            "the class prototype is the rule's output on its holders, which they may own "
+            "(no cross-round defense configured)"
+            if "robust" in tags_of(rule)
+            else "no defense (the rule is not robust)"
+        )
+        statements += group_statements(named, budget, rule, does)
+    warn_groups("byzantine budget:", statements)
+    budget.groups = statements
+
+
 def choose_byzantine(cfg: ExperimentConfig) -> tuple[int, ...]:
     """The fixed Byzantine set A (SPEC §6): round(fraction·M) workers chosen by the seed."""
     if cfg.attack.name == "none" or cfg.attack.mode != "fixed":
@@ -315,6 +418,7 @@ def build(
     model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params)
     model.to(device)
     check_coverage(cfg, components, model, clients, bundle.num_classes)
+    state_groups(cfg, components, model, clients, bundle.num_classes)
     exp = Experiment(
         cfg=cfg,
         components=components,

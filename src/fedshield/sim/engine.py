@@ -503,6 +503,8 @@ class Simulator:
         extra: dict[str, Any] = {"wall_s_this_session": wall_s}
         # commit, config hash, and on CPU the kernels (a re-run on the same ones is exact)
         extra["provenance"] = run_provenance(self.config_text, self.device.type)
+        if self.comp.budget is not None:  # f under sampling, groups a minority may own
+            extra["byzantine"] = self.comp.budget.as_dict()
         if self.cfg.eval.target_acc is not None:
             extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
             extra["target_acc"] = self.cfg.eval.target_acc

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fedshield.attacks.base import DataAttack, UpdateAttack
     from fedshield.config import ExperimentConfig
     from fedshield.faults.base import RoundFaults
+    from fedshield.sim.byzantine_budget import ByzantineBudget
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Components:
     server: ServerAlgorithm
     aggregator: Aggregator
     attack: UpdateAttack | DataAttack | None
+    #: the run's Byzantine statement (:mod:`fedshield.sim.byzantine_budget`), in summary.json
+    budget: ByzantineBudget | None = None
 
 
 @dataclass

@@ -7,18 +7,22 @@ per group. With a plain mean this is exactly eq. 15 of SPEC §8 (a per-parameter
 the clients that cover it); with any other rule it is that rule, never a substitute.
 
 When a group (or the whole cohort) has fewer rows than the rule needs — e.g. screening left
-fewer than Krum's 2f + 3 — :func:`apply_rule` runs the rule with the largest feasible f
-(``Aggregator.adapted``), or, when nothing can run, leaves those parameters unchanged for
-the round. Both are counted in the round's metrics (``sys/degraded``; ``sys/skipped`` when
-θ is kept, ``sys/skipped_groups`` for the coverage groups left unchanged).
+fewer than Krum's 2f + 3 (rows the upload checks rejected lower the cohort's f; missing
+rows never do, and the round step keeps θ when the kept rows cannot outvote the sampled
+cohort's f: :mod:`fedshield.algorithms.server.cohort`) — :func:`apply_rule` runs the rule
+with the largest feasible f (``Aggregator.adapted``), or, when nothing can run, leaves
+those parameters unchanged for the round. Both are counted in the round's metrics
+(``sys/degraded``; ``sys/skipped`` when θ is kept, ``sys/skipped_groups`` for the coverage
+groups left unchanged).
 
 A degraded rule is weaker than the configured one (at f = 0 Multi-Krum and Trimmed Mean
 are the mean), and so is an honest-majority rule (tagged ``robust`` and
 ``reference_free``: Median, GeoMed, Krum, ...) on fewer than 3 rows, where it cannot
 outvote a single bad row. Such a group's rows are first clipped to the median norm of all
-of the round's rows (:func:`clip_rows`): with an honest majority in the cohort that radius
-is an honest row's scale, so one client of a two-client depth tier moves its parameters
-no further than an honest client could (``sys/degraded`` counts these groups too).
+of the round's rows (:func:`clip_rows`): the round step ran only with an honest majority
+of the kept rows under the cohort's f, so that radius is an honest row's scale, and one
+client of a two-client depth tier moves its parameters no further than an honest client
+could (``sys/degraded`` counts these groups too).
 """
 
 from __future__ import annotations

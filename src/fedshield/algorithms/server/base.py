@@ -66,6 +66,10 @@ class ServerAlgorithm:
     #: Broadcast extras that only optional client parts read (DRAG's r: local calibration);
     #: a Flower-native strategy sends them only to clients that use them.
     optional_broadcast: tuple[str, ...] = ()
+    #: The Byzantine count f of a sampled cohort that the run states (the builder from the
+    #: attack budget, a Flower strategy's ``byzantine_f``); None: the rule's own f, else its
+    #: breakdown on the cohort (:mod:`fedshield.algorithms.server.cohort`).
+    byzantine_f: int | None = None
 
     def __init__(
         self,

@@ -17,8 +17,12 @@ uploads, so a check added here holds on every path:
 3. **Weights no client can buy**: under a Byzantine-robust rule every count is capped at
    ``count_cap`` × the lower median count of the kept uploads (``sys/capped_counts``), so
    f clients hold at most f·k/(f·k + Σ honest) of the weight whatever they claim (a
-   weighted geometric median has no breakdown point otherwise). Kept uploads whose counts
+   weighted geometric median has no breakdown point otherwise), and then lower still
+   until the round's f largest counts hold less than half of the total
+   (:func:`~fedshield.algorithms.server.cohort.cap_for_f`). Kept uploads whose counts
    are all 0 are weighted uniformly (``sys/zero_counts``) instead of aborting the round.
+   f is the sampled cohort's (:mod:`fedshield.algorithms.server.cohort`): when fewer rows
+   are kept than the rule needs to outvote it, θ is not moved (``sys/skipped/too_few``).
 4. **Step**: the server algorithm's ``update`` then ``post_step``. A rule that raises on
    this round's rows (a reference that cannot be formed, weights that cannot be
    normalised) keeps θ and the server state (``sys/failed_step``) and the run goes on.
@@ -39,6 +43,7 @@ import torch
 from torch import Tensor
 
 from fedshield.algorithms.server.base import ServerAlgorithm, ServerServices, State
+from fedshield.algorithms.server.cohort import RoundBudget, cap_for_f, round_budget
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.integrity import UploadSpec, screen
 
@@ -90,10 +95,10 @@ def admit(
 
 
 def cap_counts(
-    kept: list[ClientUpdate], cap: float | None
+    kept: list[ClientUpdate], cap: float | None, f: int | None = None
 ) -> tuple[list[ClientUpdate], dict[str, float]]:
-    """Counts capped at ``cap`` × the lower median count (None: no cap); all-zero counts
-    made uniform."""
+    """Counts capped at ``cap`` × the lower median count (None: no cap), then so that the
+    ``f`` largest hold less than half of the total; all-zero counts made uniform."""
     counts = sorted(int(u.num_examples) for u in kept)
     if not counts:
         return kept, {}
@@ -103,11 +108,37 @@ def cap_counts(
         return kept, {}
     median = counts[(len(counts) - 1) // 2]
     limit = max(1, int(cap * median))
+    by_f = cap_for_f([min(n, limit) for n in counts], f or 0)
+    if by_f is not None:
+        limit = max(1, min(limit, by_f))
     capped = [u for u in kept if u.num_examples > limit]
     if not capped:
         return kept, {}
     out = [replace(u, num_examples=limit) if u.num_examples > limit else u for u in kept]
     return out, {"sys/capped_counts": float(len(capped))}
+
+
+def _skip_too_few(
+    server: ServerAlgorithm,
+    budget: RoundBudget,
+    kept: int,
+    ctx: RoundContext,
+    metrics: dict[str, float],
+) -> None:
+    """θ kept: the f of the sampled cohort may be the majority of the kept rows."""
+    need = "no number of rows" if budget.needed is None else f"{budget.needed} rows"
+    log.warning(
+        "round %d: %d row(s) kept of %d sampled; %r outvotes f=%d of the cohort only on %s; "
+        "θ unchanged",
+        ctx.round,
+        kept,
+        len(ctx.cohort),
+        server.aggregator,
+        budget.f,
+        need,
+    )
+    metrics["sys/skipped"] = 1.0
+    metrics["sys/skipped/too_few"] = 1.0
 
 
 def _nonfinite_parts(params: Tensor, buffers: Tensor, state: State) -> list[str]:
@@ -131,11 +162,14 @@ def server_round_step(
     count_cap: float | None = COUNT_CAP,
     uniform_counts: bool = False,
     rejected_before: Mapping[str, int] | None = None,
+    trusted_ids: bool = True,
 ) -> StepOutcome:
     """One round of the server (module docstring). ``ctx.cohort``: the clients asked this
     round. ``count_cap``: k of the count cap under a robust rule (None: no cap).
     ``uniform_counts``: every kept upload weighs 1 (self-reported counts unused).
-    ``rejected_before``: uploads a transport already dropped, by reason (counted too)."""
+    ``rejected_before``: uploads a transport already dropped, by reason (counted too).
+    ``trusted_ids``: an upload's client id is the sender's (the simulator), so clients
+    whose uploads the checks reject are known-bad and lower the round's f."""
     admitted, rejected = admit(updates, ctx.cohort)
     rejected.update(rejected_before or {})
     screened = screen(admitted, spec)
@@ -145,16 +179,26 @@ def server_round_step(
     metrics |= {f"sys/rejected/{k}": float(v) for k, v in sorted(rejected.items())}
     metrics["sys/kept"] = float(len(kept))
     out = StepOutcome(start.params, start.buffers, start.state, kept, metrics)
+    known_bad = len(admitted) - len(kept) if trusted_ids else 0
+    budget = round_budget(
+        server.aggregator, len(ctx.cohort), getattr(server, "byzantine_f", None), known_bad
+    )
+    metrics |= budget.metrics()
     if uniform_counts:
         kept = [replace(u, num_examples=1) for u in kept]
     elif kept:
-        kept, notes = cap_counts(kept, count_cap if server.robust else None)
+        kept, notes = cap_counts(kept, count_cap if server.robust else None, budget.f)
         metrics |= notes
     out.kept = kept
     if not kept:
         log.warning("round %d: no valid upload; θ unchanged", ctx.round)
         metrics["sys/skipped"] = 1.0
         return out
+    if budget.too_few(len(kept)):
+        _skip_too_few(server, budget, len(kept), ctx, metrics)
+        return out
+    rule = server.aggregator
+    server.aggregator = rule.for_round(ctx.round)  # Bucketing's draw: (seed, round) only
     try:
         step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
         step = server.post_step(step, ctx, services)
@@ -163,6 +207,8 @@ def server_round_step(
         log.warning("round %d: the server step failed (%s); θ unchanged", ctx.round, err)
         metrics["sys/failed_step"] = 1.0
         return out
+    finally:
+        server.aggregator = rule
     metrics |= {k: float(v) for k, v in step.metrics.items()}
     bad = _nonfinite_parts(step.params, step.buffers, step.state)
     if bad:

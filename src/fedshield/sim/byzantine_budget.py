@@ -1,0 +1,208 @@
+"""What a run states at build time about the Byzantine share its rule sees (issue 24 §2).
+
+**Attackers per cohort.** Under ``attack.mode = "per_round"`` every cohort of S holds exactly
+⌊fraction·S⌋ attackers, and that is the rule's f. Under ``"fixed"`` (the default) A =
+round(fraction·M) workers are Byzantine for the whole run and each cohort of S drawn
+uniformly without replacement from M holds X ~ Hypergeometric(M, A, S) of them:
+
+    P(X = k) = C(A, k) · C(M − A, S − k) / C(M, S)
+
+(at M = 50, S = 10, 30 %: P(X ≥ 5) = 0.125 and the 0.99 quantile is 6). The rule is given
+f = min(the ``attack.f_quantile`` quantile of X, the rule's breakdown on S) — a rule's own
+``f`` when configured — and the run states P(X > f): the share of rounds the rule cannot
+defend on its own (what cross-round defenses are for). Without an attack the rule outvotes
+its breakdown on S.
+
+**Groups a minority may own.** Depth/width tiers aggregate per coverage group and FedCART
+aggregates class prototypes over the class's holders. A group with h holders, of which up
+to min(f, h) may be attackers of a cohort, is said at build time when those attackers can be
+half of the holders a cohort samples (2·min(f, h) ≥ min(h, S)), with what the run does
+there: a root-reference rule bounds it, the per-block bound caps each step's size (not its
+direction), or nothing does.
+
+Everything is a log line at build time and the ``byzantine`` field of summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fedshield.algorithms.server.cohort import breakdown_f, configured_f, needs_honest_majority
+from fedshield.registry import tags_of
+
+log = logging.getLogger("fedshield")
+
+#: Default quantile of the attackers per cohort that a fixed-mode run gives its rule as f.
+F_QUANTILE = 0.99
+
+
+def hypergeom_pmf(population: int, attackers: int, cohort: int) -> list[float]:
+    """P(X = k), k = 0..cohort, of the attackers in a cohort drawn without replacement."""
+    total = math.comb(population, cohort)
+    return [
+        math.comb(attackers, k) * math.comb(population - attackers, cohort - k) / total
+        for k in range(cohort + 1)
+    ]
+
+
+def quantile(pmf: list[float], q: float) -> int:
+    """The least k with P(X ≤ k) ≥ q."""
+    acc = 0.0
+    for k, p in enumerate(pmf):
+        acc += p
+        if acc >= q - 1e-12:
+            return k
+    return len(pmf) - 1
+
+
+def tail(pmf: list[float], k: int) -> float:
+    """P(X > k)."""
+    return float(sum(pmf[k + 1 :]))
+
+
+@dataclass
+class ByzantineBudget:
+    """The run's statement (module docstring)."""
+
+    mode: str  #: "fixed", "per_round" or "none" (no attack)
+    cohort: int  #: S
+    population: int  #: M
+    attackers: int | None  #: A (fixed) or the per-cohort count (per_round)
+    f: int | None  #: the f the rule outvotes (None: the rule needs no count)
+    breakdown: int | None  #: the largest f the rule alone tolerates on S
+    f_quantile: float | None = None
+    quantile_f: int | None = None  #: the f_quantile quantile of X (fixed)
+    p_exceeds: float = 0.0  #: P(X > f): rounds the rule cannot defend alone
+    p_at_least: dict[int, float] = field(default_factory=dict)  #: P(X ≥ k), k = 1..S
+    groups: list[dict[str, Any]] = field(default_factory=list)
+
+    def line(self, rule: str) -> str:
+        who = f"{rule}: f={self.f} of S={self.cohort}"
+        if self.f is None:
+            who = f"{rule}: needs no Byzantine count (bounded by a reference or radius)"
+        if self.mode == "none":
+            return f"byzantine budget: no attack configured; {who} (its breakdown on S)"
+        if self.mode == "per_round":
+            return f"byzantine budget: per_round, exactly {self.attackers} per cohort; {who}"
+        return (
+            f"byzantine budget: fixed, {self.attackers} of M={self.population} Byzantine, "
+            f"attackers per cohort ~ Hypergeometric({self.population}, {self.attackers}, "
+            f"{self.cohort}) with quantile {self.f_quantile} = {self.quantile_f}; {who} "
+            f"(breakdown {self.breakdown}); P(a cohort holds more than f) = "
+            f"{self.p_exceeds:.4g}: those rounds the rule cannot defend on its own"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["p_at_least"] = {str(k): v for k, v in self.p_at_least.items()}
+        return out
+
+
+def per_round_count(fraction: float, cohort: int) -> int:
+    """The engine's exact per-round count (``Simulator._byzantine``)."""
+    return int(math.floor(fraction * cohort))
+
+
+def run_budget(
+    rule: Any,
+    *,
+    mode: str,
+    fraction: float,
+    population: int,
+    cohort: int,
+    f_quantile: float = F_QUANTILE,
+    attacked: bool = True,
+) -> ByzantineBudget:
+    """The statement for ``rule`` on cohorts of ``cohort`` of ``population`` clients."""
+    majority = needs_honest_majority(rule)
+    breakdown = breakdown_f(rule, cohort) if majority else None
+    own = configured_f(rule)
+    if not attacked or fraction <= 0:
+        f = (own if own is not None else breakdown) if majority else None
+        return ByzantineBudget("none", cohort, population, None, f, breakdown)
+    if mode == "per_round":
+        count = per_round_count(fraction, cohort)
+        f = (own if own is not None else _capped(count, breakdown)) if majority else None
+        exceeds = 1.0 if f is not None and count > f else 0.0
+        return ByzantineBudget(
+            "per_round", cohort, population, count, f, breakdown, p_exceeds=exceeds
+        )
+    a = int(round(fraction * population))
+    pmf = hypergeom_pmf(population, a, cohort)
+    q = quantile(pmf, f_quantile)
+    f = (own if own is not None else _capped(q, breakdown)) if majority else None
+    return ByzantineBudget(
+        "fixed",
+        cohort,
+        population,
+        a,
+        f,
+        breakdown,
+        f_quantile,
+        q,
+        tail(pmf, f) if f is not None else 0.0,
+        {k: tail(pmf, k - 1) for k in range(1, cohort + 1)},
+    )
+
+
+def _capped(f: int, breakdown: int | None) -> int:
+    return f if breakdown is None else min(f, breakdown)
+
+
+def group_statements(
+    groups: list[tuple[str, list[int]]],
+    budget: ByzantineBudget,
+    rule: Any,
+    what_runs: str,
+) -> list[dict[str, Any]]:
+    """For each ``(name, holders)`` a group whose holders a cohort's attackers can be half
+    of under the run's f: a dict (name, holders, attackers, does) — ``does`` is what the
+    run will do there (``what_runs`` for a rule bounded by its rows)."""
+    f = budget.f
+    if f is None:
+        f = budget.breakdown if budget.breakdown is not None else 0
+    s = budget.cohort
+    out = []
+    for name, holders in groups:
+        h = len(holders)
+        sampled = min(h, s)
+        bad = min(f, h)
+        if bad == 0 or 2 * bad < sampled:
+            continue
+        if getattr(rule, "needs_reference", False):
+            does = "bounded by the root-data reference (reference-based rule)"
+        elif not needs_honest_majority(rule) and "robust" in tags_of(rule):
+            does = "bounded by the rule's fixed radius"
+        else:
+            does = what_runs
+        out.append({"group": name, "holders": h, "attackers": bad, "does": does})
+    return out
+
+
+def warn_groups(kind: str, statements: list[dict[str, Any]]) -> None:
+    for g in statements:
+        log.warning(
+            "%s %s: %d holder(s), up to %d may be attackers under the run's f (half or "
+            "more): %s",
+            kind,
+            g["group"],
+            g["holders"],
+            g["attackers"],
+            g["does"],
+        )
+
+
+__all__ = [
+    "F_QUANTILE",
+    "ByzantineBudget",
+    "group_statements",
+    "hypergeom_pmf",
+    "per_round_count",
+    "quantile",
+    "run_budget",
+    "tail",
+    "warn_groups",
+]
