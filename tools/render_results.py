@@ -258,7 +258,7 @@ def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
 #: The files of a ``fedshield bench`` output that are results (copied as
 #: ``bench-<name>-<file>``); the per-run JSON files stay in the run folder.
 BENCH_FILES = ("worst.csv", "asr.csv", "cells.csv", "runs.csv", "choice.csv", "best.md",
-               "header.md")  # fmt: skip
+               "header.md", "steps.csv", "steps.md")  # fmt: skip
 
 
 def collect_bench(bench_dir: Path, data: Path = DATA) -> list[Path]:
