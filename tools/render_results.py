@@ -278,6 +278,7 @@ def collect_bench(bench_dir: Path, data: Path = DATA) -> list[Path]:
             shutil.copyfile(bench_dir / f, dst)
             out.append(dst)
     prov["files"] = {p.name: _sha256(p) for p in out}
+    prov.setdefault("grid", name)  # what check_provenance matches a sidecar's runs against
     side = data / f"{name}{PROVENANCE}"
     side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
     return [*out, side]

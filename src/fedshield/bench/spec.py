@@ -105,7 +105,8 @@ class BenchSpec(_Strict):
     attacks: list[AttackSpec] = Field(min_length=1)
     tune: dict[str, list[Any]] = {}
     clean: str | None = Field(
-        None, description="the attack key (e.g. scaling with k = 1, labelled clean) whose runs "
+        None,
+        description="the attack key (e.g. scaling with k = 1, labelled clean) whose runs "
         "are each setting's clean twin: the steps table divides by their median step",
     )
 
