@@ -70,12 +70,13 @@ class Arrival:
 
 def patterns(honest: int, rng: random.Random, extra: int = 4) -> list[Arrival]:
     """Every dropout count up to ``MAX_MISSING`` of ``honest`` rows alone, then ``extra``
-    seeded combinations with late rows, a duplicate and forged ids."""
+    combinations (seeded dropouts and late rows) with a duplicate, forged ids, both and
+    neither."""
     top = math.floor(MAX_MISSING * honest)
     out = [Arrival(k) for k in range(top + 1)]
-    for _ in range(extra):
+    for i in range(extra):  # duplicates, forged ids, both, neither; late rows seeded
         k = rng.randint(0, top)
-        out.append(Arrival(k, rng.randint(0, honest - k), rng.random() < 0.5, rng.random() < 0.5))
+        out.append(Arrival(k, rng.randint(0, honest - k), i % 4 in (0, 2), i % 4 in (1, 2)))
     return out
 
 
@@ -87,15 +88,23 @@ class SimCase:
     finite: bool
     step: float
     clean_step: float
-    f: float
-    cohort_f: float
+    f: float | None
+    cohort_f: float | None
     robust: bool
     error: str = ""
 
     @property
     def ok(self) -> bool:
         bounded = not self.robust or self.step <= STEP_FACTOR * self.clean_step
-        return not self.error and self.finite and bounded and self.f >= self.cohort_f
+        return not self.error and self.finite and bounded and f_kept(self.f, self.cohort_f)
+
+
+def f_kept(f: float | None, cohort_f: float | None) -> bool:
+    """The round's ``sys/f`` is at least the full cohort's; a rule without a Byzantine count
+    (a root-reference rule: BR-DRAG, FLTrust) reports none either way."""
+    if cohort_f is None:
+        return f is None
+    return f is not None and f >= cohort_f
 
 
 def _clone(u: ClientUpdate, delta: torch.Tensor | None = None, cid: int | None = None) -> Any:
@@ -132,13 +141,13 @@ def sim_rows(pair: fuzz.Pair, attack: str, a: Arrival, rng: random.Random) -> li
 
 
 def run_sim(pair: fuzz.Pair, attack: str, a: Arrival, rng: random.Random,
-            clean: tuple[float, float]) -> SimCase:  # fmt: skip
+            clean: tuple[float, float | None]) -> SimCase:  # fmt: skip
     """Replay ``pair``'s round with the rows of ``a`` (``clean``: the full honest cohort's
     step and ``sys/f``)."""
     sim = pair.sim
     sim.state, sim.records = copy.deepcopy(pair.start), []
     ups = sim_rows(pair, attack, a, rng)
-    res = SimCase(pair.aggregator, attack, a.label, True, 0.0, clean[0], -1.0, clean[1],
+    res = SimCase(pair.aggregator, attack, a.label, True, 0.0, clean[0], None, clean[1],
                   pair.robust)  # fmt: skip
     try:
         m = sim.end_round(pair.plan, ups, apply_update_attack=False)
@@ -147,17 +156,21 @@ def run_sim(pair: fuzz.Pair, attack: str, a: Arrival, rng: random.Random,
         return res
     res.finite = fuzz._state_finite(sim)
     res.step = float((sim.state.params.double() - pair.start.params.double()).norm())
-    res.f = float(m.get("sys/f", res.cohort_f if "sys/skipped" in m else -1.0))
+    res.f = _f(m)
     return res
 
 
-def clean_round(pair: fuzz.Pair) -> tuple[float, float]:
+def _f(m: dict[str, Any]) -> float | None:
+    return float(m["sys/f"]) if "sys/f" in m else None
+
+
+def clean_round(pair: fuzz.Pair) -> tuple[float, float | None]:
     """The full honest cohort's step and reported f."""
     sim = pair.sim
     sim.state, sim.records = copy.deepcopy(pair.start), []
     m = sim.end_round(pair.plan, [fuzz._clone(u) for u in pair.honest], apply_update_attack=False)
     step = float((sim.state.params.double() - pair.start.params.double()).norm())
-    return step, float(m.get("sys/f", 0.0))
+    return step, _f(m)
 
 
 # -- Flower ---------------------------------------------------------------------------------
@@ -171,16 +184,15 @@ class FlowerCase:
     finite: bool
     step: float
     clean_step: float
-    f: float
-    cohort_f: float
-    missing_counted: float
+    f: float | None
+    cohort_f: float | None
+    kept: float
     missing: int
 
     @property
     def ok(self) -> bool:
-        return (
-            self.finite and self.step <= STEP_FACTOR * self.clean_step and self.f >= self.cohort_f
-        )
+        bounded = self.step <= STEP_FACTOR * self.clean_step
+        return self.finite and bounded and f_kept(self.f, self.cohort_f)
 
 
 def flower_round(
@@ -249,14 +261,13 @@ def run_flower(names: list[str], attacks: list[str], seed: int = 0) -> list[Flow
         for name in names:
             make = ff.STRATEGIES[name]
             clean, cm, _ = flower_round(make, "", None, random.Random(seed))
-            cohort_f = float(cm.get("sys/f", 0.0))
+            cohort_f = _f(cm)
             rng = random.Random(seed)
             for attack in attacks:
                 for a in patterns(ff.NODES - ATTACKERS, rng):
                     step, m, finite = flower_round(make, attack, a, rng)
-                    f = float(m.get("sys/f", cohort_f if "sys/skipped/too_few" in m else -1))
-                    out.append(FlowerCase(name, attack, a.label, finite, step, clean, f,
-                                          cohort_f, float(m.get("sys/missing", -1)),
+                    out.append(FlowerCase(name, attack, a.label, finite, step, clean, _f(m),
+                                          cohort_f, float(m.get("sys/kept", -1)),
                                           a.missing))  # fmt: skip
     finally:
         logging.disable(logging.NOTSET)
@@ -265,5 +276,6 @@ def run_flower(names: list[str], attacks: list[str], seed: int = 0) -> list[Flow
 
 __all__ = [
     "ATTACKERS", "MAX_MISSING", "STEP_FACTOR", "Arrival", "FlowerCase", "SimCase",
-    "clean_round", "crafted", "flower_round", "patterns", "run_flower", "run_sim", "sim_rows",
+    "clean_round", "crafted", "f_kept", "flower_round", "patterns", "run_flower", "run_sim",
+    "sim_rows",
 ]  # fmt: skip
