@@ -173,6 +173,7 @@ LIST_KINDS = (
     "evaluators",
     "routing-policies",
     "eval-attacks",
+    "round-defenses",
 )
 
 
@@ -182,6 +183,7 @@ def _registries() -> dict[str, Any]:
     from fedshield.algorithms.client import CLIENT_ALGORITHMS
     from fedshield.algorithms.server import SERVER_ALGORITHMS
     from fedshield.attacks.base import ATTACKS
+    from fedshield.crossround import ROUND_DEFENSES
     from fedshield.data import DATASETS, PARTITIONERS
     from fedshield.eval import EVALUATORS
     from fedshield.models import MODELS
@@ -200,6 +202,7 @@ def _registries() -> dict[str, Any]:
         "evaluators": EVALUATORS,
         "routing-policies": POLICIES,
         "eval-attacks": EVAL_ATTACKS,
+        "round-defenses": ROUND_DEFENSES,
     }
 
 

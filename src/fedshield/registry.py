@@ -65,6 +65,11 @@ TAGS: dict[str, str] = {
     "needs_aggregator": "needs an aggregator with this tag: needs_aggregator=needs_reference",
     "central_dp": "releases nothing computed from the uploads but the aggregate and its "
     "post-processing, so [privacy.central]'s noise covers it (θ += η·Δ̃, FedACG's momentum)",
+    # round defenses
+    "memory": "what the server keeps across rounds: memory=M*d (a row per client), k*d (the "
+    "last k steps)",
+    "changes_rows": "changes which rows the rule sees (cached rows of unsampled clients)",
+    "bounds_step": "bounds the step the server applies, after the rule",
     # attacks
     "kind": "what an attack rewrites: kind=update (the uploaded update rows) or kind=data "
     "(the client's local dataset, before training)",

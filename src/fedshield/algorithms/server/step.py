@@ -19,7 +19,8 @@ uploads, so a check added here holds on every path:
    f clients hold at most f·k/(f·k + Σ honest) of the weight whatever they claim (a
    weighted geometric median has no breakdown point otherwise). Kept uploads whose counts
    are all 0 are weighted uniformly (``sys/zero_counts``) instead of aborting the round.
-4. **Step**: the server algorithm's ``update`` then ``post_step``. A rule that raises on
+4. **Step**: the server algorithm's ``update`` then ``post_step`` (behind the round
+   defenses of ``server.round_defenses``, :mod:`fedshield.crossround`). A rule that raises on
    this round's rows (a reference that cannot be formed, weights that cannot be
    normalised) keeps θ and the server state (``sys/failed_step``) and the run goes on.
 5. **Guard**: a step whose θ, buffers or state is not finite is not applied
@@ -156,8 +157,13 @@ def server_round_step(
         metrics["sys/skipped"] = 1.0
         return out
     try:
-        step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
-        step = server.post_step(step, ctx, services)
+        defenses = getattr(server, "round_defenses", None)  # fedshield.crossround
+        if defenses is not None:  # cached rows, step bound: around update and post_step
+            p, b, st = start.params, start.buffers, start.state
+            step = defenses.step(server, p, b, st, kept, ctx, services)
+        else:
+            step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
+            step = server.post_step(step, ctx, services)
     except (ValueError, ArithmeticError) as err:
         # A rule that cannot run on this round's rows must not end a long run (SPEC §12).
         log.warning("round %d: the server step failed (%s); θ unchanged", ctx.round, err)
