@@ -48,7 +48,9 @@ DEFENSES: dict[str, list[str]] = {
 }
 
 
-def one(rule: str, defenses: list[str], mode: str | None, seed: int, rounds: int) -> dict[str, float]:
+def one(
+    rule: str, defenses: list[str], mode: str | None, seed: int, rounds: int
+) -> dict[str, float]:
     raw = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
     raw["seed"], raw["rounds"] = seed, rounds
     raw["eval"] = {"every": rounds}

@@ -132,9 +132,7 @@ def cached_rows(
         table.ids[old] = -1
     fresh = {u.client_id for u in kept}
     others = sorted(
-        (int(cid), s)
-        for s, cid in enumerate(table.ids.tolist())
-        if cid >= 0 and cid not in fresh
+        (int(cid), s) for s, cid in enumerate(table.ids.tolist()) if cid >= 0 and cid not in fresh
     )
     rows = list(kept) + [table.update_of(s) for _, s in others]
     ages = [rnd - int(table.rounds[s]) for _, s in others]
@@ -149,7 +147,8 @@ def scaled_f(f: int, num_rows: int, cohort: int, largest: int | None) -> int:
 
 @ROUND_DEFENSES.register("cache", tags=["memory=M*d", "changes_rows"])
 class CachedAggregation(RoundDefense):
-    """Cached aggregation (D-Byz-SGDM-style): the rule sees every client's latest screened upload, so the attacker share is the population's.
+    """Cached aggregation (D-Byz-SGDM-style): the rule sees every client's latest screened
+    upload, so the attacker share is the population's.
 
     Memory O(M·d): one row, mask and buffers per client, in the server state."""
 

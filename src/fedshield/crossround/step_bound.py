@@ -106,7 +106,8 @@ def clip_block(delta: Tensor, cols: Tensor, radius: float) -> float:
 
 @ROUND_DEFENSES.register("step_bound", tags=["memory=k*d", "bounds_step"])
 class StepBound(RoundDefense):
-    """A trust region: each coverage block's step is clipped to κ × the median norm of the last k applied steps.
+    """A trust region: each coverage block's step is clipped to κ × the median norm of the
+    last k applied steps.
 
     Memory O(k·d): the last ``window`` applied steps, in the server state."""
 

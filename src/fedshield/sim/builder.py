@@ -208,10 +208,10 @@ def build_components(cfg: ExperimentConfig) -> Components:
     if s.round_defenses or s.round_defense_args:  # cached rows, step bound (crossround)
         from fedshield.crossround import build_round_defenses, check_uploads
 
-        defenses = build_round_defenses(s.round_defenses, s.round_defense_args)
+        defenses = build_round_defenses(s.round_defenses or [], s.round_defense_args)
         if defenses is not None:
             check_uploads(defenses, tags_of(client).get("uploads", frozenset()))
-            server.round_defenses = defenses  # type: ignore[attr-defined]
+            server.round_defenses = defenses
 
     attack = None
     if cfg.attack.name != "none":
