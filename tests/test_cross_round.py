@@ -248,6 +248,14 @@ def test_config_errors_name_the_key(server, client, match):
         build_components(config.validate(raw))
 
 
+def test_central_dp_refuses_round_defenses():
+    raw = small(round_defenses=["step_bound"], weighting="uniform")
+    raw["server"]["aggregator"] = "mean"
+    raw["privacy"] = {"central": {"noise_multiplier": 1.0}}
+    with pytest.raises(ConfigError, match=r"'step_bound' is not covered by \[privacy\.central\]"):
+        build_components(config.validate(raw))
+
+
 def test_every_round_defense_states_its_memory():
     for entry in ROUND_DEFENSES.entries():
         assert entry.tag_values("memory"), entry.name

@@ -20,7 +20,7 @@ from typing import Any
 
 from fedshield._plugins import import_submodules
 from fedshield.crossround.base import ROUND_DEFENSES, RoundDefense
-from fedshield.crossround.chain import RoundDefenses, build_round_defenses, check_uploads
+from fedshield.crossround.chain import RoundDefenses, build_round_defenses, check_compatible
 
 import_submodules(__name__)
 
@@ -41,6 +41,6 @@ __all__ = [
     "RoundDefenses",
     "build",
     "build_round_defenses",
-    "check_uploads",
+    "check_compatible",
     "names",
 ]

@@ -103,14 +103,23 @@ def build_round_defenses(
     return RoundDefenses(out)
 
 
-def check_uploads(defenses: RoundDefenses, client_uploads: frozenset[str]) -> None:
-    """A defense that hands the rule cached rows (tag ``changes_rows``) keeps the delta, the
-    count, the buffers and the mask of an upload, not method extras: refuse it with a client
-    algorithm that uploads others (SCAFFOLD's Δh, FedCART's prototypes)."""
+def check_compatible(
+    defenses: RoundDefenses, client_uploads: frozenset[str], central_dp: bool
+) -> None:
+    """Refuse what a defense cannot keep: a defense that hands the rule cached rows (tag
+    ``changes_rows``) keeps the delta, the count, the buffers and the mask of an upload, not
+    method extras (SCAFFOLD's Δh, FedCART's prototypes); and under ``[privacy.central]``
+    no round defense runs — a cached row reused in later rounds, or a radius taken from the
+    raw rows, is not covered by the per-round noise accounting."""
     from fedshield.registry import tags_of
 
     extras = sorted(client_uploads - {"mask"})
     for d in defenses.defenses:
+        if central_dp:
+            raise ConfigError(
+                f"server.round_defenses: {d.name!r} is not covered by [privacy.central]'s "
+                "accounting (it reuses rows or row norms across rounds); remove one of them"
+            )
         if "changes_rows" in tags_of(d) and extras:
             raise ConfigError(
                 f"server.round_defenses: {d.name!r} caches the delta, count, buffers and "
@@ -118,4 +127,4 @@ def check_uploads(defenses: RoundDefenses, client_uploads: frozenset[str]) -> No
             )
 
 
-__all__ = ["RoundDefenses", "build_round_defenses", "check_uploads"]
+__all__ = ["RoundDefenses", "build_round_defenses", "check_compatible"]
