@@ -334,3 +334,19 @@ def test_fixed_mode_reproducer_with_cache_ends_within_5_points_of_per_round():
         )
     )
     assert res["final_test_acc"] >= twin["final_test_acc"] - 0.05
+
+
+def test_a_flower_native_strategy_carries_the_defenses_state():
+    """Flower-native strategies run the same round step: a strategy whose server carries round
+    defenses keeps their memory in ``strategy.state`` from round to round."""
+    pytest.importorskip("flwr")
+    from test_flower_strategies import M, initial, scripted_app
+
+    from fedshield.flower import strategies as S
+    from fedshield.flower.local import LocalGrid
+
+    strategy = S.Median()
+    strategy.server.round_defenses = build_round_defenses(["cache", "step_bound"], {})
+    strategy.start(LocalGrid(M, scripted_app()), initial(), num_rounds=2)
+    assert int(strategy.state["step_bound/count"]) == 2
+    assert int((strategy.state["cache/ids"] >= 0).sum()) == M
