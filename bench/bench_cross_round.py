@@ -3,9 +3,10 @@
 digits, mlp (hidden 64), M = 50, S = 10, Dirichlet 0.5 (min_size 10), sgd lr 0.1 × 10
 steps of batch 16, fedavg with uniform weighting, 30 % Byzantine ``noise`` (σ = 100),
 seed 7, 30 rounds. For each robust rule and each round defense (none, ``step_bound``,
-``cache``, both) it runs the default ``attack.mode = "fixed"`` (attackers chosen once;
-cohorts hold 1–6 of them), its ``per_round`` twin (exactly 3 per cohort) and the same run
-without an attack (the defense's clean cost), and prints the final test accuracy, the
+``cache``, both, ``step_bound`` then ``reputation``) it runs the default
+``attack.mode = "fixed"`` (attackers chosen once; cohorts hold 1–6 of them), its
+``per_round`` twin (exactly 3 per cohort) and the same run without an attack (the
+defense's clean cost), and prints the final test accuracy, the
 largest ‖θ‖ over the run and the gap between the fixed run and the per_round run without a
 round defense (issue 24's target: within 5 points).
 
@@ -46,6 +47,7 @@ DEFENSES: dict[str, list[str]] = {
     "step_bound": ["step_bound"],
     "cache": ["cache"],
     "cache+step_bound": ["cache", "step_bound"],
+    "step_bound+reputation": ["step_bound", "reputation"],
 }
 
 
@@ -82,7 +84,7 @@ def main() -> None:
         f"{args.rounds} rounds, commit {commit or '?'}"
     )
     head = (
-        f"{'rule':<13} {'defense':<17} {'fixed':>6} {'max|θ|':>8} {'per_round':>9} "
+        f"{'rule':<13} {'defense':<21} {'fixed':>6} {'max|θ|':>8} {'per_round':>9} "
         f"{'max|θ|':>8} {'clean':>6} {'gap':>6}"
     )
     print(head)
@@ -99,7 +101,7 @@ def main() -> None:
                 twin = per_round if not d else one(rule, [], "per_round", args.seed, args.rounds)
             gap = 100 * (fixed["acc"] - twin["acc"])
             print(
-                f"{rule:<13} {name:<17} {fixed['acc']:6.3f} {fixed['theta']:8.1f} "
+                f"{rule:<13} {name:<21} {fixed['acc']:6.3f} {fixed['theta']:8.1f} "
                 f"{per_round['acc']:9.3f} {per_round['theta']:8.1f} {clean['acc']:6.3f} "
                 f"{gap:+6.1f}",
                 flush=True,

@@ -180,6 +180,48 @@ def test_cache_malformed_state_starts_over():
     assert m["defense/cache/reset"] == 1.0 and [u.client_id for u in rows] == [1]
 
 
+# --- reputation ---------------------------------------------------------------------------
+
+
+def test_reputation_suspends_a_client_after_two_flagged_uploads_and_restores_it():
+    rep = build("reputation")  # τ = 3, λ = 0.8, threshold 1.5
+    honest = [upload(k, [1.0 + 0.1 * k, 0.0]) for k in range(4)]
+    state: dict = {}
+
+    def one_round(liar_delta, rnd):
+        nonlocal state
+        kept = [*honest, upload(9, liar_delta)]
+        rows, acted = rep.rows(kept, state, ctx(rnd, (0, 1, 2, 3, 9), 10))
+        suspended = acted.metrics["defense/reputation/suspended"]
+        # the server applied the honest mean (1.15, 0)
+        step = BoundInput(torch.zeros(2), torch.tensor([1.15, 0.0]), rows, 1.0, kept)
+        _, acted = rep.bound(step, state, ctx(rnd, (0, 1, 2, 3, 9), 10))
+        state = {**state, **acted.state}
+        return [u.client_id for u in rows], suspended, acted.metrics
+
+    ids, _, m = one_round([100.0, 0.0], 1)  # distance 98.85 vs median 0.15: flagged
+    assert 9 in ids and m["defense/reputation/flagged"] == 1.0
+    ids, _, _ = one_round([100.0, 0.0], 2)  # score 1 → still in; flagged again: 1.8
+    assert 9 in ids
+    ids, suspended, _ = one_round([1.2, 0.0], 3)  # score 1.8 ≥ 1.5: suspended, yet judged
+    assert 9 not in ids and suspended == 1.0
+    ids, _, _ = one_round([1.2, 0.0], 4)  # 0.8 · 1.8 = 1.44 < 1.5: restored
+    assert 9 in ids
+    scores = dict(zip(state["reputation/ids"].tolist(), state["reputation/scores"].tolist()))
+    assert scores[9] == pytest.approx(0.8 * 1.44) and scores[0] == 0.0
+
+
+def test_reputation_never_drops_more_than_half_of_the_rows():
+    rep = build("reputation")
+    state = {
+        "reputation/ids": torch.arange(4, dtype=torch.int64),
+        "reputation/scores": torch.tensor([5.0, 4.0, 3.0, 0.0], dtype=torch.float64),
+    }
+    kept = [upload(k, [1.0]) for k in range(4)]
+    rows, _ = rep.rows(kept, state, ctx(1, (0, 1, 2, 3)))
+    assert [u.client_id for u in rows] == [2, 3]  # the two most suspicious dropped
+
+
 # --- the round step: state kept apart from the server's, carried in server state ---------
 
 

@@ -11,6 +11,7 @@ name        what it does                                                memory
 ==========  ==========================================================  ============
 cache       the rule sees every client's latest screened upload          O(M·d)
 step_bound  each block's step ≤ κ × median of the last k applied steps   O(k·d)
+reputation  clients repeatedly far from the aggregate are suspended       O(M)
 ==========  ==========================================================  ============
 """
 

@@ -38,12 +38,14 @@ State = dict[str, Tensor]
 @dataclass
 class BoundInput:
     """What :meth:`RoundDefense.bound` sees: θ before and after the server's step, the rows
-    the rule saw (their masks give the coverage blocks) and the server's step size η_g."""
+    the rule saw (their masks give the coverage blocks), the server's step size η_g and
+    this round's own screened uploads (``judged``: before any defense changed the rows)."""
 
     before: Tensor
     after: Tensor
     rows: list[ClientUpdate]
     lr: float
+    judged: list[ClientUpdate] = field(default_factory=list)
 
 
 @dataclass

@@ -70,7 +70,8 @@ class RoundDefenses:
         step = run.post_step(step, ctx, services)
         after = step.params
         for d in self.defenses:
-            after, acted = d.bound(BoundInput(params, after, rows, server.lr), state, ctx)
+            seen = BoundInput(params, after, rows, server.lr, kept)
+            after, acted = d.bound(seen, state, ctx)
             new |= acted.state
             metrics |= acted.metrics
         step_state = {k: v for k, v in step.state.items() if not self.owns(k)}
