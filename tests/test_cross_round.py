@@ -162,13 +162,14 @@ def test_cache_evicts_the_oldest_row_when_more_clients_than_slots():
 
 
 def test_cache_scales_f_to_the_rows_it_hands_the_rule():
-    assert scaled_f(3, 50, 10, None) == 15
-    assert scaled_f(3, 50, 10, 24) == 15 and scaled_f(3, 50, 10, 10) == 10
-    assert scaled_f(2, 10, 10, None) == 2
+    # p = 0.3, n = 50: 15 + 2·√(15 · 0.7) = 21.48 → 22; capped by what 50 rows allow
+    assert scaled_f(3, 50, 10, None) == 22
+    assert scaled_f(3, 50, 10, 24) == 22 and scaled_f(3, 50, 10, 10) == 10
+    assert scaled_f(0, 50, 10, None) == 0
     from fedshield.aggregators import build as build_rule
 
     rule = build_rule("trimmed_mean", f=3)
-    assert build("cache").rule(rule, 50, ctx(1, tuple(range(10)))).f == 15
+    assert build("cache").rule(rule, 50, ctx(1, tuple(range(10)))).f == 22
     assert build("cache").rule(rule, 10, ctx(1, tuple(range(10)))) is rule
 
 

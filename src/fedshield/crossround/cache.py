@@ -17,8 +17,9 @@ much as this round's. Rows carry their coverage masks, so with depth tiers the r
 per coverage group on the population's holders of each block (a tier whose sampled
 holders are attackers this round is outvoted by its cached honest holders).
 
-A rule with a Byzantine count f configured for S rows gets f' = ⌈f · n / S⌉ on the n rows
-(the same share), within what n rows allow. Cached rows are older than this round's θ
+A rule with a Byzantine count f configured for S rows gets f' = ⌈n·p + 2√(n·p(1 − p))⌉,
+p = f/S, on the n rows (the same share plus two standard deviations: the cached rows are a
+sample of the population), within what n rows allow. Cached rows are older than this round's θ
 (stale by up to M/S rounds on average); ``max_age`` (rounds) drops older ones.
 
 Memory: O(M·d) — per client slot its row (d values of θ's dtype), its coverage mask
@@ -140,8 +141,13 @@ def cached_rows(
 
 
 def scaled_f(f: int, num_rows: int, cohort: int, largest: int | None) -> int:
-    """f' = ⌈f · n / S⌉: the share f/S of the cohort on the n rows, at most ``largest``."""
-    out = math.ceil(f * num_rows / max(cohort, 1) - 1e-9)
+    """f' = ⌈n·p + 2·√(n·p·(1 − p))⌉ with p = f/S: the share the rule was configured for on
+    the n rows, plus two standard deviations of a binomial count — the cached rows are a
+    sample of the population (and under ``per_round`` any client's latest row may be a
+    Byzantine one), so their Byzantine count fluctuates around n·p; at most ``largest``."""
+    p = min(max(f / max(cohort, 1), 0.0), 1.0)
+    expected = num_rows * p
+    out = math.ceil(expected + 2.0 * math.sqrt(expected * (1.0 - p)) - 1e-9)
     return out if largest is None else max(0, min(out, largest))
 
 
