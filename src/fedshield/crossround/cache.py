@@ -151,7 +151,7 @@ def scaled_f(f: int, num_rows: int, cohort: int, largest: int | None) -> int:
     return out if largest is None else max(0, min(out, largest))
 
 
-@ROUND_DEFENSES.register("cache", tags=["memory=M*d", "changes_rows"])
+@ROUND_DEFENSES.register("cache", tags=["memory=M*d", "changes_rows", "caches_uploads"])
 class CachedAggregation(RoundDefense):
     """Cached aggregation (D-Byz-SGDM-style): the rule sees every client's latest screened
     upload, so the attacker share is the population's.

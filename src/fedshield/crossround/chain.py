@@ -108,7 +108,7 @@ def check_compatible(
     defenses: RoundDefenses, client_uploads: frozenset[str], central_dp: bool
 ) -> None:
     """Refuse what a defense cannot keep: a defense that hands the rule cached rows (tag
-    ``changes_rows``) keeps the delta, the count, the buffers and the mask of an upload, not
+    ``caches_uploads``) keeps the delta, the count, the buffers and the mask of an upload, not
     method extras (SCAFFOLD's Δh, FedCART's prototypes); and under ``[privacy.central]``
     no round defense runs — a cached row reused in later rounds, or a radius taken from the
     raw rows, is not covered by the per-round noise accounting."""
@@ -121,7 +121,7 @@ def check_compatible(
                 f"server.round_defenses: {d.name!r} is not covered by [privacy.central]'s "
                 "accounting (it reuses rows or row norms across rounds); remove one of them"
             )
-        if "changes_rows" in tags_of(d) and extras:
+        if "caches_uploads" in tags_of(d) and extras:
             raise ConfigError(
                 f"server.round_defenses: {d.name!r} caches the delta, count, buffers and "
                 f"mask of each upload, not the extras {extras} this client algorithm uploads"
