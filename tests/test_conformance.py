@@ -37,6 +37,7 @@ from fedshield.algorithms.client import CLIENT_ALGORITHMS
 from fedshield.algorithms.server import SERVER_ALGORITHMS
 from fedshield.attacks import ATTACKS
 from fedshield.cli import LIST_KINDS, main
+from fedshield.crossround import ROUND_DEFENSES
 from fedshield.data import (
     DATASETS,
     PARTITIONERS,
@@ -67,6 +68,7 @@ REGISTRIES: dict[str, tuple[Registry[Any], str, str]] = {
     "eval_attack": (EVAL_ATTACKS, "eval.params", "eval attack"),
     "aggregator": (AGGREGATORS, "server.aggregator_args", "server.aggregator"),
     "pre_aggregator": (PRE_AGGREGATORS, "server.pre_aggregator_args", "server.pre_aggregators"),
+    "round_defense": (ROUND_DEFENSES, "server.round_defense_args", "server.round_defenses"),
     "client_algorithm": (CLIENT_ALGORITHMS, "client.params", "client.algorithm"),
     "server_algorithm": (SERVER_ALGORITHMS, "server.params", "server.algorithm"),
     "evaluator": (EVALUATORS, "eval.params", "eval.metrics"),

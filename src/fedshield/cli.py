@@ -175,6 +175,7 @@ LIST_KINDS = (
     "routing-policies",
     "eval-attacks",
     "faults",
+    "round-defenses",
 )
 
 
@@ -184,6 +185,7 @@ def _registries() -> dict[str, Any]:
     from fedshield.algorithms.client import CLIENT_ALGORITHMS
     from fedshield.algorithms.server import SERVER_ALGORITHMS
     from fedshield.attacks.base import ATTACKS
+    from fedshield.crossround import ROUND_DEFENSES
     from fedshield.data import DATASETS, PARTITIONERS
     from fedshield.eval import EVALUATORS
     from fedshield.faults import FAULT_MODELS
@@ -204,6 +206,7 @@ def _registries() -> dict[str, Any]:
         "routing-policies": POLICIES,
         "eval-attacks": EVAL_ATTACKS,
         "faults": FAULT_MODELS,
+        "round-defenses": ROUND_DEFENSES,
     }
 
 

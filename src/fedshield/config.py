@@ -106,6 +106,15 @@ class ServerConfig(Section):
     pre_aggregator_args: dict[str, dict[str, Any]] = Field(
         {}, description="parameters per pre-aggregator, e.g. {nnm = {f = 2}}"
     )
+    # None when unset: a resolved config without them dumps (and hashes) as before.
+    round_defenses: list[str] | None = Field(
+        None,
+        description="defenses across rounds, in order (cache, step_bound; `fedshield list "
+        "round-defenses`); unset: none",
+    )
+    round_defense_args: dict[str, dict[str, Any]] | None = Field(
+        None, description="parameters per round defense, e.g. {step_bound = {kappa = 3.0}}"
+    )
     weighting: Literal["samples", "uniform"] = "samples"
     clients_per_round: int = Field(
         10, ge=1, description="S; equal to num_clients = full participation"

@@ -65,6 +65,13 @@ TAGS: dict[str, str] = {
     "needs_aggregator": "needs an aggregator with this tag: needs_aggregator=needs_reference",
     "central_dp": "releases nothing computed from the uploads but the aggregate and its "
     "post-processing, so [privacy.central]'s noise covers it (θ += η·Δ̃, FedACG's momentum)",
+    # round defenses
+    "memory": "what the server keeps across rounds: memory=M*d (a row per client), k*d (the "
+    "last k steps), M (a number per client)",
+    "changes_rows": "changes which rows the rule sees (adds cached rows, drops suspended ones)",
+    "caches_uploads": "hands the rule uploads kept from earlier rounds (delta, count, buffers, "
+    "mask; not method extras)",
+    "bounds_step": "bounds the step the server applies, after the rule",
     # attacks
     "kind": "what an attack rewrites: kind=update (the uploaded update rows) or kind=data "
     "(the client's local dataset, before training)",

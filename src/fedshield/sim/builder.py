@@ -250,6 +250,16 @@ def build_components(cfg: ExperimentConfig) -> Components:
         params=entries["server"].parse(s.params, "server.params"),
     )
     server.byzantine_f = budget.f if budget.mode != "none" else None  # none: its breakdown
+    if s.round_defenses or s.round_defense_args:  # cached rows, step bound (crossround)
+        from fedshield.crossround import build_round_defenses, check_compatible
+
+        defenses = build_round_defenses(s.round_defenses or [], s.round_defense_args)
+        if defenses is not None:
+            uploads = tags_of(client).get("uploads", frozenset())
+            check_compatible(
+                defenses, uploads, cfg.privacy is not None and cfg.privacy.central is not None
+            )
+            server.round_defenses = defenses
 
     attack = None
     if cfg.attack.name != "none":

@@ -23,7 +23,8 @@ uploads, so a check added here holds on every path:
    are all 0 are weighted uniformly (``sys/zero_counts``) instead of aborting the round.
    f is the sampled cohort's (:mod:`fedshield.algorithms.server.cohort`): when fewer rows
    are kept than the rule needs to outvote it, θ is not moved (``sys/skipped/too_few``).
-4. **Step**: the server algorithm's ``update`` then ``post_step``. A rule that raises on
+4. **Step**: the server algorithm's ``update`` then ``post_step`` (behind the round
+   defenses of ``server.round_defenses``, :mod:`fedshield.crossround`). A rule that raises on
    this round's rows (a reference that cannot be formed, weights that cannot be
    normalised) keeps θ and the server state (``sys/failed_step``) and the run goes on.
 5. **Guard**: a step whose θ, buffers or state is not finite is not applied
@@ -194,14 +195,21 @@ def server_round_step(
         log.warning("round %d: no valid upload; θ unchanged", ctx.round)
         metrics["sys/skipped"] = 1.0
         return out
-    if budget.too_few(len(kept)):
+    defenses = getattr(server, "round_defenses", None)  # fedshield.crossround
+    # A cache hands the rule the population's latest rows (its own f on them), so the
+    # rows this round brought are not the rows the rule must outvote f with.
+    if budget.too_few(len(kept)) and not (defenses is not None and defenses.caches_uploads):
         _skip_too_few(server, budget, len(kept), ctx, metrics)
         return out
     rule = server.aggregator
     server.aggregator = rule.for_round(ctx.round)  # Bucketing's draw: (seed, round) only
     try:
-        step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
-        step = server.post_step(step, ctx, services)
+        if defenses is not None:  # cached rows, step bound: around update and post_step
+            p, b, st = start.params, start.buffers, start.state
+            step = defenses.step(server, p, b, st, kept, ctx, services)
+        else:
+            step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
+            step = server.post_step(step, ctx, services)
     except (ValueError, ArithmeticError) as err:
         # A rule that cannot run on this round's rows must not end a long run (SPEC §12).
         log.warning("round %d: the server step failed (%s); θ unchanged", ctx.round, err)

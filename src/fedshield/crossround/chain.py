@@ -1,0 +1,139 @@
+"""The configured round defenses around one server step (``server.round_defenses``).
+
+``server.round_defenses = ["cache", "step_bound"]`` with
+``server.round_defense_args = {step_bound = {kappa = 3.0}}`` makes the builder attach a
+:class:`RoundDefenses` to the server algorithm; the round step
+(:func:`fedshield.algorithms.server.step.server_round_step`) then runs
+
+    rows = d_n.rows ∘ … ∘ d_1.rows (kept)      the rows the rule sees
+    θ'   = server.update, server.post_step     on those rows (f scaled by each d.rule)
+    θ''  = d_1.bound ∘ … ∘ d_n.bound (θ')      the step applied
+
+in place of ``update`` / ``post_step`` alone, before the non-finite guard. The server
+sees its own state without the defenses' entries (so it cannot drop or rewrite them) and
+the defenses' new entries are merged back into the state the step returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from torch import Tensor
+
+from fedshield.algorithms.server.base import ServerAlgorithm, ServerServices, ServerStep
+from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.crossround.base import ROUND_DEFENSES, BoundInput, RoundDefense, State
+from fedshield.errors import ConfigError
+
+
+class RoundDefenses:
+    """The configured defenses, in order (see the module docstring)."""
+
+    def __init__(self, defenses: Sequence[RoundDefense]) -> None:
+        self.defenses = tuple(defenses)
+
+    def __repr__(self) -> str:
+        return f"RoundDefenses({', '.join(repr(d) for d in self.defenses)})"
+
+    def owns(self, key: str) -> bool:
+        return any(d.owns(key) for d in self.defenses)
+
+    @property
+    def caches_uploads(self) -> bool:
+        """Whether a defense hands the rule rows kept from earlier rounds (tag
+        ``caches_uploads``): then the rows this round brought are not what the rule sees."""
+        from fedshield.registry import tags_of
+
+        return any("caches_uploads" in tags_of(d) for d in self.defenses)
+
+    def step(
+        self,
+        server: ServerAlgorithm,
+        params: Tensor,
+        buffers: Tensor,
+        state: State,
+        kept: list[ClientUpdate],
+        ctx: RoundContext,
+        services: ServerServices,
+    ) -> ServerStep:
+        """``server.update`` then ``server.post_step`` behind the defenses."""
+        own = {k: v for k, v in state.items() if not self.owns(k)}
+        new: State = {}
+        metrics: dict[str, float] = {}
+        rows = kept
+        for d in self.defenses:
+            rows, acted = d.rows(rows, state, ctx)
+            new |= acted.state
+            metrics |= acted.metrics
+        run = server
+        rule = server.aggregator
+        for d in self.defenses:
+            rule = d.rule(rule, len(rows), ctx)
+        if rule is not server.aggregator:  # servers own no mutable state: a copy is enough
+            run = copy.copy(server)
+            run.aggregator = rule
+        step = run.update(params, buffers, own, rows, ctx, services)
+        step = run.post_step(step, ctx, services)
+        after = step.params
+        for d in self.defenses:
+            seen = BoundInput(params, after, rows, server.lr, kept)
+            after, acted = d.bound(seen, state, ctx)
+            new |= acted.state
+            metrics |= acted.metrics
+        step_state = {k: v for k, v in step.state.items() if not self.owns(k)}
+        return ServerStep(after, step.buffers, step_state | new, step.metrics | metrics)
+
+
+def build_round_defenses(
+    names: Sequence[str],
+    args: dict[str, dict[str, Any]] | None,
+    where: str = "server.round_defense_args",
+) -> RoundDefenses | None:
+    """The registered defenses ``names`` (in order), parameters from ``args[name]``
+    validated by each schema (errors name ``where.name.key``); None when ``names`` is
+    empty. A name given twice, or an ``args`` entry for a name not in ``names``, is a
+    :class:`ConfigError`."""
+    args = args or {}
+    unknown = sorted(set(args) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: not in server.round_defenses {list(names)}")
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        raise ConfigError(f"server.round_defenses: {twice[0]!r} is listed twice")
+    if not names:
+        return None
+    out = []
+    for i, name in enumerate(names):
+        entry = ROUND_DEFENSES.entry(name, f"server.round_defenses[{i}]")
+        params = entry.parse(args.get(name, {}), f"{where}.{name}")
+        out.append(entry.obj(**params.kwargs()))
+    return RoundDefenses(out)
+
+
+def check_compatible(
+    defenses: RoundDefenses, client_uploads: frozenset[str], central_dp: bool
+) -> None:
+    """Refuse what a defense cannot keep: a defense that hands the rule cached rows (tag
+    ``caches_uploads``) keeps the delta, the count, the buffers and the mask of an upload, not
+    method extras (SCAFFOLD's Δh, FedCART's prototypes); and under ``[privacy.central]``
+    no round defense runs — a cached row reused in later rounds, or a radius taken from the
+    raw rows, is not covered by the per-round noise accounting."""
+    from fedshield.registry import tags_of
+
+    extras = sorted(client_uploads - {"mask"})
+    for d in defenses.defenses:
+        if central_dp:
+            raise ConfigError(
+                f"server.round_defenses: {d.name!r} is not covered by [privacy.central]'s "
+                "accounting (it reuses rows or row norms across rounds); remove one of them"
+            )
+        if "caches_uploads" in tags_of(d) and extras:
+            raise ConfigError(
+                f"server.round_defenses: {d.name!r} caches the delta, count, buffers and "
+                f"mask of each upload, not the extras {extras} this client algorithm uploads"
+            )
+
+
+__all__ = ["RoundDefenses", "build_round_defenses", "check_compatible"]

@@ -1,0 +1,135 @@
+"""Per-client reputation across rounds: a client whose uploads are repeatedly far from the
+applied aggregate is suspended (its rows no longer reach the rule).
+
+After each applied step, every upload of this round is judged against the aggregate
+direction a = Δθ / η_g the server applied (consistency in the spirit of FLDetector, Zhang
+et al., KDD 2022, with the aggregate as the prediction):
+
+    flag_m = ‖g_m − a‖ > τ · med_{j kept} ‖g_j − a‖                                  (1)
+    s_m ← λ · s_m + flag_m          (on each of client m's uploads; s_m = 0 before)    (2)
+
+and client m's rows are left out of the rule's rows while s_m ≥ ``threshold``. With the
+defaults (τ = 3, λ = 0.8, threshold 1.5) a client is suspended after two flagged uploads
+in a row (1, then 1.8) and one flag alone never suspends (1 → 0.8 → 0.64 …). A suspended
+client's uploads are still judged, so an honest client flagged in a bad round is restored
+by its next consistent uploads (1.8 → 1.44 < 1.5). Rounds the attackers win flag the
+honest clients instead: put ``step_bound`` and ``cache`` before it so the aggregate it
+judges against is bounded. It never leaves the rule fewer rows than half of this round's
+(the most suspicious ones are dropped first), so a wrong suspension cannot starve a round.
+Uploads with a coverage mask (depth tiers) are not judged: a partial row is not comparable
+with the whole aggregate.
+
+Memory O(M): a score and an id per client (``reputation/ids``, ``reputation/scores``).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedshield.aggregators._ops import row_dists
+from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.core.flat import stack_rows
+from fedshield.core.params import Params
+from fedshield.crossround.base import (
+    ROUND_DEFENSES,
+    Acted,
+    BoundInput,
+    RoundDefense,
+    State,
+    reset_note,
+)
+
+
+class ReputationParams(Params):
+    tau: float = Field(
+        3.0, gt=1.0, le=1e6, description="τ: an upload is flagged beyond τ × the median distance"
+    )
+    decay: float = Field(0.8, ge=0.0, lt=1.0, description="λ: a score's decay per upload")
+    threshold: float = Field(
+        1.5, gt=0.0, le=1e6, description="a client is suspended while its score is at least this"
+    )
+
+
+def flags(rows: Tensor, aggregate: Tensor, tau: float) -> Tensor:
+    """Eq. (1): ``[n]`` bool, rows farther than τ × the lower median distance from it."""
+    dist = row_dists(rows, aggregate)
+    med = dist.sort().values[(dist.numel() - 1) // 2]
+    return dist > tau * med
+
+
+def scores_after(
+    scores: dict[int, float], judged: dict[int, bool], decay: float
+) -> dict[int, float]:
+    """Eq. (2) for the clients judged this round; the others keep their score."""
+    out = dict(scores)
+    for cid, flag in judged.items():
+        out[cid] = decay * out.get(cid, 0.0) + float(flag)
+    return out
+
+
+@ROUND_DEFENSES.register("reputation", tags=["memory=M", "changes_rows"])
+class Reputation(RoundDefense):
+    """Per-client reputation: clients whose uploads are repeatedly far from the applied
+    aggregate are suspended from the rule's rows.
+
+    Memory O(M): one score per client, in the server state."""
+
+    params_schema = ReputationParams
+    tau: float
+    decay: float
+    threshold: float
+
+    def _scores(self, state: State) -> tuple[dict[int, float], Acted]:
+        ids, scores = state.get(self.key("ids")), state.get(self.key("scores"))
+        if ids is None and scores is None:
+            return {}, Acted()
+        ok = (
+            ids is not None
+            and scores is not None
+            and ids.dim() == 1
+            and ids.dtype == torch.int64
+            and scores.shape == ids.shape
+            and scores.dtype == torch.float64
+            and bool((scores >= 0).all())
+        )
+        if not ok:
+            return {}, reset_note(self.name, "(ids/scores)")
+        assert ids is not None and scores is not None
+        return dict(zip(ids.tolist(), scores.tolist(), strict=True)), Acted()
+
+    def _state(self, scores: dict[int, float], device: torch.device) -> State:
+        ids = sorted(scores)
+        return {
+            self.key("ids"): torch.tensor(ids, dtype=torch.int64, device=device),
+            self.key("scores"): torch.tensor(
+                [scores[i] for i in ids], dtype=torch.float64, device=device
+            ),
+        }
+
+    def rows(
+        self, kept: list[ClientUpdate], state: State, ctx: RoundContext
+    ) -> tuple[list[ClientUpdate], Acted]:
+        scores, acted = self._scores(state)
+        bad = [u for u in kept if scores.get(u.client_id, 0.0) >= self.threshold]
+        # Never below half of the rows: the most suspicious are dropped first.
+        bad.sort(key=lambda u: -scores[u.client_id])
+        drop = {u.client_id for u in bad[: len(kept) // 2]}
+        acted.metrics[f"defense/{self.name}/suspended"] = float(len(drop))
+        return [u for u in kept if u.client_id not in drop], acted
+
+    def bound(self, step: BoundInput, state: State, ctx: RoundContext) -> tuple[Tensor, Acted]:
+        scores, acted = self._scores(state)
+        fresh = [u for u in step.judged if u.mask is None]
+        delta = (step.after - step.before).flatten()
+        if len(fresh) < 3 or step.lr == 0 or not bool(torch.isfinite(delta).all()):
+            return step.after, acted  # too few rows to call one of them an outlier
+        flagged = flags(stack_rows([u.delta for u in fresh]), delta / step.lr, self.tau)
+        judged = {u.client_id: bool(f) for u, f in zip(fresh, flagged.tolist(), strict=True)}
+        acted.state = self._state(scores_after(scores, judged, self.decay), delta.device)
+        acted.metrics[f"defense/{self.name}/flagged"] = float(flagged.sum())
+        return step.after, acted
+
+
+__all__ = ["Reputation", "flags", "scores_after"]
