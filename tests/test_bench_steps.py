@@ -62,9 +62,13 @@ def test_step_ratio_divides_by_the_clean_twin() -> None:
 
 
 def test_step_stats_of_a_run() -> None:
-    assert runner.step_stats([1.0, 3.0, 2.0]) == {"step_max": 3.0, "step_median": 2.0}
-    assert runner.step_stats([1.0, math.inf]) == {"step_max": None, "step_median": None}
-    assert runner.step_stats([]) == {"step_max": None, "step_median": None}
+    assert runner.step_stats([1.0, 3.0, 2.0]) == {
+        "step_max": 3.0, "step_median": 2.0, "steps_applied": 3}  # fmt: skip
+    # skipped rounds (θ kept) are not the clean scale
+    assert runner.step_stats([0.0, 0.0, 4.0, 0.0, 2.0])["step_median"] == 3.0
+    assert runner.step_stats([0.0, 0.0])["step_median"] is None
+    none = {"step_max": None, "step_median": None, "steps_applied": None}
+    assert runner.step_stats([1.0, math.inf]) == none and runner.step_stats([]) == none
 
 
 def test_clean_must_name_an_attack() -> None:

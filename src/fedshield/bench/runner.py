@@ -87,13 +87,17 @@ def _bundle(cfg: Any) -> Any:
 
 
 def step_stats(norms: Sequence[float]) -> dict[str, float | None]:
-    """The largest and the median one-round step ‖θ^{t+1} − θ^t‖ of a run (None when no
-    round ran or a step was not finite): the steps table divides an attacked run's largest
-    step by its clean twin's median (:mod:`fedshield.bench.steps`)."""
+    """The largest one-round step ‖θ^{t+1} − θ^t‖ of a run and the median of its applied
+    (non-zero) steps — rounds the rule skipped (too few rows) do not drag the clean scale
+    to 0 — and how many rounds moved θ; None when no round ran or a step was not finite.
+    The steps table divides an attacked run's largest step by its clean twin's median
+    (:mod:`fedshield.bench.steps`)."""
     finite = [x for x in norms if math.isfinite(x)]
+    moved = [x for x in finite if x > 0.0]
     if not norms or len(finite) != len(norms):
-        return {"step_max": None, "step_median": None}
-    return {"step_max": max(finite), "step_median": statistics.median(finite)}
+        return {"step_max": None, "step_median": None, "steps_applied": None}
+    return {"step_max": max(finite), "step_median": statistics.median(moved) if moved else None,
+            "steps_applied": len(moved)}  # fmt: skip
 
 
 def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dict[str, Any]]:
