@@ -80,7 +80,8 @@ def test_the_fixed_mode_benches_plan_their_grid() -> None:
     assert {"robustness-fixed-digits-cpu", "robustness-fixed-digits-quick"} <= set(bench_names())
     spec, where = read_bench(name="robustness-fixed-digits-cpu")
     p = plan(spec, where)
-    # 8 defenses (6 rules, median + cache / step_bound) × 4 attacks × 3 S/M × 3 dropouts × 2 modes × 3 seeds, none infeasible
+    # 8 defenses (6 rules, median + cache / step_bound) × 4 attacks × 3 S/M × 3 dropouts
+    # × 2 modes × 3 seeds, none infeasible
     assert len(p.runs) == 8 * 4 * 3 * 3 * 2 * 3 and not p.infeasible
     assert {r.raw["data"]["num_clients"] for r in p.runs} == {20, 50, 100}
     drops = {r.setting.fault: r.raw.get("faults", {}).get("params") for r in p.runs}
