@@ -187,8 +187,8 @@ def parse_spec(raw: dict[str, Any], source: str = "bench") -> BenchSpec:
         if dup:
             raise ConfigError(f"{source}.{axis}: {dup[0]!r} appears twice; give one a label")
     if spec.clean is not None and spec.clean not in [a.key for a in spec.attacks]:
-        keys = ", ".join(a.key for a in spec.attacks)
-        raise ConfigError(f"{source}.clean: {spec.clean!r} is not an attack key ({keys})")
+        known = ", ".join(a.key for a in spec.attacks)
+        raise ConfigError(f"{source}.clean: {spec.clean!r} is not an attack key ({known})")
     return spec
 
 

@@ -210,11 +210,11 @@ def flower_round(
         def get_node_ids(self) -> list[int]:
             return nodes
 
-    prev = list(strategy.configure_train(1, arrays, ConfigRecord({}), _Grid()))  # type: ignore[arg-type]
+    prev = list(strategy.configure_train(1, arrays, ConfigRecord({}), _Grid()))
     for i, msg in enumerate(prev):
         msg.metadata.__dict__["_message_id"] = f"r1-{i}"
     strategy = make()
-    sent = list(strategy.configure_train(2, arrays, ConfigRecord({}), _Grid()))  # type: ignore[arg-type]
+    sent = list(strategy.configure_train(2, arrays, ConfigRecord({}), _Grid()))
     for i, msg in enumerate(sent):
         msg.metadata.__dict__["_message_id"] = f"r2-{i}"
 
