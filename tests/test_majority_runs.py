@@ -1,7 +1,8 @@
 """Issue 24's tier and class majorities as whole runs (§4, §5). The tier: early-exit ViT
 on digits, 10 clients, the fixed attackers of seed 0 — clients {0, 2} — are 2 of the 3
 full-depth clients, server ``median``. The per-block bound caps each step; the attackers
-choose its direction every round, so the final exit can end at chance. What main guarantees instead is that the run
+choose its direction every round, so the final exit can end at chance. What main
+guarantees instead is that the run
 says so at build time: the 3-holder coverage group is stated in ``summary["byzantine"]``
 with how many of its holders may be attackers, and a warning is logged.
 
