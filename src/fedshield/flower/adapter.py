@@ -262,6 +262,12 @@ class FedshieldRule(FlowerFedAvg):
         round_offset: int = 0,
         **flower_kwargs: Any,
     ) -> None:
+        from fedshield.flower.metric_records import robust_metricrecords
+
+        # Client-reported metrics are untrusted: their median, not Flower's weighted mean.
+        for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
+            if flower_kwargs.get(key) is None:
+                flower_kwargs[key] = robust_metricrecords
         super().__init__(**flower_kwargs)
         from fedshield.plugins import load_plugins
 
@@ -617,8 +623,9 @@ class FedshieldRule(FlowerFedAvg):
     def _client_metrics(
         self, kept: list[ClientUpdate], by_node: dict[int, Message]
     ) -> dict[str, float]:
-        """The clients' own metrics (train loss, ...) through ``train_metrics_aggr_fn``,
-        weighted by the screened counts (1 each under uniform weighting)."""
+        """The clients' own metrics (train loss, ...) through ``train_metrics_aggr_fn``
+        (by default their median, :mod:`fedshield.flower.metric_records`), with the
+        screened counts (1 each under uniform weighting); a non-finite result is dropped."""
         contents = []
         for u in kept:
             records = list(by_node[u.client_id].content.metric_records.values())
@@ -638,4 +645,8 @@ class FedshieldRule(FlowerFedAvg):
         except Exception as err:  # clients disagree on their metric keys: report none
             log.warning("client metrics not aggregated (%s)", err)
             return {}
-        return {k: float(v) for k, v in out.items() if isinstance(v, int | float)}
+        return {
+            k: float(v)
+            for k, v in out.items()
+            if isinstance(v, int | float) and math.isfinite(float(v))
+        }

@@ -44,6 +44,7 @@ from fedshield.core.flat import (
     set_params,
     stack_rows,
 )
+from fedshield.core.client_metrics import robust_metric
 from fedshield.core.integrity import UploadSpec, finite_metric, is_dense
 from fedshield.core.seeds import ATTACK, BATCH, BYZ, ROOT, TORCH, sample_cohort
 from fedshield.data.bundle import TensorData
@@ -308,11 +309,11 @@ class Simulator:
         server, attack = self.comp.server, self.comp.attack
         metrics: dict[str, Any] = {"round": rnd, "byz/count": len(byz)}
         benign = [u for u in updates if u.client_id not in byz]
-        losses = [v for u in benign if (v := finite_metric(u, "train/loss")) is not None]
-        if losses:
-            metrics["train/loss"] = float(np.mean(losses))
-        elif any(_reported(u, "train/loss") for u in benign):
-            metrics["train/loss"] = float("nan")  # every honest loss diverged: say so
+        # Reported, so untrusted: the median over the reporters, NaN only when at least
+        # half of them diverged (fedshield.core.client_metrics), never a minority's inf.
+        loss = robust_metric(_reported(u, "train/loss") for u in benign)
+        if loss is not None:
+            metrics["train/loss"] = loss
         if byz and isinstance(attack, UpdateAttack) and apply_update_attack:
             self._apply_update_attack(plan, updates)
         n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
@@ -489,8 +490,9 @@ class Simulator:
         return summary
 
 
-def _reported(u: ClientUpdate, key: str) -> bool:
-    return isinstance(u.metrics, Mapping) and key in u.metrics
+def _reported(u: ClientUpdate, key: str) -> Any:
+    """What ``u`` reports for ``key`` (None: nothing, or metrics that are no mapping)."""
+    return u.metrics.get(key) if isinstance(u.metrics, Mapping) else None
 
 
 def _comm_bytes(u: ClientUpdate, default: int) -> int:
