@@ -108,3 +108,129 @@ def test_flower_native_strategy_takes_the_median_of_client_metrics():
     result = strategy.start(grid, start, num_rounds=1)
     # the median of (2, 3, 4, 1.7e308, 1.7e308): the largest honest value, not inf
     assert result.train_metrics_clientapp[1]["train_loss"] == 4.0
+
+
+# -- 8. state read back: one checker --------------------------------------------------------
+def _saved_run(tmp_path, server: str = "fedavg", aggregator: str = "centered_clipping"):
+    import tomli_w
+
+    from fedshield import config
+    from fedshield.runner import run
+
+    raw = fuzz.base_config(server, aggregator)
+    raw |= {"rounds": 2}
+    raw["eval"] = {"every": 1}
+    raw["checkpoint"] = {"every": 1}
+    path = tmp_path / "cfg.toml"
+    path.write_text(tomli_w.dumps(raw))
+    out = tmp_path / "run"
+    run(config.load(path), out)
+    return path, out
+
+
+def _resume_after(tmp_path, capsys, tamper, server="fedavg", aggregator="centered_clipping"):
+    from fedshield.cli import main
+
+    path, out = _saved_run(tmp_path, server, aggregator)
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    tamper(ckpt, out)
+    torch.save(ckpt, out / "checkpoint.pt")
+    (out / "summary.json").unlink(missing_ok=True)
+    code = main(["run", str(path), "--out", str(out), "--resume", "--set", "rounds=3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    return code, err
+
+
+def _theta_1e30(ckpt, out):
+    ckpt["state"]["params"] = torch.full_like(ckpt["state"]["params"], 1e30)
+
+
+@pytest.mark.parametrize("metrics", ["deleted", "edited"])
+def test_a_1e30_theta_is_refused_without_a_trustworthy_metrics_log(tmp_path, capsys, metrics):
+    """Issue #25.8: θ = 1e30 with metrics.jsonl deleted or its norms edited to match
+    resumed and diverged; the checkpoint now records its own norms."""
+
+    def tamper(ckpt, out):
+        _theta_1e30(ckpt, out)
+        log = out / "metrics.jsonl"
+        if metrics == "deleted":
+            log.unlink()
+        else:
+            import json
+
+            norm = float(ckpt["state"]["params"].double().norm())
+            rows = [json.loads(x) for x in log.read_text().splitlines()]
+            for r in rows:
+                r["sys/theta_norm"] = norm
+            log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    code, err = _resume_after(tmp_path, capsys, tamper)
+    assert code == 2 and len(err) == 1 and "state.params has norm" in err[0], err
+    assert "checkpoint.pt" in err[0]
+
+
+def test_an_old_checkpoint_without_norms_or_metrics_is_bounded(tmp_path, capsys):
+    def tamper(ckpt, out):
+        _theta_1e30(ckpt, out)
+        del ckpt["norms"]
+        (out / "metrics.jsonl").unlink()
+
+    code, err = _resume_after(tmp_path, capsys, tamper)
+    assert code == 2 and len(err) == 1 and "no run reaches such a state" in err[0], err
+
+
+def test_a_round_counter_beyond_the_runs_rounds_is_refused(tmp_path, capsys):
+    """Issue #25.8: ``round = 10^15`` resumed with exit 0 and ran no round."""
+
+    def tamper(ckpt, out):
+        ckpt["state"]["round"] = 10**15
+        ckpt["norms"]["round"] = 10**15
+
+    code, err = _resume_after(tmp_path, capsys, tamper)
+    assert code == 2 and len(err) == 1 and "state.round is 1000000000000000" in err[0], err
+    assert "2 rounds" in err[0]
+
+
+def test_a_later_state_key_of_the_wrong_shape_is_refused(tmp_path, capsys):
+    """DRAG's r appears after round 1; a wrong shape was waved through and froze every
+    round. It is now checked against DRAG's declaration (θ-shaped)."""
+
+    def tamper(ckpt, out):
+        ckpt["state"]["server_state"]["ref"] = torch.zeros(3)
+
+    code, err = _resume_after(tmp_path, capsys, tamper, "drag", "drag")
+    assert code == 2 and len(err) == 1 and "server_state['ref'] has shape (3,)" in err[0], err
+
+
+def test_an_undeclared_state_key_is_refused(tmp_path, capsys):
+    def tamper(ckpt, out):
+        ckpt["state"]["server_state"]["bogus"] = torch.zeros(3)
+
+    code, err = _resume_after(tmp_path, capsys, tamper)
+    assert code == 2 and len(err) == 1 and "'bogus'" in err[0], err
+
+
+def _server_names() -> list[str]:
+    from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+    return sorted(SERVER_ALGORITHMS.names())
+
+
+@pytest.mark.parametrize("server", _server_names())
+def test_every_server_state_key_a_round_creates_is_declared(server):
+    """The class, not the instances: after two rounds of every server algorithm, every
+    state key is in :meth:`ServerAlgorithm.state_spec` with its shape and dtype."""
+    from fedshield.core.state_check import check_table
+
+    pair = None
+    for agg in ("drag", "brdrag", "mean", "median"):
+        pair = fuzz.make_pair(server, agg)
+        if pair is not None:
+            break
+    if pair is None:
+        pytest.skip(f"{server}: no fuzz pair builds")
+    sim = pair.sim
+    sim.end_round(pair.plan, [fuzz._clone(u) for u in pair.honest], apply_update_attack=False)
+    sim.run_round(2)
+    spec = sim.comp.server.state_spec(sim.state.params)
+    check_table("state", sim.state.server_state, spec)

@@ -62,7 +62,7 @@ from fedshield.sim.outputs import (
     summarize,
     write_report,
 )
-from fedshield.sim.resume import check_resumed, state_norm, theta_norm
+from fedshield.sim.resume import check_resumed, checkpoint_norms, state_norm, theta_norm
 from fedshield.sim.rundir import check_run_dir
 from fedshield.sim.state import RoundPlan, RunState
 from fedshield.tracking import logger_callbacks
@@ -138,6 +138,8 @@ class Simulator:
                 self._spec.buffer_min,
                 self.comp.client.init_state(state.params.numel()),
                 known[-1] if known else None,
+                self.comp.server.state_spec(self.state.params),
+                saved.get("norms"),
             )
             self.state = state
             self.records = self.metrics.truncate_after(last)
@@ -470,6 +472,7 @@ class Simulator:
     def save(self) -> None:
         assert self.out is not None
         payload = {"version": 1, "config": self.config_text, "state": self.state.to_dict()}
+        payload["norms"] = checkpoint_norms(self.state)  # checked on resume (sim.resume)
         save_checkpoint(self.out / "checkpoint.pt", payload)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
