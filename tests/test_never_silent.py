@@ -234,3 +234,46 @@ def test_every_server_state_key_a_round_creates_is_declared(server):
     sim.run_round(2)
     spec = sim.comp.server.state_spec(sim.state.params)
     check_table("state", sim.state.server_state, spec)
+
+
+def test_a_meta_device_delta_is_a_screened_rejection():
+    """Issue #25.8: an in-process client's meta-device delta aborted the round."""
+    pair = fuzz.make_pair("fedavg", "median")
+
+    def edit(ups):
+        ups[0].delta = torch.empty_like(ups[0].delta, device="meta")
+        ups[1].buffers = torch.empty_like(ups[1].buffers, device="meta")
+
+    m = _replay(pair, edit)
+    assert m["sys/rejected/delta_device"] == 1 and m["sys/rejected/buffers_device"] == 1
+    assert bool(torch.isfinite(pair.sim.state.params).all())
+
+
+def _flower_resumed(strategy_fn, state):
+    from flwr.app import ArrayRecord
+
+    from fedshield.flower.local import LocalGrid
+
+    torch.manual_seed(0)
+    start = ArrayRecord(nn.Linear(3, 2).state_dict())
+    strategy = strategy_fn()
+    strategy.state = state
+    return strategy.start(LocalGrid(3, _flower_app(float)), start, num_rounds=1)
+
+
+def test_flower_strategy_state_is_scale_and_shape_checked_keys_created_later_included():
+    """Issue #25.8: FedACG resumed with m = 1e30 stepped θ by 1.8e31; DRAG's ``ref`` (a key
+    created after round 1) of a wrong shape was not checked and froze every round."""
+    pytest.importorskip("flwr")
+    from fedshield.errors import ConfigError
+    from fedshield.flower import strategies as S
+
+    d = 3 * 2 + 2
+    with pytest.raises(ConfigError, match=r"strategy.state\['m'\] has norm .* no run reaches"):
+        _flower_resumed(S.FedACG, {"m": torch.full((d,), 1e30)})
+    with pytest.raises(ConfigError, match=r"strategy.state\['ref'\] has shape \(3,\)"):
+        _flower_resumed(S.DRAG, {"ref": torch.zeros(3)})
+    with pytest.raises(ConfigError, match="has a key 'bogus'"):
+        _flower_resumed(S.FedACG, {"bogus": torch.zeros(d)})
+    result = _flower_resumed(S.FedACG, {"m": torch.full((d,), 0.01)})  # a sane state runs
+    assert 1 in result.train_metrics_clientapp

@@ -75,20 +75,21 @@ def check_tensor(
 def check_table(
     field: str,
     table: Any,
-    spec: Mapping[str, Tensor | None],
+    spec: Mapping[str, Tensor | None] | None,
     *,
     required: Iterable[str] = (),
     error: type[Exception] = DataError,
 ) -> dict[str, Tensor]:
     """``table`` when it maps names to tensors that :func:`check_tensor` accepts against
-    ``spec`` (None: any shape), holds every ``required`` key and no key ``spec`` lacks."""
+    ``spec`` (a key → None: any shape), holds every ``required`` key and no key ``spec``
+    lacks (``spec`` None: any name, any shape — a loader that checks the rest later)."""
     if not isinstance(table, Mapping):
         raise error(f"{field} is not a table of named tensors")
     for key, value in table.items():
-        if not isinstance(key, str) or key not in spec:
-            known = ", ".join(repr(k) for k in sorted(spec)) or "none"
+        if not isinstance(key, str) or (spec is not None and key not in spec):
+            known = ", ".join(repr(k) for k in sorted(spec or ())) or "none"
             raise error(f"{field} has a key {key!r} this run's state never holds (known: {known})")
-        check_tensor(f"{field}[{key!r}]", value, spec[key], error=error)
+        check_tensor(f"{field}[{key!r}]", value, None if spec is None else spec[key], error=error)
     missing = sorted(set(required) - set(table))
     if missing:
         raise error(f"{field} lacks {missing[0]!r}")

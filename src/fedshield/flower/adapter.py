@@ -81,6 +81,7 @@ from fedshield.core.flat import float_buffers
 from fedshield.core.integrity import FieldSpec, UploadSpec
 from fedshield.core.params import Params, parse_params
 from fedshield.core.seeds import ROOT, TORCH
+from fedshield.core.state_check import check_scale, check_table
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.flower.arrays import ModelLayout, RecordError, decode_tensor, encode_tensor
@@ -415,21 +416,17 @@ class FedshieldRule(FlowerFedAvg):
         return spec.shape == (layout.num_params,) and spec.dtype is None
 
     def _check_state(self, params: Tensor) -> None:
-        """A state set by the caller (a resumed run) is checked like an upload: the keys,
-        shapes and dtypes of the server algorithm's own initial state, finite values."""
-        want = self.server.init_state(params)
-        for key, value in self.state.items():
-            ref = want.get(key)
-            if not isinstance(value, Tensor):
-                raise ConfigError(f"strategy.state[{key!r}]: not a tensor")
-            if ref is not None and (value.shape != ref.shape or value.dtype != ref.dtype):
-                raise ConfigError(
-                    f"strategy.state[{key!r}]: shape {tuple(value.shape)} {value.dtype}, "
-                    f"expected {tuple(ref.shape)} {ref.dtype}"
-                )
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise ConfigError(f"strategy.state[{key!r}]: holds NaN/Inf values")
-        self.state = {k: v.to(self.device) for k, v in self.state.items()}
+        """A state set by the caller (a resumed run) is checked like an upload, by the one
+        state checker (:mod:`fedshield.core.state_check`): keys the server algorithm
+        declares (:meth:`ServerAlgorithm.state_spec`, keys created after round 1
+        included) with their shapes and dtypes, finite values, and θ-shaped state within
+        ``MAX_SCALE`` × ‖θ‖ (a FedACG momentum of 1e30 stepped θ by 1.8e31)."""
+        spec = self.server.state_spec(params)
+        state = check_table("strategy.state", self.state, spec, error=ConfigError)
+        for key, value in state.items():
+            if tuple(value.shape) == tuple(params.shape):
+                check_scale(f"strategy.state[{key!r}]", value, params, error=ConfigError)
+        self.state = {k: v.to(self.device) for k, v in state.items()}
 
     # -- configure ----------------------------------------------------------------------
     def _start_round(self, server_round: int, arrays: ArrayRecord, num_nodes: int) -> _Round:

@@ -29,6 +29,7 @@ from fedshield import config as config_mod
 from fedshield.algorithms.client import ClientContext
 from fedshield.algorithms.server.step import RoundStart, server_round_step
 from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack
+from fedshield.core.client_metrics import robust_metric
 from fedshield.core.context import (
     ClientUpdate,
     RoundContext,
@@ -44,7 +45,6 @@ from fedshield.core.flat import (
     set_params,
     stack_rows,
 )
-from fedshield.core.client_metrics import robust_metric
 from fedshield.core.integrity import UploadSpec, finite_metric, is_dense
 from fedshield.core.seeds import ATTACK, BATCH, BYZ, ROOT, TORCH, sample_cohort
 from fedshield.data.bundle import TensorData
@@ -136,7 +136,7 @@ class Simulator:
                 state,
                 self.state,
                 self._spec.buffer_min,
-                self.comp.client.init_state(state.params.numel()),
+                self.comp.client.state_spec(self.state.params),
                 known[-1] if known else None,
                 self.comp.server.state_spec(self.state.params),
                 saved.get("norms"),

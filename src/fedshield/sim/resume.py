@@ -55,7 +55,7 @@ def check_resumed(
     saved: Any,
     fresh: Any,
     buffer_min: Tensor | None,
-    client_init: Mapping[str, Tensor],
+    client_init: Mapping[str, Tensor | None],
     record: Mapping[str, Any] | None,
     server_spec: Mapping[str, Tensor | None] | None = None,
     norms: Mapping[str, Any] | None = None,
@@ -63,7 +63,7 @@ def check_resumed(
     """Raise :class:`DataError` when the loaded :class:`RunState` ``saved`` is not a state
     this run could have reached (see the module docstring), through the one checker
     :mod:`fedshield.core.state_check`. ``fresh``: the run's initial state; ``client_init``:
-    a client's initial state; ``record``: the metrics record of the checkpoint's last round
+    every key a client's state may hold (:meth:`ClientAlgorithm.state_spec`); ``record``: the metrics record of the checkpoint's last round
     (None before the first record); ``server_spec``: every key the server state may hold
     (:meth:`ServerAlgorithm.state_spec`; default: the fresh state's keys); ``norms``: the norms the checkpoint recorded of itself (None: an older file)."""
     where = f"{path}: state"

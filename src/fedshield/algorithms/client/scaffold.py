@@ -49,6 +49,8 @@ class ScaffoldClient(ClientAlgorithm):
     # the correction h − h_m still applies to it.
     fills_missing_grads = True
 
+    later_state: tuple[str, ...] = ("h",)
+
     def init_state(self, num_params: int) -> dict[str, Tensor]:
         return {}  # h_m = 0 until the first participation (allocated lazily)
 
