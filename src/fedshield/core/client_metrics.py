@@ -53,7 +53,9 @@ def robust_metric(values: Iterable[Any]) -> float | None:
     return med if math.isfinite(med) else math.nan
 
 
-def robust_metrics(reports: Sequence[Mapping[str, Any]], skip: Iterable[str] = ()) -> dict[str, float]:
+def robust_metrics(
+    reports: Sequence[Mapping[str, Any]], skip: Iterable[str] = ()
+) -> dict[str, float]:
     """Every key some report holds, through :func:`robust_metric` over the reports that
     hold it; keys in ``skip`` (the sample-count key) and keys with no real value are left
     out, and a key whose median is non-finite is left out too (the caller decides what a

@@ -66,9 +66,12 @@ def check_tensor(
         )
     if value.is_floating_point() and not bool(torch.isfinite(value).all()):
         raise error(f"{field} holds NaN/Inf values")
-    if low is not None and value.numel():
-        if not bool((value >= low.to(value.device, value.dtype)).all()):
-            raise error(f"{field} is out of range (below its lower bound, e.g. a negative variance)")
+    if (
+        low is not None
+        and value.numel()
+        and not bool((value >= low.to(value.device, value.dtype)).all())
+    ):
+        raise error(f"{field} is out of range (below its lower bound: a negative variance)")
     return value
 
 

@@ -62,10 +62,12 @@ def check_resumed(
 ) -> None:
     """Raise :class:`DataError` when the loaded :class:`RunState` ``saved`` is not a state
     this run could have reached (see the module docstring), through the one checker
-    :mod:`fedshield.core.state_check`. ``fresh``: the run's initial state; ``client_init``:
-    every key a client's state may hold (:meth:`ClientAlgorithm.state_spec`); ``record``: the metrics record of the checkpoint's last round
-    (None before the first record); ``server_spec``: every key the server state may hold
-    (:meth:`ServerAlgorithm.state_spec`; default: the fresh state's keys); ``norms``: the norms the checkpoint recorded of itself (None: an older file)."""
+    :mod:`fedshield.core.state_check`. ``fresh``: the run's initial state;
+    ``client_init``: every key a client's state may hold
+    (:meth:`ClientAlgorithm.state_spec`); ``record``: the metrics record of the
+    checkpoint's last round (None before the first record); ``server_spec``: every key the
+    server state may hold (:meth:`ServerAlgorithm.state_spec`; default: the fresh state's
+    keys); ``norms``: the norms the checkpoint recorded of itself (None: an older file)."""
     where = f"{path}: state"
     sc.check_tensor(f"{where}.params", saved.params, fresh.params)
     sc.check_tensor(f"{where}.buffers", saved.buffers, fresh.buffers, low=buffer_min)

@@ -145,7 +145,8 @@ class ClientAlgorithm:
     def state_spec(self, params: Tensor) -> dict[str, Tensor | None]:
         """Every key a client's state may hold, with a reference tensor (None: any shape):
         :meth:`init_state`'s and the θ-shaped :attr:`later_state` (θ: ``params``)."""
-        return {k: params for k in self.later_state} | self.init_state(params.numel())
+        spec: dict[str, Tensor | None] = {k: params for k in self.later_state}
+        return spec | self.init_state(params.numel())
 
     # -- the per-step pieces (both backends) -----------------------------------------
     def round_payload(self, payload: Payload, rnd: int) -> Payload:

@@ -104,7 +104,8 @@ class ServerAlgorithm:
         """Every key the state may ever hold, with a reference tensor of its shape and dtype
         (None: any shape, finite): :meth:`init_state`'s and the θ-shaped
         :attr:`later_state`. A key outside it in state read back is refused."""
-        return {k: params for k in self.later_state} | dict(self.init_state(params))
+        spec: dict[str, Tensor | None] = {k: params for k in self.later_state}
+        return spec | self.init_state(params)
 
     def weights(self, updates: list[ClientUpdate], like: Tensor) -> Tensor | None:
         """The rule's per-client weights: sample counts for rules defined with them (RFA,
