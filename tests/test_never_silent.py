@@ -84,9 +84,7 @@ def _flower_app(loss_of):
             for n, a in msg.content["arrays"].items()
         }
         metrics = {"num-examples": 1000 if k < 2 else 10, "train_loss": loss_of(k)}
-        content = RecordDict(
-            {"arrays": ArrayRecord(arrays), "metrics": MetricRecord(metrics)}
-        )
+        content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord(metrics)})
         return Message(content, reply_to=msg)
 
     return app
@@ -277,3 +275,113 @@ def test_flower_strategy_state_is_scale_and_shape_checked_keys_created_later_inc
         _flower_resumed(S.FedACG, {"bogus": torch.zeros(d)})
     result = _flower_resumed(S.FedACG, {"m": torch.full((d,), 0.01)})  # a sane state runs
     assert 1 in result.train_metrics_clientapp
+
+
+# -- 9. checked before data, in one line; a kill at any moment leaves a run to resume -----
+def _cfg_file(tmp_path, raw, name="c.toml") -> str:
+    import tomli_w
+
+    p = tmp_path / name
+    p.write_text(tomli_w.dumps(raw))
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    ("partition", "min_size", "expected"),
+    [
+        ("flwr_dirichlet", 400, "data.min_size=400 × data.num_clients=6 exceeds"),
+        ("flwr_iid", 400, "data.min_size=400 × data.num_clients=6 exceeds"),
+        ("flwr_linear", 100, "gives the smallest of data.num_clients=6 clients at most"),
+    ],
+)
+def test_flower_partitioners_check_min_size_before_data(
+    tmp_path, capsys, small_cfg, partition, min_size, expected
+):
+    """Issue #25.9: ``flwr_*`` partitioners skipped the min_size × clients check; the error
+    came after loading, under Flower's warnings, and spoke of "alpha"."""
+    pytest.importorskip("flwr_datasets")
+    from fedshield.testing.cli import one_line_error
+
+    small_cfg["data"] |= {"partition": partition, "min_size": min_size}
+    out = tmp_path / "o"
+    argv = ["run", _cfg_file(tmp_path, small_cfg), "--out", str(out)]
+    line = one_line_error(capsys, argv, expected)
+    assert "alpha" not in line and not out.exists()  # before any work
+
+
+def test_an_evaluator_that_cannot_run_is_refused_before_training(tmp_path, capsys, small_cfg):
+    """Issue #25.9: AutoAttack on 2 classes was refused only after the whole run trained."""
+    from fedshield.testing.cli import one_line_error
+
+    small_cfg["data"] = {
+        "dataset": "synthetic",
+        "params": {"num_classes": 2},
+        "num_clients": 4,
+        "partition": "iid",
+    }
+    small_cfg["eval"] |= {"metrics": ["robust"]}
+    out = tmp_path / "o"
+    argv = ["run", _cfg_file(tmp_path, small_cfg), "--out", str(out)]
+    one_line_error(capsys, argv, "eval.params.robust.autoattack", "needs >= 4 classes", "has 2")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("path", ["./no_such_folder", "~/no_such_folder_xyz", "{tmp}/gone"])
+def test_a_missing_hf_folder_is_an_error_naming_it(tmp_path, capsys, small_cfg, path):
+    """Issue #25.9: ``hf:<missing folder>`` was taken for a Hub name."""
+    from fedshield.testing.cli import one_line_error
+
+    path = path.format(tmp=tmp_path)
+    small_cfg["data"] |= {"dataset": f"hf:{path}"}
+    argv = ["run", _cfg_file(tmp_path, small_cfg), "--out", str(tmp_path / "o")]
+    one_line_error(capsys, argv, "no folder", path.lstrip("./~").split("/")[-1], "Hub name")
+
+
+def test_an_empty_config_path_is_a_clear_error(capsys):
+    from fedshield.testing.cli import one_line_error
+
+    line = one_line_error(capsys, ["run", ""], "config path is empty")
+    assert "is a directory" not in line
+
+
+def test_a_kill_during_start_up_leaves_a_run_that_resume_continues(
+    tmp_path, capsys, small_cfg, monkeypatch
+):
+    """Issue #25.9: most random kills landed during start-up (loading data), and
+    ``--resume`` then said "no run to resume"."""
+    import json
+
+    from fedshield.cli import main
+    from fedshield.sim import builder
+
+    class Killed(BaseException):
+        pass
+
+    def killed(*a, **k):
+        raise Killed
+
+    path, out = _cfg_file(tmp_path, small_cfg), tmp_path / "o"
+    with monkeypatch.context() as m:
+        m.setattr(builder, "build", killed)
+        with pytest.raises(Killed):
+            main(["run", path, "--out", str(out), "-q"])
+    assert (out / "config.toml").exists() and not (out / "metrics.jsonl").exists()
+    assert main(["run", path, "--out", str(out), "--resume", "-q"]) == 0
+    rounds = [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [1, 2, 3, 4]
+    capsys.readouterr()
+    nothing = tmp_path / "never"
+    assert main(["run", path, "--out", str(nothing), "--resume"]) == 2
+    assert "nothing was started" in capsys.readouterr().err
+
+
+def test_resume_of_a_finished_run_says_so_without_a_progress_bar(tmp_path, capsys, small_cfg):
+    from fedshield.cli import main
+
+    path, out = _cfg_file(tmp_path, small_cfg), tmp_path / "o"
+    assert main(["run", path, "--out", str(out), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["run", path, "--out", str(out), "--resume"]) == 0
+    got = capsys.readouterr()
+    text = got.out + got.err
+    assert "already finished (4 rounds)" in text and "0/4" not in text

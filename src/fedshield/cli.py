@@ -51,17 +51,21 @@ def check_set_keys(items: list[str]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
     from fedshield.runner import check_inputs, check_out_dir
+    from fedshield.sim.rundir import finished, started
 
     check_set_keys(args.set or [])
+    if args.config is not None and not args.config.strip():
+        raise ConfigError("the config path is empty; give an experiment TOML file or --preset")
     if args.config is not None and Path(args.config).is_dir():
         raise ConfigError(f"{args.config}: is a directory; give an experiment TOML file")
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
     target = _out_dir(args.out, cfg.name, args.resume)
     check_out_dir(target, "--out" if args.out else None)
-    if args.resume and not (
-        (target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()
-    ):
-        raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
+    if args.resume and not started(target):
+        raise FedshieldError(
+            f"--resume: no run to resume in {target}: nothing was started there (no "
+            "config.toml, metrics.jsonl or checkpoint.pt); run it without --resume"
+        )
     # Components first (schemas, sizes), then the run directory (a run already there, a
     # corrupt or different checkpoint), which writes the config back: errors before data.
     check_inputs(cfg, target, args.resume)
@@ -74,7 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = _out_dir(args.out, cfg.name, args.resume)
         quiet = args.quiet or not cfg.run.progress
         verbose = getattr(args, "verbose", False)
-        with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=not quiet) as bar:
+        done = args.resume and finished(out, cfg.rounds)  # nothing to train: no 0/N bar
+        show = not (quiet or done)
+        with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=show) as bar:
             summary = run_simulation(
                 cfg, out, args.resume, on_round=bar.on_round, quiet=quiet, verbose=verbose
             )

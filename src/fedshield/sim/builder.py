@@ -144,6 +144,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     loaded: names (did-you-mean), nested parameters, compatibility, device."""
     from fedshield.data import PARTITIONERS, dataset_info
     from fedshield.eval import EVALUATORS
+    from fedshield.eval.base import check_evaluators
     from fedshield.models import model_tags
     from fedshield.models.base import meta_model
     from fedshield.registry import tags_of
@@ -168,6 +169,8 @@ def build_components(cfg: ExperimentConfig) -> Components:
     unknown = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
     if unknown:
         raise ConfigError(f"eval.params.{unknown[0]}: no such evaluator in eval.metrics")
+    if info.num_classes is not None:  # else after loading, in build()
+        check_evaluators(cfg.eval.metrics, cfg.eval.params, info.num_classes)
     spec = LocalSpec(
         lr=c.lr,
         batch_size=c.batch_size,
@@ -306,6 +309,9 @@ def build(cfg: ExperimentConfig, components: Components | None = None) -> Experi
     model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params)
     model.to(device)
     check_coverage(cfg, components, model, clients, bundle.num_classes)
+    from fedshield.eval.base import check_evaluators
+
+    check_evaluators(cfg.eval.metrics, cfg.eval.params, bundle.num_classes)
     exp = Experiment(
         cfg=cfg,
         components=components,
