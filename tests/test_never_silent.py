@@ -385,3 +385,58 @@ def test_resume_of_a_finished_run_says_so_without_a_progress_bar(tmp_path, capsy
     got = capsys.readouterr()
     text = got.out + got.err
     assert "already finished (4 rounds)" in text and "0/4" not in text
+
+
+# -- 10. discoverability ---------------------------------------------------------------------
+def test_fedshield_list_shows_every_registry(capsys):
+    """Issue #25.10: ``fedshield list`` had no pre-aggregators kind although the README says
+    it lists every registry; now every Registry ever created is one of its kinds."""
+    import fedshield.flower.strategies  # noqa: F401  (every module that may register)
+    import fedshield.preaggregators  # noqa: F401
+    from fedshield.cli import LIST_KINDS, _registries, main
+    from fedshield.registry import Registry
+
+    listed = {id(r) for r in _registries().values()}
+    missing = [r.kind for r in Registry.instances if id(r) not in listed]
+    assert not missing, missing
+    assert set(_registries()) <= set(LIST_KINDS)
+    assert main(["list", "pre-aggregators"]) == 0
+    out = capsys.readouterr().out
+    assert "nnm" in out and "bucketing" in out
+
+
+def test_verbose_help_of_list_and_report_does_not_promise_round_events(capsys):
+    from fedshield.cli import build_parser
+
+    for cmd in ("list", "report"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([cmd, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "round-level events (rejected" not in text and "no effect here" in text
+
+
+def test_flwr_dirichlet_says_what_it_equals():
+    """Issue #25.10: it equals Flower's DirichletPartitioner only with fedshield's shuffle
+    and derived seed, said only in a docstring; `fedshield list` shows the entry's help."""
+    from fedshield.data import PARTITIONERS
+
+    entry = PARTITIONERS.entry("flwr_dirichlet")
+    assert "shuffled by fedshield's partition stream" in entry.help
+    assert "derived" in entry.schema.model_fields["beta"].description
+
+
+def test_eval_metrics_empty_alone_works_on_an_eevit_preset(caplog):
+    """Issue #25.10: on eevit presets ``eval.metrics = []`` also needed ``eval.params = {}``."""
+    from fedshield import config
+    from fedshield.errors import ConfigError
+    from fedshield.sim.builder import build_components
+
+    cfg = config.load(preset="eevit-digits-cpu", overrides=["eval.metrics=[]"])
+    assert cfg.eval.params  # the preset's parameters are still there
+    logging.disable(logging.NOTSET)
+    with caplog.at_level(logging.WARNING, logger="fedshield"):
+        build_components(cfg)
+    assert "is ignored" in caplog.text
+    typo = config.load(preset="eevit-digits-cpu", overrides=["eval.params.routng={}"])
+    with pytest.raises(ConfigError, match="routng"):
+        build_components(typo)

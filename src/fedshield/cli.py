@@ -173,6 +173,7 @@ LIST_KINDS = (
     "partitioners",
     "models",
     "aggregators",
+    "pre-aggregators",
     "attacks",
     "client-algorithms",
     "server-algorithms",
@@ -191,6 +192,7 @@ def _registries() -> dict[str, Any]:
     from fedshield.data import DATASETS, PARTITIONERS
     from fedshield.eval import EVALUATORS
     from fedshield.models import MODELS
+    from fedshield.preaggregators.base import PRE_AGGREGATORS
     from fedshield.routing import POLICIES
     from fedshield.sim.builder import load_plugins
 
@@ -200,6 +202,7 @@ def _registries() -> dict[str, Any]:
         "partitioners": PARTITIONERS,
         "models": MODELS,
         "aggregators": AGGREGATORS,
+        "pre-aggregators": PRE_AGGREGATORS,
         "attacks": ATTACKS,
         "client-algorithms": CLIENT_ALGORITHMS,
         "server-algorithms": SERVER_ALGORITHMS,
@@ -394,16 +397,26 @@ def _source_arguments(
     p.add_argument("--resume", action="store_true", help=resume_help)
 
 
+def _verbose_parent(help: str) -> argparse.ArgumentParser:
+    """``-v`` after the subcommand (``fedshield run -v``), with the subcommand's own help;
+    SUPPRESS keeps a ``-v`` given before it."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=help
+    )
+    return parent
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedshield", description=__doc__.splitlines()[0])
-    p.add_argument("-v", "--verbose", action="store_true", help="log round-level events")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="log round-level events (run, sweep)"
+    )
     # -v is also accepted after the subcommand (`fedshield run -v`); SUPPRESS keeps a -v
     # given before it.
-    verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-        help="log round-level events (rejected uploads, resumes, degraded rules)",
-    )  # fmt: skip
+    verbose = _verbose_parent("log round-level events (rejected uploads, resumes, degraded rules)")
+    # list and report run no rounds: -v is accepted there but has nothing more to log.
+    quiet_verbose = _verbose_parent("accepted, no effect here (run and sweep log round events)")
     sub = p.add_subparsers(dest="command")
 
     r = sub.add_parser(
@@ -425,7 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
 
-    ls = sub.add_parser("list", parents=[verbose], help="list presets and registered components")
+    ls = sub.add_parser(
+        "list", parents=[quiet_verbose], help="list presets and registered components"
+    )
     ls.add_argument(
         "kind", nargs="?", choices=LIST_KINDS, metavar="KIND",
         help=f"only this kind: {', '.join(LIST_KINDS)} (default: all)",
@@ -433,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_list)
 
     rep = sub.add_parser(
-        "report", parents=[verbose],
+        "report", parents=[quiet_verbose],
         help="compare runs: a table and overlaid accuracy curves",
     )  # fmt: skip
     rep.add_argument("dirs", nargs="+", help="run directories (each with a metrics.jsonl)")

@@ -87,7 +87,15 @@ def _needs_flwr(
 
 
 class FlwrDirichletParams(Params):
-    beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration α (data.beta)")
+    """Flower's DirichletPartitioner parameters, read from ``[data]``; the rows it sees are
+    shuffled, and its ``seed`` derived, by fedshield's partition stream (the run's seed)."""
+
+    beta: float = Field(
+        0.5,
+        gt=0.0,
+        description="Dirichlet concentration α (data.beta); Flower's seed is derived from "
+        "the run's partition stream, its rows shuffled by it",
+    )
     min_size: int = Field(
         1,
         ge=0,
@@ -108,7 +116,10 @@ def flwr_iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> 
 def flwr_dirichlet(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, beta: float, min_size: int
 ) -> list[np.ndarray]:
-    """Flower Datasets' DirichletPartitioner: a Dir(α) share of every class per client."""
+    """Flower Datasets' DirichletPartitioner (a Dir(α) share of every class per client),
+    run on the training rows shuffled by fedshield's partition stream and seeded from that
+    stream: it equals Flower's own output for those rows in that order with that seed, not
+    ``DirichletPartitioner(seed=run seed)`` on the dataset as stored."""
 
     def make(p: Any, seed: int) -> Any:
         return p.DirichletPartitioner(

@@ -115,15 +115,17 @@ class AttackerMod:
         rewritten_by_strategy: bool = False,
     ) -> None:
         self.attack = _build(attack, params)
-        if isinstance(self.attack, UpdateAttack) and not local_update_attack(self.attack):
-            if not rewritten_by_strategy:  # the mod alone would only mark replies: nothing
-                name = attack if isinstance(attack, str) else type(self.attack).__name__
-                raise ConfigError(
-                    f"attacker_mod({name!r}): this attack needs the other clients' updates "
-                    f"(or the server's rule), which a client mod never sees; the mod only "
-                    f"marks its nodes' replies for AttackedStrategy(your_strategy, {name!r}) "
-                    f"on the server. Wrap your strategy and pass rewritten_by_strategy=True"
-                )
+        strategy_side = isinstance(self.attack, UpdateAttack) and not local_update_attack(
+            self.attack
+        )  # read off the attack's declaration (fedshield.flower.byzantine)
+        if strategy_side and not rewritten_by_strategy:  # alone the mod would only mark
+            name = attack if isinstance(attack, str) else type(self.attack).__name__
+            raise ConfigError(
+                f"attacker_mod({name!r}): this attack needs the other clients' updates "
+                f"(or the server's rule), which a client mod never sees; the mod only "
+                f"marks its nodes' replies for AttackedStrategy(your_strategy, {name!r}) "
+                f"on the server. Wrap your strategy and pass rewritten_by_strategy=True"
+            )
         self.nodes = frozenset(int(n) for n in nodes)
         self.arrays_key = arrays_key
         self.seed = seed

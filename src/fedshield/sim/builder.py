@@ -166,9 +166,10 @@ def build_components(cfg: ExperimentConfig) -> Components:
     for name in cfg.eval.metrics:
         entries[name] = EVALUATORS.entry(name, "eval.metrics")
         entries[name].parse(cfg.eval.params.get(name, {}), f"eval.params.{name}")
-    unknown = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
-    if unknown:
-        raise ConfigError(f"eval.params.{unknown[0]}: no such evaluator in eval.metrics")
+    unlisted = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
+    for name in unlisted:  # a preset's params stay when eval.metrics drops the evaluator
+        EVALUATORS.entry(name, f"eval.params.{name}")  # a typo is still refused
+        log.warning("eval.params.%s is ignored: %r is not in eval.metrics", name, name)
     if info.num_classes is not None:  # else after loading, in build()
         check_evaluators(cfg.eval.metrics, cfg.eval.params, info.num_classes)
     spec = LocalSpec(
