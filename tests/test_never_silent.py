@@ -391,7 +391,7 @@ def test_resume_of_a_finished_run_says_so_without_a_progress_bar(tmp_path, capsy
 def test_fedshield_list_shows_every_registry(capsys):
     """Issue #25.10: ``fedshield list`` had no pre-aggregators kind although the README says
     it lists every registry; now every Registry ever created is one of its kinds."""
-    import fedshield.flower.strategies  # noqa: F401  (every module that may register)
+    import fedshield.flower.strategies
     import fedshield.preaggregators  # noqa: F401
     from fedshield.cli import LIST_KINDS, _registries, main
     from fedshield.registry import Registry
