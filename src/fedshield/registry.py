@@ -24,7 +24,7 @@ import difflib
 import inspect
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from fedshield.core.params import NoParams, Params, parse_params, schema_from_signature
 from fedshield.errors import ConfigError
@@ -155,14 +155,10 @@ class Registry(Generic[T]):
     """``context``: the factory arguments the caller supplies itself (a model's input shape,
     an evaluator's model), left out of a schema derived from the signature."""
 
-    #: Every registry created (``fedshield list`` must show each: tests/test_never_silent.py)
-    instances: ClassVar[list[Registry[Any]]] = []
-
     def __init__(self, kind: str, context: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.context = context
         self._entries: dict[str, Entry[T]] = {}
-        Registry.instances.append(self)
 
     def register(
         self,
