@@ -216,8 +216,10 @@ def _server_names() -> list[str]:
 
 @pytest.mark.parametrize("server", _server_names())
 def test_every_server_state_key_a_round_creates_is_declared(server):
-    """The class, not the instances: after two rounds of every server algorithm, every
-    state key is in :meth:`ServerAlgorithm.state_spec` with its shape and dtype."""
+    """The class, not the instances: after two rounds of every server algorithm (with the
+    client part it needs), every server- and client-state key is declared
+    (:meth:`ServerAlgorithm.state_spec`, :meth:`ClientAlgorithm.state_spec`) with its
+    shape and dtype."""
     from fedshield.core.state_check import check_table
 
     pair = None
@@ -232,6 +234,9 @@ def test_every_server_state_key_a_round_creates_is_declared(server):
     sim.run_round(2)
     spec = sim.comp.server.state_spec(sim.state.params)
     check_table("state", sim.state.server_state, spec)
+    client_spec = sim.comp.client.state_spec(sim.state.params)  # SCAFFOLD's h_m, FedDyn's
+    for k, table in sim.state.client_states.items():
+        check_table(f"client {k}", table, client_spec)
 
 
 def test_a_meta_device_delta_is_a_screened_rejection():
