@@ -116,10 +116,11 @@ def flwr_iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> 
 def flwr_dirichlet(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, beta: float, min_size: int
 ) -> list[np.ndarray]:
-    """Flower Datasets' DirichletPartitioner (a Dir(α) share of every class per client),
-    run on the training rows shuffled by fedshield's partition stream and seeded from that
-    stream: it equals Flower's own output for those rows in that order with that seed, not
-    ``DirichletPartitioner(seed=run seed)`` on the dataset as stored."""
+    """Flower Datasets' DirichletPartitioner on rows shuffled by fedshield's partition
+    stream, seeded from it: Flower's own output only with that shuffle and seed.
+
+    A Dir(α) share of every class per client. ``DirichletPartitioner(seed=<run seed>)`` on
+    the dataset as stored gives another partition."""
 
     def make(p: Any, seed: int) -> Any:
         return p.DirichletPartitioner(
