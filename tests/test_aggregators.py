@@ -50,6 +50,7 @@ def test_registry_lists_every_rule() -> None:
     expected = {
         "mean", "drag", "brdrag", "fltrust", "geomed", "rfa", "raga", "krum", "multikrum",
         "median", "trimmed_mean", "centered_clipping", "norm_clip", "bulyan",
+        "mda", "monna", "meamed", "caf", "smea",
     }  # fmt: skip
     assert set(ALL) == expected
     assert set(ROBUST) == expected - {"mean", "drag"}

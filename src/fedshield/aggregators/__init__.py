@@ -36,6 +36,16 @@ centered_clipping   Centered Clipping (Karimireddy 2021); centre =  robust, need
 norm_clip           clip each update to norm τ, weighted mean       robust, uses_weights
 bulyan              Bulyan with Krum (El Mhamdi 2018), S ≥ 4f + 3   robust, reference_free,
                                                                     min_clients
+mda                 Minimum Diameter Averaging (El Mhamdi 2020),    robust, reference_free,
+                    exact search, 2f < S                            min_clients
+meamed              mean around the median (Xie 2018), 2f < S       robust, reference_free,
+                                                                    min_clients
+monna               MoNNA (Farhadkhani 2023): mean of the S − f     robust, needs_reference,
+                    rows nearest to the root-data reference r       min_clients
+caf                 covariance-bound agnostic filter (Allouah       robust, reference_free,
+                    2025), 2f < S                                   min_clients
+smea                smallest max-eigenvalue averaging (Allouah      robust, reference_free,
+                    2023), 2f < S                                   min_clients
 ==================  ==============================================  ==========================
 """
 

@@ -189,9 +189,66 @@ class NormClip(FedshieldRule):
         super().__init__(aggregator="norm_clip", aggregator_args=_given(tau=tau), **kwargs)
 
 
+class MDA(FedshieldRule):
+    """Minimum Diameter Averaging (El Mhamdi et al. 2020): the mean of the S − f closest-knit
+    updates."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="mda", aggregator_args=_given(f=f), **kwargs)
+
+
+class MeaMed(FedshieldRule):
+    """MeaMed (Xie et al. 2018): per coordinate, the mean of the S − f values closest to the
+    median."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="meamed", aggregator_args=_given(f=f), **kwargs)
+
+
+class MoNNA(FedshieldRule):
+    """MoNNA (Farhadkhani et al. 2023): the mean of the S − f updates nearest to the server's
+    root-data update (``root_data``, as FLTrust)."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="monna", aggregator_args=_given(f=f), **kwargs)
+
+
+class CAF(FedshieldRule):
+    """CAF (Allouah et al. 2025): the covariance-bound agnostic filter."""
+
+    def __init__(
+        self,
+        f: int | None = None,
+        power_iters: int | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        args = _given(f=f, power_iters=power_iters, seed=seed)
+        super().__init__(aggregator="caf", aggregator_args=args, **kwargs)
+
+
+class SMEA(FedshieldRule):
+    """SMEA (Allouah et al. 2023): the mean of the S − f updates whose covariance has the
+    smallest top eigenvalue."""
+
+    def __init__(
+        self,
+        f: int | None = None,
+        power_iters: int | None = None,
+        seed: int | None = None,
+        max_subsets: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        args = _given(f=f, power_iters=power_iters, seed=seed, max_subsets=max_subsets)
+        super().__init__(aggregator="smea", aggregator_args=args, **kwargs)
+
+
 __all__ = [
     "BRDRAG",
+    "CAF",
     "DRAG",
+    "MDA",
+    "SMEA",
     "RAGA",
     "RFA",
     "SCAFFOLD",
@@ -205,7 +262,9 @@ __all__ = [
     "FedshieldRule",
     "GeoMed",
     "Krum",
+    "MeaMed",
     "Median",
+    "MoNNA",
     "MultiKrum",
     "NormClip",
     "RootTrainParams",
