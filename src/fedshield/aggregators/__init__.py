@@ -46,6 +46,16 @@ caf                 covariance-bound agnostic filter (Allouah       robust, refe
                     2025), 2f < S                                   min_clients
 smea                smallest max-eigenvalue averaging (Allouah      robust, reference_free,
                     2023), 2f < S                                   min_clients
+dnc                 Divide-and-Conquer (Shejwalkar 2021): SVD       robust, reference_free,
+                    outlier scores on random coordinates, 2f < S    min_clients
+signguard           SignGuard (Xu 2022): norm filter + sign         robust, reference_free
+                    clustering, clipped mean
+clippedclustering   Clipped Clustering (Li 2023): clip to the       robust
+                    median norm history, larger cosine cluster
+rlr                 robust learning rate (Ozdayi 2021): mean,       uses_weights,
+                    negated where sign agreement < θ                reference_free
+flame               FLAME (Nguyen 2022): HDBSCAN on cosines, clip   robust, reference_free
+                    to the median norm, noise λ·S_t
 ==================  ==============================================  ==========================
 """
 

@@ -243,17 +243,75 @@ class SMEA(FedshieldRule):
         super().__init__(aggregator="smea", aggregator_args=args, **kwargs)
 
 
+class DnC(FedshieldRule):
+    """DnC (Shejwalkar & Houmansadr 2021): drop the outliers along the top singular direction
+    of random coordinate subsets, average the rest."""
+
+    def __init__(
+        self,
+        f: int | None = None,
+        niters: int | None = None,
+        sub_dim: int | None = None,
+        c: float | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        args = _given(f=f, niters=niters, sub_dim=sub_dim, c=c, seed=seed)
+        super().__init__(aggregator="dnc", aggregator_args=args, **kwargs)
+
+
+class SignGuard(FedshieldRule):
+    """SignGuard (Xu et al. 2022): norm filter and sign-statistics clustering, then the mean
+    clipped to the median norm."""
+
+    def __init__(
+        self, lower: float | None = None, upper: float | None = None, **kwargs: Any
+    ) -> None:
+        args = _given(lower=lower, upper=upper)
+        super().__init__(aggregator="signguard", aggregator_args=args, **kwargs)
+
+
+class ClippedClustering(FedshieldRule):
+    """Clipped Clustering (Li et al. 2023): clip to the median of the norm history, keep the
+    larger of two cosine clusters."""
+
+    def __init__(self, max_tau: float | None = None, **kwargs: Any) -> None:
+        args = _given(max_tau=max_tau)
+        super().__init__(aggregator="clippedclustering", aggregator_args=args, **kwargs)
+
+
+class RLR(FedshieldRule):
+    """Robust learning rate (Ozdayi et al. 2021): the mean, negated where fewer than θ
+    clients agree on the sign."""
+
+    def __init__(self, theta: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="rlr", aggregator_args=_given(theta=theta), **kwargs)
+
+
+class FLAME(FedshieldRule):
+    """FLAME (Nguyen et al. 2022): HDBSCAN on cosine distances, clip to the median norm, add
+    Gaussian noise."""
+
+    def __init__(self, noise: float | None = None, seed: int | None = None, **kwargs: Any):
+        args = _given(noise=noise, seed=seed)
+        super().__init__(aggregator="flame", aggregator_args=args, **kwargs)
+
+
 __all__ = [
     "BRDRAG",
     "CAF",
     "DRAG",
+    "FLAME",
     "MDA",
+    "RLR",
     "SMEA",
     "RAGA",
     "RFA",
     "SCAFFOLD",
     "Bulyan",
     "CenteredClipping",
+    "ClippedClustering",
+    "DnC",
     "FLTrust",
     "FedACG",
     "FedCART",
@@ -268,5 +326,6 @@ __all__ = [
     "MultiKrum",
     "NormClip",
     "RootTrainParams",
+    "SignGuard",
     "TrimmedMean",
 ]
