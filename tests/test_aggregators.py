@@ -51,10 +51,10 @@ def test_registry_lists_every_rule() -> None:
         "mean", "drag", "brdrag", "fltrust", "geomed", "rfa", "raga", "krum", "multikrum",
         "median", "trimmed_mean", "centered_clipping", "norm_clip", "bulyan",
         "mda", "monna", "meamed", "caf", "smea",
-        "dnc", "signguard", "clippedclustering", "rlr", "flame",
+        "dnc", "signguard", "clippedclustering", "rlr", "flame", "foolsgold",
     }  # fmt: skip
     assert set(ALL) == expected
-    assert set(ROBUST) == expected - {"mean", "drag", "rlr"}
+    assert set(ROBUST) == expected - {"mean", "drag", "rlr", "foolsgold"}
     assert agg.AGGREGATORS.package_names() == ALL
     assert agg.build("krum", f=2)(torch.randn(10, 4)).shape == (4,)
 

@@ -117,6 +117,27 @@ def test_flame_drops_the_colluding_cluster_clips_and_adds_its_noise() -> None:
                               noisy - quiet)  # fresh noise for other rows  # fmt: skip
 
 
+def test_foolsgold_gives_sybils_with_identical_updates_weight_zero() -> None:
+    gen = torch.Generator().manual_seed(9)
+    h = honest_rows(10, 500) - 1.0 + 0.2  # honest clients: their own directions
+    sybil = torch.randn(500, generator=gen, dtype=torch.float64) * 2.0
+    x = torch.cat([sybil.expand(4, -1), h])
+    out, diag = agg.build("foolsgold").aggregate(x)
+    assert diag["agg/num_zero_weight"] == 4
+    # the honest rows are about equally unlike each other: the logit saturates at 1
+    torch.testing.assert_close(out, h.mean(0))
+    # pardoning: a client merely similar to one sybil keeps a positive weight
+    from fedshield.aggregators._cluster import FiniteRows
+    from fedshield.aggregators.foolsgold import foolsgold_weights
+
+    own = honest_rows(1, 500, seed=5)[0] - 0.8
+    y = torch.cat([x, (0.2 * sybil + own)[None]])  # cos ≈ 0.6 to the sybils
+    alpha = foolsgold_weights(FiniteRows("t", y).cosine_distances())
+    assert bool((alpha[:4] == 0).all()) and float(alpha[-1]) > 0
+    # every row identical (consensus): α is rescaled by its max, every row weighs alike
+    torch.testing.assert_close(agg.build("foolsgold")(sybil.expand(5, -1)), sybil)
+
+
 def _attacked(kind: str, h: torch.Tensor, f: int) -> torch.Tensor:
     if kind == "sign_flip":
         bad = -4.0 * h[:f]

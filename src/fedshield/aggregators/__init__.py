@@ -56,6 +56,8 @@ rlr                 robust learning rate (Ozdayi 2021): mean,       uses_weights
                     negated where sign agreement < θ                reference_free
 flame               FLAME (Nguyen 2022): HDBSCAN on cosines, clip   robust, reference_free
                     to the median norm, noise λ·S_t
+foolsgold           FoolsGold (Fung 2020) on the round's updates:   reference_free
+                    weights from max cosine, pardoned, logit
 ==================  ==============================================  ==========================
 """
 

@@ -297,11 +297,20 @@ class FLAME(FedshieldRule):
         super().__init__(aggregator="flame", aggregator_args=args, **kwargs)
 
 
+class FoolsGold(FedshieldRule):
+    """FoolsGold (Fung et al. 2020): every update weighted down by its largest cosine
+    similarity to another, on the round's updates."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(aggregator="foolsgold", **kwargs)
+
+
 __all__ = [
     "BRDRAG",
     "CAF",
     "DRAG",
     "FLAME",
+    "FoolsGold",
     "MDA",
     "RLR",
     "SMEA",
