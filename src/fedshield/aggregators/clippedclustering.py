@@ -4,7 +4,10 @@ IEEE Transactions on Big Data, 2023):
 
 1. **Clip**: τ = min(median of every row norm seen so far, ``max_tau``); rows longer than τ
    are scaled to norm τ. The history of norms is the rule instance's state (Blades keeps it
-   the same way): it is not checkpointed, so a resumed run starts it again.
+   the same way): it is not checkpointed, so a resumed run starts it again. It is kept per
+   row width d: with coverage masks the round step calls the rule once per coverage group,
+   and norms over other columns have another scale (mixed in one history, a round-loop fuzz
+   case with masks took a step 6·10⁴ times its bound; kept apart, none does).
 2. **Cluster**: agglomerative clustering (average linkage) into 2 clusters on the cosine
    distances 1 − cos(x_i, x_j) (sklearn, precomputed distances).
 3. **Aggregate**: the mean of the clipped rows of the larger cluster (ties: the cluster
@@ -58,15 +61,16 @@ class ClippedClustering(Aggregator):
 
     def __init__(self, max_tau: float = 1e5) -> None:
         self._configure(max_tau=max_tau)
-        self._history: list[float] = []
+        self._history: dict[int, list[float]] = {}
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         fr = FiniteRows("clippedclustering", updates)
-        self._history.extend(fr.norms.tolist())
-        tau = min(float(np.median(self._history)), self.max_tau)
+        seen = self._history.setdefault(updates.shape[1], [])
+        seen.extend(fr.norms.tolist())
+        tau = min(float(np.median(seen)), self.max_tau)
         chosen = larger_of_two_clusters(fr.cosine_distances())
         out = fr.clipped_mean(chosen, tau)
         return out, {
