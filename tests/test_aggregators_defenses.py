@@ -164,3 +164,23 @@ def test_new_defenses_stay_near_the_honest_mean_under_simple_attacks(name: str, 
     err = float((out - target).norm())
     assert err < 0.5 * float(target.norm()), (name, kind, err)
     assert err < 0.5 * float((x.mean(0) - target).norm()), (name, kind, err)
+
+
+BALL = ["mda", "monna", "caf", "smea", "dnc", "signguard", "clippedclustering", "flame",
+        "foolsgold", "rlr"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", BALL)
+def test_central_dp_sensitivity_is_the_ball_of_the_clip(name: str) -> None:
+    """[privacy.central] clips rows to C: these rules' aggregates stay in the ball of radius
+    C (convex combinations of rows, or RLR's mean with coordinates negated), so Δ₂ = 2C."""
+    from fedshield.privacy.sensitivity import sensitivity
+
+    c = 2.0
+    for seed in range(5):
+        x = honest_rows(11, 40, seed) * torch.rand(11, 1, dtype=torch.float64) * 3
+        x = x * (c / x.norm(dim=1)).clamp(max=1.0)[:, None]
+        rule = agg.build(name, noise=0.0) if name == "flame" else agg.build(name)
+        out = rule(x, reference=x[0] if rule.needs_reference else None)
+        assert float(out.norm()) <= c * (1 + 1e-9), (name, seed)
+    assert sensitivity(agg.build(name), c, 11).value == 2 * c
