@@ -188,8 +188,9 @@ def _register_builtin() -> None:
     from fedshield.aggregators.signguard import SignGuard
     from fedshield.aggregators.smea import SMEA
 
-    for cls in (CAF, ClippedClustering, DnC, FLAME, FoolsGold, MDA, MoNNA, RLR, SignGuard, SMEA):
-        _BOUNDS.setdefault(cls, ball(lambda r: 1.0))
+    convex: tuple[type, ...] = (CAF, ClippedClustering, DnC, FLAME, FoolsGold, MDA, MoNNA)
+    for rule_cls in (*convex, RLR, SignGuard, SMEA):
+        _BOUNDS.setdefault(rule_cls, ball(lambda r: 1.0))
 
 
 __all__ = [
