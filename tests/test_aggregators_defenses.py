@@ -134,8 +134,10 @@ def test_foolsgold_gives_sybils_with_identical_updates_weight_zero() -> None:
     y = torch.cat([x, (0.2 * sybil + own)[None]])  # cos ≈ 0.6 to the sybils
     alpha = foolsgold_weights(FiniteRows("t", y).cosine_distances())
     assert bool((alpha[:4] == 0).all()) and float(alpha[-1]) > 0
-    # every row identical (consensus): α is rescaled by its max, every row weighs alike
-    torch.testing.assert_close(agg.build("foolsgold")(sybil.expand(5, -1)), sybil)
+    # every row identical (consensus): every α is 0 (cos = 1), and the mean is returned
+    out, diag = agg.build("foolsgold").aggregate(torch.ones(5, 3))
+    torch.testing.assert_close(out, torch.ones(3))
+    assert diag["agg/fallback"] == 1.0
 
 
 def _attacked(kind: str, h: torch.Tensor, f: int) -> torch.Tensor:

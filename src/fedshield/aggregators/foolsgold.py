@@ -10,7 +10,8 @@ largest cosine similarity to another:
    resembles a sybil is not punished as one);
 3. α_i = clip(1 − max_j cs_ij, 0, 1), α ← α / max α, α_i = 0.99 where it is 1;
 4. the logit with κ = 1: α_i ← clip(ln(α_i / (1 − α_i)) + 0.5, 0, 1) (the authors' code);
-5. Δ = Σ α_i x_i / Σ α_i (Δ = 0 in the degenerate case where every α_i is 0).
+5. Δ = Σ α_i x_i / Σ α_i. Where every α_i is 0 (every row has a twin of cosine 1: all
+   rows agree, and the authors' code divides 0 by 0) the plain mean (``agg/fallback``).
 
 **The history.** The paper's h_i is client i's update summed over every round it took part
 in. The aggregator contract gives a rule the round's rows, not the clients' ids nor server
@@ -69,11 +70,12 @@ class FoolsGold(Aggregator):
         alpha = foolsgold_weights(fr.cosine_distances())
         total = alpha.sum()
         coef = torch.zeros(updates.shape[0], dtype=W, device=updates.device)
-        if bool(total > 0):
-            coef[fr.keep] = alpha / total
+        fallback = not bool(total > 0)
+        coef[fr.keep] = 1.0 / alpha.numel() if fallback else alpha / total
         out = combine_rows(coef, updates, skip=~fr.ok if fr.dropped else None)
         return out, {
             "agg/mean_weight": float(alpha.mean()),
             "agg/num_zero_weight": float((alpha == 0).sum()),
+            "agg/fallback": float(fallback),
             "agg/nonfinite": float(fr.dropped),
         }
