@@ -38,8 +38,10 @@ def test_fang_krum_lambda_bound_worked_example() -> None:
     benign = torch.tensor([[0, 0], [1, 0], [3, 0], [0, 4], [0, 0]], dtype=torch.float64)
     # distance sums over the 3 nearest: row 0 → 0 (dup) + 1 + 3 = 4, row 4 the same; row 1
     # → 1 + 1 + 2 = 4; row 2 → 2 + 3 + 3 = 8; row 3 → 4 + 4 + √17. min = 4.
-    # λ₀ = 4 / ((6 − 2 − 1)·2) + max ‖g_i‖/√2 = 4/6 + 4/√2.
-    assert krum_lambda_bound(benign, 6, 1) == pytest.approx(4 / 6 + 4 / math.sqrt(2), rel=1e-12)
+    # Theorem 1: λ₀ = 4 / ((6 − 2 − 1)·√2) + max ‖g_i‖/√2 = 4/(3√2) + 4/√2 = 16/(3√2).
+    expected = 4 / (3 * math.sqrt(2)) + 4 / math.sqrt(2)
+    assert krum_lambda_bound(benign, 6, 1) == pytest.approx(expected, rel=1e-12)
+    assert expected == pytest.approx(3.7712361663282534, rel=1e-15)
 
 
 def _krum_choice(x: torch.Tensor, f: int) -> int:
@@ -69,6 +71,54 @@ def test_fang_krum_halves_lambda_until_krum_selects_the_crafted_row(seed: int) -
         prev = u.clone()
         prev[m] = -2 * a.last_lambda * s
         assert not bool(m[_krum_choice(prev, f)])
+
+
+def _fang_krum_paper(benign: torch.Tensor, f: int, eps: float = 1e-5) -> tuple[float, int]:
+    """Fang et al. 2020 §4.2 against Krum, written from the paper with loops: (λ, halvings).
+
+    λ₀ = min_i Σ_{l∈Γ_i} ‖w_l − w_i‖ / ((m − 2c − 1)√d) + max_i ‖w_i‖/√d over the benign
+    rows (Theorem 1, w_Re the origin of the update space), then λ halved until Krum selects
+    one of the c copies of −λs (s the sign of Krum's no-attack choice) or λ < ε."""
+    n, d = benign.shape
+    m, c = n + f, f
+    sums = []
+    for i in range(n):
+        dist = sorted(float((benign[i] - benign[j]).norm()) for j in range(n) if j != i)
+        sums.append(sum(dist[: m - c - 2]))
+    lam = min(sums) / ((m - 2 * c - 1) * math.sqrt(d))
+    lam += max(float(row.norm()) for row in benign) / math.sqrt(d)
+    rows = torch.cat([torch.zeros(f, d, dtype=benign.dtype), benign])
+    rows[:f] = benign[0]  # the attackers' own honest rows: only s is read from them
+    s = torch.sign(rows[_krum_choice(rows, f)])
+    halvings = 0
+    while lam >= eps:
+        rows[:f] = -lam * s
+        if _krum_choice(rows, f) < f:
+            break
+        lam /= 2
+        halvings += 1
+    return lam, halvings
+
+
+FANG_SHAPES = ((9, 3, 5), (12, 2, 40), (7, 1, 300))  # (benign n, attackers f, d)
+FANG_CASES = [(seed, n, f, d) for seed in range(12) for (n, f, d) in FANG_SHAPES]
+
+
+@pytest.mark.parametrize(("seed", "n", "f", "d"), FANG_CASES)
+def test_fang_krum_equals_the_papers_search(seed: int, n: int, f: int, d: int) -> None:
+    # 36 seeded cases: the attackers' rows first (their honest update: a copy of the first
+    # benign row, so the no-attack Krum choice, and hence s, is the paper's over all rows).
+    g = torch.Generator().manual_seed(seed)
+    benign = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.3 + 0.1
+    u = torch.cat([benign[:1].expand(f, -1), benign])
+    mask = torch.arange(n + f) < f
+    a = attacks.build("fang_krum")
+    out = a(u, mask, context=AttackContext(rule=agg.build("krum", f=f)))
+    lam, _ = _fang_krum_paper(benign, f)
+    assert a.last_lambda == pytest.approx(lam, rel=1e-12)
+    s = torch.sign(u[_krum_choice(u, f)])
+    torch.testing.assert_close(out[mask], (-lam * s).expand(f, -1), rtol=1e-12, atol=0)
+    assert _krum_choice(out, f) < f, "Krum does not select a crafted row"
 
 
 def test_fang_trim_intervals_worked_example() -> None:
