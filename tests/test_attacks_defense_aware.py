@@ -5,6 +5,7 @@ in test_attacks_adaptive_e2e.py."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -211,6 +212,114 @@ def test_tailored_search_worked_example() -> None:
     assert tailored_search(lambda g: -2.0, 10.0, 1e-5) == 0.0  # never above −1: γ = 0
 
 
+def _deviation(benign: torch.Tensor, dev_type: str) -> torch.Tensor:
+    """The authors' ``deviation`` (subtracted: their ∇^m = model_re − λ·deviation)."""
+    model_re = benign.mean(0)
+    if dev_type == "unit_vec":
+        return model_re / torch.norm(model_re)
+    if dev_type == "sign":
+        return torch.sign(model_re)
+    return torch.std(benign, 0)
+
+
+def _ndss_tailored_selection(benign, n_attackers, dev_type, all_selected, lamda=10.0):
+    """The authors' AGR-tailored attack on Krum / Multi-Krum (our_attack_krum /
+    our_attack_mkrum), transcribed: the largest λ for which ``all_selected(rows)`` holds,
+    the crafted copies first in ``rows`` as in their code."""
+    model_re = benign.mean(0)
+    deviation = _deviation(benign, dev_type)
+    threshold_diff = 1e-5
+    lamda_fail = lamda
+    lamda_succ = 0.0
+    while abs(lamda_succ - lamda) > threshold_diff:
+        mal_update = model_re - lamda * deviation
+        mal_updates = torch.cat((torch.stack([mal_update] * n_attackers), benign), 0)
+        if all_selected(mal_updates):
+            lamda_succ = lamda
+            lamda = lamda + lamda_fail / 2
+        else:
+            lamda = lamda - lamda_fail / 2
+        lamda_fail = lamda_fail / 2
+    return model_re - lamda_succ * deviation, lamda_succ
+
+
+def _krum_scores(x: torch.Tensor, f: int) -> list[float]:
+    """Krum scores by their definition, from the direct differences (exactly symmetric)."""
+    n = x.shape[0]
+    d2 = ((x[:, None] - x[None]) ** 2).sum(-1).fill_diagonal_(math.inf)
+    return d2.sort(dim=1).values[:, : n - f - 2].sum(dim=1).tolist()
+
+
+def _multikrum_set(x: torch.Tensor, f: int, m: int) -> set[int]:
+    """Multi-Krum's selection by its definition: the m lowest Krum scores, ties to the first."""
+    scores = _krum_scores(x, f)
+    return set(sorted(range(len(scores)), key=lambda i: (scores[i], i))[:m])
+
+
+def _krum_first(x: torch.Tensor, f: int) -> int:
+    scores = _krum_scores(x, f)
+    return min(range(len(scores)), key=lambda i: (scores[i], i))
+
+
+def _attackers_first(seed: int, n: int = 9, f: int = 3, d: int = 20):
+    g = torch.Generator().manual_seed(seed)
+    benign = torch.randn(n, d, generator=g, dtype=torch.float64) * 0.2 + 0.05
+    own = torch.randn(f, d, generator=g, dtype=torch.float64)
+    return benign, torch.cat([own, benign]), torch.arange(n + f) < f
+
+
+TAILORED_CASES = list(itertools.product(["unit_vec", "std", "sign"], range(12)))
+
+
+@pytest.mark.parametrize(("vector", "seed"), TAILORED_CASES)
+def test_agr_tailored_on_krum_equals_the_authors_selection_search(vector: str, seed: int) -> None:
+    benign, u, m = _attackers_first(seed)
+    a = attacks.build("agr_tailored", vector=vector)
+    out = a(u, m, context=AttackContext(rule=agg.build("krum", f=3)))
+    ref, gamma = _ndss_tailored_selection(benign, 3, vector, lambda x: _krum_first(x, 3) < 3)
+    assert a.last_objective == "selection"
+    assert a.last_gamma == pytest.approx(gamma, abs=1e-12) and 0 < gamma < 20
+    torch.testing.assert_close(out[m], ref.expand(3, -1), rtol=1e-12, atol=1e-14)
+    assert _krum_first(out, 3) < 3, "Krum does not select the crafted row"
+
+
+@pytest.mark.parametrize(("vector", "seed"), TAILORED_CASES)
+def test_agr_tailored_on_multikrum_equals_the_authors_selection_search(
+    vector: str, seed: int
+) -> None:
+    benign, u, m = _attackers_first(seed)
+    a = attacks.build("agr_tailored", vector=vector, gamma_init=3.0)  # the authors' λ₀
+    out = a(u, m, context=AttackContext(rule=agg.build("multikrum", f=3)))  # m = S − f = 9
+
+    def all_selected(x: torch.Tensor) -> bool:
+        return {0, 1, 2} <= _multikrum_set(x, 3, 9)
+
+    ref, gamma = _ndss_tailored_selection(benign, 3, vector, all_selected, lamda=3.0)
+    assert a.last_gamma == pytest.approx(gamma, abs=1e-12) and 0 < gamma < 6
+    torch.testing.assert_close(out[m], ref.expand(3, -1), rtol=1e-12, atol=1e-14)
+    assert all_selected(out), "Multi-Krum does not select every crafted row"
+
+
+@pytest.mark.parametrize("rule", ["krum", "multikrum"])
+@pytest.mark.parametrize("seed", range(4))
+def test_agr_tailored_is_selected_by_the_default_selection_rules(rule: str, seed: int) -> None:
+    # fedshield's rules with their defaults (f: the largest the rows allow, m = S − f).
+    benign, u, m = _attackers_first(seed, n=12)
+    r = agg.build(rule)
+    a = attacks.build("agr_tailored")
+    out = a(u, m, context=AttackContext(rule=r))
+    assert a.last_objective == "selection" and a.last_gamma is not None and a.last_gamma > 0
+    nudged = out.clone()
+    nudged[m] *= 1 + 1e-3
+    assert not torch.equal(r(out), r(nudged)), f"{rule} ignores the crafted rows"
+    if rule == "krum":
+        assert r.aggregate(out)[1]["agg/selected"] < 3
+    # an explicit objective overrides the tag: the deviation search stays at γ_init there
+    dev = attacks.build("agr_tailored", objective="deviation")
+    dev(u, m, context=AttackContext(rule=r))
+    assert dev.last_objective == "deviation"
+
+
 # --- Mimic -----------------------------------------------------------------------------------
 
 
@@ -380,9 +489,16 @@ def test_model_replacement_boost_and_norm_bound() -> None:
     m = torch.tensor([False, True, True, False])
     out = attacks.build("model_replacement")(u, m)  # γ = S/f = 4/2
     torch.testing.assert_close(out[m], 2 * u[m])
+    # Bagdasaryan et al.'s γ is the total boost, divided among the f = 2 attackers:
+    # γ = 6 → each uploads 3·g; the mean of the S = 4 rows gains (3 + 3)/4 of their mean.
+    out = attacks.build("model_replacement", gamma=6.0)(u, m)
+    torch.testing.assert_close(out[m], 3 * u[m])
+    torch.testing.assert_close(out[~m], u[~m])
     out = attacks.build("model_replacement", gamma=10.0, norm_bound=5.0)(u, m)
-    torch.testing.assert_close(out[1], torch.tensor([0.0, 5.0]))  # 20 capped to 5
-    torch.testing.assert_close(out[2], torch.tensor([3.0, 4.0]))  # 50 capped to 5
+    torch.testing.assert_close(out[1], torch.tensor([0.0, 5.0]))  # 5·2 = 10 capped to 5
+    torch.testing.assert_close(out[2], torch.tensor([3.0, 4.0]))  # 5·5 = 25 capped to 5
+    out = attacks.build("model_replacement", gamma=4.0, norm_bound=5.0)(u, m)
+    torch.testing.assert_close(out[1], torch.tensor([0.0, 4.0]))  # 2·2 = 4: under the cap
     a = attacks.build("model_replacement")
     assert isinstance(a, attacks.DataAttack) and isinstance(a, attacks.UpdateAttack)
 

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from fedshield.aggregators._ops import pairwise_sq_dists, row_norms
 from fedshield.attacks._common import CohortAttack, Ctx, Rng, with_rows
-from fedshield.attacks._oracle import RuleOracle, benign_oracle
+from fedshield.attacks._oracle import RuleOracle, benign_oracle, selects
 from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
@@ -102,9 +102,7 @@ class FangKrum(CohortAttack):
         lam = krum_lambda_bound(pool, updates.shape[0], f)
 
         def selected(lam: float) -> bool:
-            out = oracle(with_rows(updates, mask, -lam * s))
-            moved = oracle(with_rows(updates, mask, -(lam * (1 + 1e-4)) * s))
-            return out is not None and moved is not None and not torch.equal(out, moved)
+            return selects(oracle, updates, mask, -lam * s, -(lam * 1e-7) * s)
 
         while lam >= self.threshold and not selected(lam):
             lam /= 2
