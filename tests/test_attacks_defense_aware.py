@@ -17,6 +17,7 @@ from fedshield.attacks import AttackContext
 from fedshield.attacks.adaptive import angle_search, unit_directions
 from fedshield.attacks.backdoor import spread, stamp
 from fedshield.attacks.fang import krum_lambda_bound, trim_values
+from fedshield.attacks.mimic import principal_target
 from fedshield.attacks.minmax import perturbation
 from fedshield.attacks.tailored import tailored_search
 from fedshield.errors import ConfigError
@@ -329,11 +330,75 @@ def test_mimic_default_copies_the_most_extreme_worker_along_the_top_direction() 
     benign = torch.tensor([[1.0, 0.1], [-1.0, -0.1], [0.5, 0.0], [-3.2, 0.05], [2.0, 0.0]])
     u = torch.cat([benign, torch.zeros(2, 2)])
     m = torch.tensor([False] * 5 + [True] * 2)
-    a = attacks.build("mimic")
+    a = attacks.build("mimic", target="per_round")
     out = a(u, m)
     assert a.last_target == 3 and torch.equal(out[5], benign[3]) and torch.equal(out[6], benign[3])
     out = attacks.build("mimic", target=99)(u, m)  # out of range: the last benign row
     assert torch.equal(out[6], benign[4])
+
+
+class _AuthorsMimicVariant:
+    """The authors' MimicVariantAttacker (Karimireddy et al., epfml/byzantine-robust-noniid-
+    optimizer, codes/attacks/mimic.py), transcribed: its callbacks on the good gradients of
+    each round, z₀ given (theirs: randn from a generator seeded 0)."""
+
+    def __init__(self, warmup: int, z0: torch.Tensor) -> None:
+        self.warmup, self.t, self.z0 = warmup, 0, z0
+        self.target_rank = -1
+
+    def round(self, good: list[torch.Tensor]) -> int:
+        avg = sum(good) / len(good)
+        if self.t == 0:
+            self.mu, self.z = avg, self.z0
+            cumu = sum(((g - self.mu).dot(self.z)) * (g - self.mu) for g in good)
+            self.z = cumu / cumu.norm()
+        elif self.t < self.warmup:
+            self.mu = self.t / (1 + self.t) * self.mu + avg / (1 + self.t)
+            cumu = sum(((g - self.mu).dot(self.z)) * (g - self.mu) for g in good)
+            self.z = self.t / (1 + self.t) * self.z + cumu / cumu.norm() / (1 + self.t)
+            self.z = self.z / self.z.norm()
+        if self.t < self.warmup:
+            mv = None
+            for i, g in enumerate(good):
+                d = g.dot(self.z)
+                if mv is None or d > mv:
+                    mv, self.target_rank = d, i
+        self.t += 1
+        return self.target_rank
+
+
+@pytest.mark.parametrize(("warmup", "seed"), [(1, 0), (3, 1), (5, 2)])
+def test_mimic_warmup_target_equals_the_authors_and_is_fixed_after_it(
+    warmup: int, seed: int
+) -> None:
+    a = attacks.build("mimic")  # default: target = "warmup"
+    if warmup != 1:
+        a = attacks.build("mimic", warmup=warmup)
+    d = 25
+    ref = _AuthorsMimicVariant(warmup, torch.randn(d, generator=torch.Generator().manual_seed(7),
+                                                   dtype=torch.float64))  # fmt: skip
+    targets, per_round = [], []
+    for rnd in range(warmup + 6):
+        # heterogeneous benign rows that change every round: 3 clusters, new noise
+        g = torch.Generator().manual_seed(100 * seed + rnd)
+        centres = torch.randn(3, d, generator=torch.Generator().manual_seed(seed)).double()
+        benign = centres[torch.arange(8) % 3] + 0.5 * torch.randn(8, d, generator=g).double()
+        u = torch.cat([benign, torch.zeros(2, d, dtype=torch.float64)])
+        m = torch.arange(10) >= 8
+        out = a(u, m, generator=torch.Generator().manual_seed(7) if rnd == 0 else None)
+        expected = ref.round(list(benign))
+        assert a.last_target == expected, (rnd, a.last_target, expected)
+        assert torch.equal(out[8], benign[expected]) and torch.equal(out[9], benign[expected])
+        targets.append(a.last_target)
+        per_round.append(principal_target(benign))  # target = "per_round"
+    assert len(set(targets[warmup - 1 :])) == 1  # fixed from the end of the warm-up on
+    assert len(set(per_round)) > 1  # the per-round heuristic would have switched
+    # the state carries over (a resumed run continues with the same worker)
+    b = attacks.build("mimic", warmup=warmup)
+    b.load_state_dict(a.state_dict())
+    b(u, m)
+    assert b.last_target == targets[-1]
+    assert attacks.build("mimic", target=2).state_dict() == {}
 
 
 # --- optimal ALIE / IPM: the search follows the configured rule -------------------------------

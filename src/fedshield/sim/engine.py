@@ -139,6 +139,8 @@ class Simulator:
                 known[-1] if known else None,
             )
             self.state = state
+            if self.comp.attack is not None:  # Mimic's warm-up target, ...
+                self.comp.attack.load_state_dict(saved.get("attack", {}))
             self.records = self.metrics.truncate_after(last)
             self.timing.truncate_after(last)
             log.info("resuming %s from round %d", out, self.state.round)
@@ -469,6 +471,8 @@ class Simulator:
     def save(self) -> None:
         assert self.out is not None
         payload = {"version": 1, "config": self.config_text, "state": self.state.to_dict()}
+        if self.comp.attack is not None and self.comp.attack.state_dict():
+            payload["attack"] = self.comp.attack.state_dict()
         save_checkpoint(self.out / "checkpoint.pt", payload)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
