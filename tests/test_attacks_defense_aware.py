@@ -600,3 +600,28 @@ def test_perturbation_reused_by_agr_tailored() -> None:
         out[m][0], benign.mean(0) + a.last_gamma * perturbation(benign, "sign")
     )
     assert a.last_gamma > 19.9
+
+
+def test_mimic_warmup_state_survives_a_resume(small_cfg, tmp_path) -> None:
+    from fedshield import config
+    from fedshield.sim.builder import build
+    from fedshield.sim.checkpoint import load_checkpoint
+    from fedshield.sim.engine import Simulator
+
+    cfg = dict(small_cfg, rounds=5, server={"clients_per_round": 6})
+    cfg["attack"] = {"name": "mimic", "fraction": 0.34, "params": {"warmup": 3}}
+
+    def run(raw, out, resume=False):
+        sim = Simulator(build(config.validate(raw)), out, resume=resume)
+        sim.run()
+        return sim
+
+    full = run(cfg, tmp_path / "full")
+    run(dict(cfg, rounds=2), tmp_path / "resumed")  # stops inside the warm-up
+    saved = load_checkpoint(tmp_path / "resumed" / "checkpoint.pt")
+    assert saved["attack"]["t"] == 2 and saved["attack"]["z"] is not None
+    resumed = run(cfg, tmp_path / "resumed", resume=True)
+    assert resumed.comp.attack.state_dict()["t"] == 5
+    assert resumed.comp.attack.last_target == full.comp.attack.last_target
+    a = (tmp_path / "full" / "metrics.jsonl").read_text()
+    assert a == (tmp_path / "resumed" / "metrics.jsonl").read_text()
