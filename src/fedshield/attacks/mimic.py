@@ -113,8 +113,10 @@ class Mimic(CohortAttack):
         if self.target != "warmup" or not state:
             return
         t, mu, z, fixed = (state.get(k) for k in ("t", "mu", "z", "fixed"))
-        ok = isinstance(t, int) and t >= 0 and (fixed is None or isinstance(fixed, int))
-        if not ok or not all(v is None or isinstance(v, Tensor) for v in (mu, z)):
+        ok = fixed is None or isinstance(fixed, int)
+        if not (isinstance(t, int) and t >= 0 and ok) or not all(
+            v is None or isinstance(v, Tensor) for v in (mu, z)
+        ):
             raise DataError("checkpoint: 'attack' is not mimic's warm-up state")
         self._t, self._mu, self._z, self._fixed = t, mu, z, fixed
 
