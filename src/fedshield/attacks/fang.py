@@ -102,7 +102,7 @@ class FangKrum(CohortAttack):
         lam = krum_lambda_bound(pool, updates.shape[0], f)
 
         def selected(lam: float) -> bool:
-            return selects(oracle, updates, mask, -lam * s, -(lam * 1e-7) * s)
+            return selects(oracle, updates, mask, -lam * s, -(lam * 1e-9) * s)
 
         while lam >= self.threshold and not selected(lam):
             lam /= 2

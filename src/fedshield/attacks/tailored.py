@@ -105,7 +105,7 @@ class AGRTailored(CohortAttack):
         if objective == "selection":
 
             def selected(gamma: float) -> bool:
-                nudge = (1e-7 * max(gamma, self.tau)) * direction  # 1e-7 of the step γ∇^p
+                nudge = (1e-9 * max(gamma, self.tau)) * direction  # 1e-9 of the step γ∇^p
                 rows = mean + gamma * direction
                 return selects(oracle, updates, mask, rows, nudge, every=every)
 
