@@ -152,6 +152,8 @@ class Simulator:
                 saved.get("norms"),
             )
             self.state = state
+            if self.comp.attack is not None:  # Mimic's warm-up target, ...
+                self.comp.attack.load_state_dict(saved.get("attack", {}))
             self.records = self.metrics.truncate_after(last)
             self.timing.truncate_after(last)
             log.info("resuming %s from round %d", out, self.state.round)
@@ -499,6 +501,8 @@ class Simulator:
         assert self.out is not None
         payload = {"version": 1, "config": self.config_text, "state": self.state.to_dict()}
         payload["norms"] = checkpoint_norms(self.state)  # checked on resume (sim.resume)
+        if self.comp.attack is not None and self.comp.attack.state_dict():
+            payload["attack"] = self.comp.attack.state_dict()
         save_checkpoint(self.out / "checkpoint.pt", payload)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
