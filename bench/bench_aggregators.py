@@ -75,6 +75,8 @@ def our_kwargs(name: str, f: int, s: int) -> dict[str, Any]:
         return {"f": f}
     if name == "bulyan":  # needs S ≥ 4f + 3
         return {"f": min(f, (s - 3) // 4)}
+    if name in ("mda", "meamed", "monna", "caf", "smea", "dnc"):  # 2f < S
+        return {"f": f}
     return {}
 
 
@@ -92,6 +94,8 @@ def byzfl_rule(name: str, f: int, diag: dict[str, float]) -> Callable[[torch.Ten
         return byzfl.Median()
     if name == "trimmed_mean":
         return byzfl.TrMean(f=f)
+    if name == "meamed":
+        return byzfl.Meamed(f=f)
     if name in ("geomed", "rfa", "raga"):
         # ByzFL starts at 0, ours at the mean; same ν and iteration count = same work.
         return byzfl.GeometricMedian(nu=1e-6, T=int(diag["agg/iterations"]))

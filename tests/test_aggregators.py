@@ -50,9 +50,11 @@ def test_registry_lists_every_rule() -> None:
     expected = {
         "mean", "drag", "brdrag", "fltrust", "geomed", "rfa", "raga", "krum", "multikrum",
         "median", "trimmed_mean", "centered_clipping", "norm_clip", "bulyan",
+        "mda", "monna", "meamed", "caf", "smea",
+        "dnc", "signguard", "clippedclustering", "rlr", "flame", "foolsgold",
     }  # fmt: skip
     assert set(ALL) == expected
-    assert set(ROBUST) == expected - {"mean", "drag"}
+    assert set(ROBUST) == expected - {"mean", "drag", "rlr", "foolsgold"}
     assert agg.AGGREGATORS.package_names() == ALL
     assert agg.build("krum", f=2)(torch.randn(10, 4)).shape == (4,)
 
@@ -369,6 +371,8 @@ def test_every_rule_returns_the_point_when_all_rows_agree() -> None:
     for name in ALL:
         # brdrag/fltrust rescale to ‖r‖, so give them r = row; the others ignore it.
         rule = agg.build(name, tau=10.0) if name == "norm_clip" else make(name)
+        if name == "flame":  # adds Gaussian noise on purpose (tests/test_aggregators_defenses)
+            rule = make(name, noise=0.0)
         got = rule(x, reference=row if rule.needs_reference else None)
         torch.testing.assert_close(got, row, msg=name)
 

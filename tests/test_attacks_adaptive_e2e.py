@@ -39,6 +39,9 @@ ROUNDS = 20
 #: there (seed 0 of the grid, final accuracy: adaptive vs the worst fixed attack).
 CASES = [
     ("adaptive_root", "fltrust", 0.4),  # 0.61 vs 0.84 (label_flip)
+    # The grid samples 10 of 20 workers a round: the authors' warm-up target fixes a row
+    # position, a client only under full participation (docs/security.md), so this case
+    # runs the per-round target of the grid's measurement.
     ("mimic", "fltrust", 0.4),  # 0.82 vs 0.84
     ("adaptive_root", "brdrag", 0.6),  # 0.70 vs 0.75 (sign_flip)
     ("agr_tailored", "centered_clipping", 0.4),  # 0.12 vs 0.31 (sign_flip)
@@ -53,6 +56,8 @@ CASES = [
 def final_acc(defense: str, attack: str, fraction: float) -> float:
     logging.disable(logging.WARNING)
     sets = grid.overrides(defense, attack, fraction, 0, ROUNDS)
+    if attack == "mimic":
+        sets.append('attack.params.target="per_round"')
     cfg = cfgmod.load(preset=grid.BASE, overrides=sets)
     cfg.eval.metrics = []  # the backdoor score plays no part here
     summary = Simulator(build(cfg)).run()

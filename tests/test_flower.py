@@ -417,6 +417,26 @@ def test_state_file_is_per_run_and_atomic(tmp_path):
         client_app.state_dir({"state-dir": 3})
 
 
+def test_a_wrong_shape_client_state_is_one_clear_error(tmp_path):
+    """Issue #25.8: a SCAFFOLD client state of the wrong shape (in the state file or the
+    node's Context) was a raw RuntimeError mid-training; it is checked when read back."""
+    from fedshield.errors import DataError
+    from fedshield.flower import node_state
+
+    sim = Simulator(build(config.validate(raw_config(**SCAFFOLD_PARTIAL))))
+    task = codec.Task(2, 1, False, True, False, sim.config_text, "run-a")
+    d = sim.state.params.numel()
+    node_state.save(tmp_path, node_state.SavedState("run-a", 1, 1, {"h": torch.zeros(3)}))
+    with pytest.raises(DataError, match=r"client-1.pt: client state\['h'\] has shape \(3,\)"):
+        client_app.load_state(RecordDict(), task, sim, d, tmp_path)
+    store = RecordDict({task.state_key: codec.tensors_to_record({"x": torch.zeros(d)})})
+    with pytest.raises(DataError, match="has a key 'x'"):
+        client_app.load_state(store, task, sim, d)
+    good = {"h": torch.ones(d)}
+    node_state.save(tmp_path, node_state.SavedState("run-a", 1, 1, good))
+    assert torch.equal(client_app.load_state(RecordDict(), task, sim, d, tmp_path)["h"], good["h"])
+
+
 # -- progress display -------------------------------------------------------------------
 
 

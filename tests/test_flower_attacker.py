@@ -21,6 +21,7 @@ from flwr.serverapp import strategy as flwr_strategy
 import fedshield.aggregators as agg
 from fedshield import attacks
 from fedshield.attacks import AttackContext
+from fedshield.errors import ConfigError
 from fedshield.flower import strategies as S
 from fedshield.flower.attacker import MARK, AttackedStrategy, attacker_mod
 from fedshield.flower.local import LocalGrid
@@ -102,7 +103,7 @@ def test_row_local_attack_in_flowers_fedavg_with_the_mod_alone() -> None:
 
 
 def test_omniscient_attack_against_fedshield_median_and_flowers_fedavg() -> None:
-    mod = attacker_mod("alie", ATTACKERS)
+    mod = attacker_mod("alie", ATTACKERS, rewritten_by_strategy=True)
     g = updates(1, initial())
     forged = attacks.build("alie")(g, mask())
     theta = flat_model(initial())
@@ -123,7 +124,7 @@ def test_omniscient_attack_against_fedshield_median_and_flowers_fedavg() -> None
 
 
 def test_defense_aware_attack_gets_the_strategys_rule() -> None:
-    mod = attacker_mod("alie_opt", ATTACKERS)
+    mod = attacker_mod("alie_opt", ATTACKERS, rewritten_by_strategy=True)
     g = updates(1, initial())
     theta = flat_model(initial())
     rule = agg.build("median")
@@ -141,7 +142,7 @@ def test_defense_aware_attack_gets_the_strategys_rule() -> None:
 
 
 def test_without_the_wrapper_the_mark_reaches_the_strategy_and_marks_are_stripped() -> None:
-    mod = attacker_mod("min_max", ATTACKERS)
+    mod = attacker_mod("min_max", ATTACKERS, rewritten_by_strategy=True)
     app = app_with(mod)
     grid = LocalGrid(M, app)
     seen = []
@@ -154,6 +155,15 @@ def test_without_the_wrapper_the_mark_reaches_the_strategy_and_marks_are_strippe
 
     AttackedStrategy(Spy(), "min_max").start(grid, initial(), num_rounds=1)
     assert seen == [False] * M  # the wrapper strips the marks before your strategy
+
+
+def test_an_attack_the_mod_cannot_apply_alone_is_refused_at_construction() -> None:
+    """Issue #25.9: ``attacker_mod("alie")`` without an AttackedStrategy only marked the
+    replies, which Flower's strategies ignore: the run was silently unattacked."""
+    for name in ("alie", "min_max", "alie_opt", "noise"):
+        with pytest.raises(ConfigError, match=f"attacker_mod\\('{name}'\\).*AttackedStrategy"):
+            attacker_mod(name, ATTACKERS)
+    attacker_mod("sign_flip", ATTACKERS)  # row-local: the mod applies it itself
 
 
 def test_data_attack_poisons_only_the_chosen_nodes() -> None:

@@ -187,3 +187,32 @@ def test_config_builds_the_composed_rule_and_runs(small_cfg: dict) -> None:
 def test_bad_pre_aggregator_config_is_refused_before_data(small_cfg: dict, server, match) -> None:
     with pytest.raises(ConfigError, match=match):
         build_components(_cfg(small_cfg, **server))
+
+
+def _nnm_by_definition(x: torch.Tensor, f: int) -> torch.Tensor:
+    """NNM with direct distances and the documented tie rule: sort by (distance, index)."""
+    n = x.shape[0]
+    rows = []
+    for i in range(n):
+        key = sorted((float(((x[i] - x[j]) ** 2).sum()), j) for j in range(n))
+        rows.append(x[[j for _, j in key[: n - f]]].mean(dim=0))
+    return torch.stack(rows)
+
+
+def test_nnm_breaks_distance_ties_to_the_lower_index() -> None:
+    # Row 0 has four neighbours at distance 1 (rows 1-4) and f = 2 keeps 3: itself, 1 and 2.
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, -1.0]]).double()
+    third = torch.tensor([1 / 3, 1 / 3], dtype=torch.float64)
+    torch.testing.assert_close(nnm(x, 2)[0], third)
+    torch.testing.assert_close(nnm(x[[0, 3, 4, 1, 2]], 2)[0], -third)
+    # Seeded lattices: ±unit steps around a dyadic offset far from 0, so the direct
+    # distances tie exactly while the Gram pass (centred on a non-dyadic mean) rounds them
+    # differently; torch.topk on the Gram distances picked other neighbours in 90 / 90.
+    steps = torch.cat([torch.zeros(1, 16), torch.eye(16)[:4], -torch.eye(16)[:4],
+                       2 * torch.eye(16)[4:6]]).double()  # fmt: skip
+    for seed in range(10):
+        g = torch.Generator().manual_seed(seed)
+        base = torch.randint(-800, 800, (1, 16), generator=g).double() / 8
+        x = base + steps[torch.randperm(steps.shape[0], generator=g)]
+        for f in (2, 4, 6):
+            torch.testing.assert_close(nnm(x, f), _nnm_by_definition(x, f), rtol=1e-13, atol=1e-13)

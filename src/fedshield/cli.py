@@ -51,17 +51,21 @@ def check_set_keys(items: list[str]) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
     from fedshield.runner import check_inputs, check_out_dir
+    from fedshield.sim.rundir import finished, started
 
     check_set_keys(args.set or [])
+    if args.config is not None and not args.config.strip():
+        raise ConfigError("the config path is empty; give an experiment TOML file or --preset")
     if args.config is not None and Path(args.config).is_dir():
         raise ConfigError(f"{args.config}: is a directory; give an experiment TOML file")
     cfg = cfgmod.load(args.config, preset=args.preset, overrides=args.set or [])
     target = _out_dir(args.out, cfg.name, args.resume)
     check_out_dir(target, "--out" if args.out else None)
-    if args.resume and not (
-        (target / "metrics.jsonl").exists() or (target / "checkpoint.pt").exists()
-    ):
-        raise FedshieldError(f"--resume: no run to resume in {target} (no metrics.jsonl)")
+    if args.resume and not started(target):
+        raise FedshieldError(
+            f"--resume: no run to resume in {target}: nothing was started there (no "
+            "config.toml, metrics.jsonl or checkpoint.pt); run it without --resume"
+        )
     # Components first (schemas, sizes), then the run directory (a run already there, a
     # corrupt or different checkpoint), which writes the config back: errors before data.
     check_inputs(cfg, target, args.resume)
@@ -74,7 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = _out_dir(args.out, cfg.name, args.resume)
         quiet = args.quiet or not cfg.run.progress
         verbose = getattr(args, "verbose", False)
-        with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=not quiet) as bar:
+        done = args.resume and finished(out, cfg.rounds)  # nothing to train: no 0/N bar
+        show = not (quiet or done)
+        with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=show) as bar:
             summary = run_simulation(
                 cfg, out, args.resume, on_round=bar.on_round, quiet=quiet, verbose=verbose
             )
@@ -168,6 +174,7 @@ LIST_KINDS = (
     "partitioners",
     "models",
     "aggregators",
+    "pre-aggregators",
     "attacks",
     "client-algorithms",
     "server-algorithms",
@@ -190,6 +197,7 @@ def _registries() -> dict[str, Any]:
     from fedshield.eval import EVALUATORS
     from fedshield.faults import FAULT_MODELS
     from fedshield.models import MODELS
+    from fedshield.preaggregators.base import PRE_AGGREGATORS
     from fedshield.routing import POLICIES
     from fedshield.sim.builder import load_plugins
 
@@ -199,6 +207,7 @@ def _registries() -> dict[str, Any]:
         "partitioners": PARTITIONERS,
         "models": MODELS,
         "aggregators": AGGREGATORS,
+        "pre-aggregators": PRE_AGGREGATORS,
         "attacks": ATTACKS,
         "client-algorithms": CLIENT_ALGORITHMS,
         "server-algorithms": SERVER_ALGORITHMS,
@@ -400,16 +409,26 @@ def _source_arguments(
     p.add_argument("--resume", action="store_true", help=resume_help)
 
 
+def _verbose_parent(help: str) -> argparse.ArgumentParser:
+    """``-v`` after the subcommand (``fedshield run -v``), with the subcommand's own help;
+    SUPPRESS keeps a ``-v`` given before it."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=help
+    )
+    return parent
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedshield", description=__doc__.splitlines()[0])
-    p.add_argument("-v", "--verbose", action="store_true", help="log round-level events")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="log round-level events (run, sweep)"
+    )
     # -v is also accepted after the subcommand (`fedshield run -v`); SUPPRESS keeps a -v
     # given before it.
-    verbose = argparse.ArgumentParser(add_help=False)
-    verbose.add_argument(
-        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-        help="log round-level events (rejected uploads, resumes, degraded rules)",
-    )  # fmt: skip
+    verbose = _verbose_parent("log round-level events (rejected uploads, resumes, degraded rules)")
+    # list and report run no rounds: -v is accepted there but has nothing more to log.
+    quiet_verbose = _verbose_parent("accepted, no effect here (run and sweep log round events)")
     sub = p.add_subparsers(dest="command")
 
     r = sub.add_parser(
@@ -431,7 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     r.set_defaults(func=cmd_run)
 
-    ls = sub.add_parser("list", parents=[verbose], help="list presets and registered components")
+    ls = sub.add_parser(
+        "list", parents=[quiet_verbose], help="list presets and registered components"
+    )
     ls.add_argument(
         "kind", nargs="?", choices=LIST_KINDS, metavar="KIND",
         help=f"only this kind: {', '.join(LIST_KINDS)} (default: all)",
@@ -439,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=cmd_list)
 
     rep = sub.add_parser(
-        "report", parents=[verbose],
+        "report", parents=[quiet_verbose],
         help="compare runs: a table and overlaid accuracy curves",
     )  # fmt: skip
     rep.add_argument("dirs", nargs="+", help="run directories (each with a metrics.jsonl)")

@@ -47,6 +47,9 @@ TAGS: dict[str, str] = {
     "sample_weighted": "defined with sample-count weights n_m whatever server.weighting says "
     "(RFA); the server passes the counts it trusts",
     "min_clients": "has a minimum number of rows (validate(S) may refuse)",
+    "selects": "its output is built from rows it selects: selects=one (Krum) or "
+    "selects=subset (Multi-Krum); agr_tailored then searches for the largest γ whose "
+    "rows are still selected (one of them, resp. all of them)",
     "dod_scale": "has a degree-of-divergence scale c that a server algorithm may set every "
     "round (BR-DRAG's rule, for brdrag_ct)",
     # models

@@ -35,7 +35,9 @@ def check_run_dir(cfg: Any, out: Path, resume: bool) -> None:
     from fedshield.sim import rundir
 
     check_out_dir(out)
-    rundir.check_run_dir(out, resume, config_mod.dump(cfg))
+    text = config_mod.dump(cfg)
+    rundir.check_run_dir(out, resume, text)
+    rundir.mark_started(out, resume, text)  # from here on a kill leaves a run to --resume
 
 
 def check_inputs(cfg: Any, out: Path | None, resume: bool) -> Any:
@@ -88,6 +90,14 @@ def run(
     set_threads(cfg)
     sim = Simulator(build(cfg, components), out, resume=resume)
     show = cfg.run.progress and not quiet
+    if out is not None and sim.state.round > cfg.rounds:  # --resume of a finished run
+        show = False
+        if not quiet:
+            (console or Console(stderr=True)).print(
+                f"{cfg.name}: already finished ({cfg.rounds} rounds) in {out}; nothing to "
+                "train (the summary is written again)",
+                highlight=False,
+            )
     with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=show) as bar:
         summary = sim.run(bar.on_round, callbacks=callbacks)
     summary["out"] = None if out is None else str(out)

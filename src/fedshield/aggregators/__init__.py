@@ -36,6 +36,28 @@ centered_clipping   Centered Clipping (Karimireddy 2021); centre =  robust, need
 norm_clip           clip each update to norm τ, weighted mean       robust, uses_weights
 bulyan              Bulyan with Krum (El Mhamdi 2018), S ≥ 4f + 3   robust, reference_free,
                                                                     min_clients
+mda                 Minimum Diameter Averaging (El Mhamdi 2020),    robust, reference_free,
+                    exact search, 2f < S                            min_clients
+meamed              mean around the median (Xie 2018), 2f < S       robust, reference_free,
+                                                                    min_clients
+monna               MoNNA (Farhadkhani 2023): mean of the S − f     robust, needs_reference,
+                    rows nearest to the root-data reference r       min_clients
+caf                 covariance-bound agnostic filter (Allouah       robust, reference_free,
+                    2025), 2f < S                                   min_clients
+smea                smallest max-eigenvalue averaging (Allouah      robust, reference_free,
+                    2023), 2f < S                                   min_clients
+dnc                 Divide-and-Conquer (Shejwalkar 2021): SVD       robust, reference_free,
+                    outlier scores on random coordinates, 2f < S    min_clients
+signguard           SignGuard (Xu 2022): norm filter + sign         robust, reference_free
+                    clustering, clipped mean
+clippedclustering   Clipped Clustering (Li 2023): clip to the       robust
+                    median norm history, larger cosine cluster
+rlr                 robust learning rate (Ozdayi 2021): mean,       uses_weights,
+                    negated where sign agreement < θ                reference_free
+flame               FLAME (Nguyen 2022): HDBSCAN on cosines, clip   robust, reference_free
+                    to the median norm, noise λ·S_t
+foolsgold           FoolsGold (Fung 2020) on the round's updates:   reference_free
+                    weights from max cosine, pardoned, logit
 ==================  ==============================================  ==========================
 """
 

@@ -40,6 +40,11 @@ class Aggregator:
     #: True when the rule needs a reference direction r (DRAG, BR-DRAG, FLTrust): the
     #: server computes one (root data or momentum). Matches the ``needs_reference`` tag.
     needs_reference: ClassVar[bool] = False
+    #: True when every row is rescaled to the reference's norm ‖r‖ before it counts (BR-DRAG,
+    #: FLTrust): the output is then bounded by ‖r‖ however many rows of a coverage group
+    #: are bad, and the round step needs no per-block clip for it. A rule that only selects
+    #: rows near r (MoNNA) is not.
+    rescales_to_reference: ClassVar[bool] = False
     #: True when non-finite rows may be passed in and the rule gives them a documented
     #: meaning of its own (BR-DRAG: replaced by r, counted in 1/S; FLTrust: trust 0).
     #: Every other rule drops them (a last line of defence: the engine screens first).

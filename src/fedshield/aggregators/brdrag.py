@@ -87,6 +87,7 @@ class BrDrag(Aggregator):
 
     params_schema = BrDragParams
     needs_reference = True
+    rescales_to_reference = True
     #: The engine may pass NaN/Inf rows through: this rule replaces them by r itself.
     handles_nonfinite = True
     c: float

@@ -32,6 +32,7 @@ class FLTrust(Aggregator):
     """FLTrust (SPEC §5): ReLU-cosine trust scores, updates rescaled to ‖r‖."""
 
     needs_reference = True
+    rescales_to_reference = True
     handles_nonfinite = True
 
     def aggregate(

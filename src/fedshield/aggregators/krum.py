@@ -69,7 +69,7 @@ def _krum_f(num_rows: int) -> int | None:
     return (num_rows - 3) // 2 if num_rows >= 3 else None
 
 
-@AGGREGATORS.register("krum", tags=["robust", "reference_free", "min_clients"])
+@AGGREGATORS.register("krum", tags=["robust", "reference_free", "min_clients", "selects=one"])
 class Krum(ByzantineCountRule):
     """Krum (Blanchard 2017): the update closest to its S − f − 2 nearest neighbours."""
 
@@ -93,7 +93,9 @@ class Krum(ByzantineCountRule):
         return updates[best].clone(), {"agg/selected": float(best), "agg/nonfinite": float(dropped)}
 
 
-@AGGREGATORS.register("multikrum", tags=["robust", "reference_free", "uses_weights", "min_clients"])
+@AGGREGATORS.register(
+    "multikrum", tags=["robust", "reference_free", "uses_weights", "min_clients", "selects=subset"]
+)
 class MultiKrum(ByzantineCountRule):
     """Multi-Krum (Blanchard 2017): weighted mean of the m best Krum scores (m = S − f)."""
 

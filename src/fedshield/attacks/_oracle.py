@@ -16,8 +16,9 @@ import math
 import torch
 from torch import Tensor
 
+from fedshield.aggregators._ops import W
 from fedshield.aggregators.base import Aggregator
-from fedshield.attacks._common import honest_pool
+from fedshield.attacks._common import honest_pool, with_rows
 from fedshield.attacks.base import AttackContext
 from fedshield.errors import ConfigError
 from fedshield.registry import tags_of
@@ -89,6 +90,53 @@ def benign_oracle(
     return pool, mean, RuleOracle(context, stand_in=mean)
 
 
+def selects(
+    oracle: RuleOracle,
+    updates: Tensor,
+    mask: Tensor,
+    rows: Tensor,
+    nudge: Tensor,
+    *,
+    every: bool = False,
+) -> bool:
+    """True when the rule selects the crafted ``rows`` (one ``[d]`` vector copied to every
+    attacker), read from the output of the rule called as a black box (Krum, Multi-Krum,
+    a plugin) on the rows in float64: a row is selected when moving it by
+    ``nudge`` (callers take 1e-9 of the crafted step) moves the aggregate.
+
+    ``every=False`` (Krum, which keeps one row): some copy is selected, i.e. the aggregate
+    moves when all copies move by ``nudge``. ``every=True`` (Multi-Krum: the
+    NDSS'21 authors' "all attackers selected"): identical copies share one score, so a
+    subset rule can cut among them; we move the last copy alone by ±``nudge``, which makes
+    it the worst-scored copy for one of the two signs, and ask that the aggregate follow it
+    for both: the worst copy, hence every copy, is selected. "Follow" is a share
+    ⟨Δaggregate, ±nudge⟩/‖nudge‖² above 1 % of 1/S (a selected row weighs 1/m ≥ 1/S in an
+    unweighted mean): which of two equal copies a rule keeps changes its summation order,
+    so the aggregate's bits move by rounding even when the nudged copy is cut."""
+    # Probed in float64: a nudge far below the rows' scale (so that it moves no cut but the
+    # one asked about) stays representable and rounding stays far below it. It must be
+    # small: near the boundary a copy's score moves slowly with γ, so a nudge of 1e-7 of
+    # the step shifted the γ found by ~1e-5 (the authors' τ) on one seeded input in 36.
+    updates, rows, nudge = updates.to(W), rows.to(W), nudge.to(W)
+    base = with_rows(updates, mask, rows)
+    out = oracle(base)
+    if out is None:
+        return False
+    if not every:
+        moved = oracle(with_rows(updates, mask, rows + nudge))
+        return moved is not None and not torch.equal(out, moved)
+    last = int(mask.nonzero()[-1])
+    step = nudge.to(device=out.device)
+    floor = 1e-2 / updates.shape[0] * float(step @ step)
+    for sign in (1.0, -1.0):
+        probe = base.clone()
+        probe[last] = (rows + sign * nudge).to(dtype=probe.dtype, device=probe.device)
+        moved = oracle(probe)
+        if moved is None or not sign * float((moved.to(W) - out.to(W)) @ step) > floor:
+            return False
+    return True
+
+
 def distance(out: Tensor | None, target: Tensor) -> float:
     """‖out − target‖ in float64; −inf when the rule gave nothing or a non-finite result
     (never a better candidate than one that works)."""
@@ -107,4 +155,11 @@ def directed(out: Tensor | None, before: Tensor, s: Tensor) -> float:
     return value if math.isfinite(value) else -math.inf
 
 
-__all__ = ["RuleOracle", "benign_oracle", "directed", "distance", "needs_reference"]
+__all__ = [
+    "RuleOracle",
+    "benign_oracle",
+    "directed",
+    "distance",
+    "needs_reference",
+    "selects",
+]

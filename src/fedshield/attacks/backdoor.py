@@ -97,9 +97,9 @@ class ReplacementParams(BackdoorParams):
     gamma: float | None = Field(
         None,
         gt=0.0,
-        description="boost γ of the backdoored update; unset: S/f (S rows, f attackers this "
-        "round): the paper's n/η for η = 1, shared by the f attackers so that their boosted "
-        "updates together replace the mean",
+        description="total boost γ of the paper (γ = n/η replaces the global model), "
+        "divided among this round's f attackers: each uploads (γ/f)·g; unset: γ = S (S "
+        "rows this round: n/η for η = 1), so each attacker boosts by S/f",
     )
     norm_bound: float | None = Field(
         None,
@@ -114,17 +114,18 @@ class ModelReplacement(CohortAttack, DataAttack):
     """Model replacement / constrain-and-scale (Bagdasaryan et al. 2020): train on backdoored
     data, boost the update.
 
-    The attacker poisons its data as ``backdoor`` does, trains on it, then uploads γ·g
-    (the paper's X̃ = γ(X − G) + G; γ = n/η replaces the global model under FedAvg with
-    one attacker, and the default γ = S/f splits that boost over this round's f attackers);
-    ``norm_bound`` caps ‖γ·g‖ (the paper's scaling within the defense's bound S). The
+    The attacker poisons its data as ``backdoor`` does, trains on it, then uploads (γ/f)·g
+    (the paper's X̃ = γ(X − G) + G, §3.3: γ = n/η replaces the global model under FedAvg;
+    f colluding attackers divide γ among them, as the paper does for several attackers, so
+    that their boosted updates together carry γ; default γ = S, η = 1);
+    ``norm_bound`` caps each ‖(γ/f)·g‖ (the paper's scaling within the defense's bound S). The
     anomaly-loss term of the paper's constrained training is not applied: the client
     trains with the configured client algorithm. Both a data attack (the poisoning) and
     an update attack (the boost): tag ``kind=update``."""
 
     params_schema = ReplacementParams
     params: ReplacementParams
-    #: Placement on Flower (fedshield.flower.byzantine): the boost γ = S/f reads the
+    #: Placement on Flower (fedshield.flower.byzantine): the boost γ/f = S/f reads the
     #: cohort's size, so it is applied where every row is seen; the poisoning stays on the
     #: SuperNode. (Its rows depend only on the attackers' own updates: no omniscient tag.)
     omniscient = True
@@ -139,7 +140,8 @@ class ModelReplacement(CohortAttack, DataAttack):
 
     def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         own = updates[mask]
-        gamma = updates.shape[0] / own.shape[0] if self.gamma is None else self.gamma
+        total = float(updates.shape[0]) if self.gamma is None else self.gamma
+        gamma = total / own.shape[0]  # each attacker's share of the paper's γ
         factor = torch.full((own.shape[0],), gamma, dtype=torch.float64, device=own.device)
         if self.norm_bound is not None:
             norms = row_norms(own)

@@ -64,6 +64,14 @@ class _Attack:
         for key, value in self.params.kwargs().items():
             setattr(self, key, value)
 
+    def state_dict(self) -> dict[str, Any]:
+        """State carried from round to round (Mimic's warm-up), saved in the run's
+        checkpoint so that a resumed run continues it; {} for the stateless attacks."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (called on resume; {} leaves the attack as built)."""
+
 
 class UpdateAttack(_Attack):
     kind = "update"

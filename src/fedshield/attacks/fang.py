@@ -11,10 +11,11 @@ for gradients.
 * ``fang_krum`` (§4.2, against Krum and Multi-Krum): every attacker uploads −λs. λ starts
   at the paper's upper bound
 
-      λ₀ = min_{i∈B} Σ_{l∈Γ_i} ‖g_l − g_i‖ / ((m − 2c − 1) d) + max_{i∈B} ‖g_i‖ / √d
+      λ₀ = min_{i∈B} Σ_{l∈Γ_i} ‖g_l − g_i‖ / ((m − 2c − 1) √d) + max_{i∈B} ‖g_i‖ / √d
 
-  (B the benign rows, Γ_i the m − c − 2 benign rows nearest to g_i, m rows of which c
-  Byzantine, d coordinates) and is halved until the rule selects the crafted rows, or
+  (Theorem 1; B the benign rows, Γ_i the m − c − 2 benign rows nearest to g_i, m rows of
+  which c Byzantine, d coordinates; the authors' and the NDSS'21 code divide by the same
+  (m − 2c − 1)·√d) and is halved until the rule selects the crafted rows, or
   falls below ``threshold``. "Selected" is read from the rule's output: the aggregate
   moves when the crafted rows move (a relative 1e-4 step along s), so the same test
   serves Krum, Multi-Krum, Bulyan or a plugin selection rule.
@@ -35,7 +36,7 @@ from torch import Tensor
 
 from fedshield.aggregators._ops import pairwise_sq_dists, row_norms
 from fedshield.attacks._common import CohortAttack, Ctx, Rng, with_rows
-from fedshield.attacks._oracle import RuleOracle, benign_oracle
+from fedshield.attacks._oracle import RuleOracle, benign_oracle, selects
 from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
@@ -60,7 +61,7 @@ def krum_lambda_bound(benign: Tensor, num_rows: int, num_byzantine: int) -> floa
         d2, _ = pairwise_sq_dists(benign)
         dist = d2.clamp_min(0).sqrt().fill_diagonal_(math.inf)
         sums = dist.topk(k, dim=1, largest=False).values.sum(dim=1)
-        first = float(sums.min()) / (max(num_rows - 2 * num_byzantine - 1, 1) * d)
+        first = float(sums.min()) / (max(num_rows - 2 * num_byzantine - 1, 1) * math.sqrt(d))
     second = float(row_norms(benign).max()) / math.sqrt(d)
     return first + second
 
@@ -101,9 +102,7 @@ class FangKrum(CohortAttack):
         lam = krum_lambda_bound(pool, updates.shape[0], f)
 
         def selected(lam: float) -> bool:
-            out = oracle(with_rows(updates, mask, -lam * s))
-            moved = oracle(with_rows(updates, mask, -(lam * (1 + 1e-4)) * s))
-            return out is not None and moved is not None and not torch.equal(out, moved)
+            return selects(oracle, updates, mask, -lam * s, -(lam * 1e-9) * s)
 
         while lam >= self.threshold and not selected(lam):
             lam /= 2

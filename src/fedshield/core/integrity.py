@@ -15,7 +15,8 @@ they replace the self-reported ``num_examples``; otherwise the reported count mu
 integer in ``[0, max_num_examples]``, and never above :data:`COUNT_CEILING` (2⁵³, the
 largest integer float64 weights hold exactly), so a count cannot overflow the weights.
 
-Tensors must be dense (strided) and are kept detached from any autograd graph; ``extras``
+Tensors must be dense (strided) with data (not on the ``meta`` device: reasons
+``delta_device``, ``buffers_device``) and are kept detached from any autograd graph; ``extras``
 and ``metrics`` must be mappings (a client's metrics are only logged, never trusted).
 """
 
@@ -80,8 +81,15 @@ def _finite(t: Tensor) -> bool:
 
 
 def is_dense(t: object) -> TypeGuard[Tensor]:
-    """A tensor with the ordinary strided layout (no sparse or other layouts)."""
-    return isinstance(t, Tensor) and t.layout == torch.strided
+    """A tensor with the ordinary strided layout (no sparse or other layouts) that holds
+    data (not on PyTorch's ``meta`` device, whose values cannot be read)."""
+    return isinstance(t, Tensor) and t.layout == torch.strided and not _no_data(t)
+
+
+def _no_data(t: object) -> bool:
+    """A tensor without values (``meta`` device): reading one raises, so it is rejected
+    (an in-process client's meta delta aborted the round)."""
+    return isinstance(t, Tensor) and t.device.type == "meta"
 
 
 def _check_field(name: str, t: object, spec: FieldSpec, dtype: torch.dtype) -> str | None:
@@ -120,6 +128,8 @@ def _valid_count(n: object, cap: int | None) -> bool:
 def check_upload(u: ClientUpdate, spec: UploadSpec) -> str | None:
     """The reason ``u`` must be rejected, or None when every field is valid."""
     d = u.delta
+    if _no_data(d):
+        return "delta_device"
     if not is_dense(d) or tuple(d.shape) != (spec.num_params,):
         return "delta_shape"
     if d.dtype != spec.dtype:
@@ -127,6 +137,8 @@ def check_upload(u: ClientUpdate, spec: UploadSpec) -> str | None:
     if not _finite(d):
         return "delta_nonfinite"
     b = u.buffers
+    if _no_data(b):
+        return "buffers_device"
     if not is_dense(b) or tuple(b.shape) != (spec.num_buffers,):
         return "buffers_shape"
     if b.dtype != spec.dtype:

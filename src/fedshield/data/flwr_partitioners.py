@@ -56,15 +56,46 @@ def _run(name: str, make: Callable[[Any, int], Any], labels: np.ndarray,
         raise ConfigError(f"data.partition={name!r}: {err}") from None
 
 
-def _needs_flwr(name: str) -> Callable[..., None]:
+def _needs_flwr(
+    name: str, weights: Callable[[int], np.ndarray] | None = None
+) -> Callable[..., None]:
+    """The sizes check of a Flower partitioner (:func:`~fedshield.data.partition.feasible`),
+    before any data is loaded: Flower Datasets installed, and ``data.min_size`` reachable —
+    ``min_size`` × clients within the samples (Dirichlet's ``min_partition_size``, which
+    Flower otherwise reports after loading, as a failure to sample with "alpha"), and for
+    the size partitioners (client k's share ∝ ``weights(M)[k]``) the smallest client's at
+    most ⌊n·w_min/Σw⌋ + 1 samples."""
+
     def check(n: int, num_clients: int, min_size: int, **_: Any) -> None:
         _require(name)
+        if min_size * num_clients > n:
+            raise ConfigError(
+                f"data.min_size={min_size} × data.num_clients={num_clients} exceeds the {n} "
+                f"training samples (data.partition={name!r})"
+            )
+        if weights is not None:
+            w = weights(num_clients)
+            most = int(n * float(w.min()) / float(w.sum())) + 1
+            if most < min_size:
+                raise ConfigError(
+                    f"data.min_size={min_size}: partition {name!r} gives the smallest of "
+                    f"data.num_clients={num_clients} clients at most {most} of the {n} "
+                    "training samples; lower min_size or num_clients"
+                )
 
     return check
 
 
 class FlwrDirichletParams(Params):
-    beta: float = Field(0.5, gt=0.0, description="Dirichlet concentration α (data.beta)")
+    """Flower's DirichletPartitioner parameters, read from ``[data]``; the rows it sees are
+    shuffled, and its ``seed`` derived, by fedshield's partition stream (the run's seed)."""
+
+    beta: float = Field(
+        0.5,
+        gt=0.0,
+        description="Dirichlet concentration α (data.beta); Flower's seed is derived from "
+        "the run's partition stream, its rows shuffled by it",
+    )
     min_size: int = Field(
         1,
         ge=0,
@@ -73,7 +104,7 @@ class FlwrDirichletParams(Params):
     )
 
 
-@feasible(_needs_flwr("flwr_iid"))
+@feasible(_needs_flwr("flwr_iid", np.ones))
 @PARTITIONERS.register("flwr_iid", schema=NoParams)
 def flwr_iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Flower Datasets' IidPartitioner: M equal parts of the shuffled rows."""
@@ -85,7 +116,11 @@ def flwr_iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> 
 def flwr_dirichlet(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, beta: float, min_size: int
 ) -> list[np.ndarray]:
-    """Flower Datasets' DirichletPartitioner: a Dir(α) share of every class per client."""
+    """Flower Datasets' DirichletPartitioner on rows shuffled by fedshield's partition
+    stream, seeded from it: Flower's own output only with that shuffle and seed.
+
+    A Dir(α) share of every class per client. ``DirichletPartitioner(seed=<run seed>)`` on
+    the dataset as stored gives another partition."""
 
     def make(p: Any, seed: int) -> Any:
         return p.DirichletPartitioner(
@@ -95,16 +130,21 @@ def flwr_dirichlet(
     return _run("flwr_dirichlet", make, labels, rng, num_clients)
 
 
-def _register_size(key: str, cls: str, what: str) -> None:
+def _register_size(key: str, cls: str, what: str, weights: Callable[[int], np.ndarray]) -> None:
     def fn(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return _run(key, lambda p, _s: getattr(p, cls)(num_clients), labels, rng, num_clients)
 
     fn.__doc__ = f"Flower Datasets' {cls}: client sizes {what} in the client's index."
-    feasible(_needs_flwr(key))(PARTITIONERS.register(key, schema=NoParams)(fn))
+    feasible(_needs_flwr(key, weights))(PARTITIONERS.register(key, schema=NoParams)(fn))
 
 
-_register_size("flwr_linear", "LinearPartitioner", "growing linearly")
-_register_size("flwr_square", "SquarePartitioner", "growing with the square")
+_register_size(
+    "flwr_linear", "LinearPartitioner", "growing linearly", lambda m: np.arange(1.0, m + 1)
+)
+_register_size(
+    "flwr_square", "SquarePartitioner", "growing with the square",
+    lambda m: np.arange(1.0, m + 1) ** 2,
+)  # fmt: skip
 
 
 __all__ = ["flwr_dirichlet", "flwr_iid"]

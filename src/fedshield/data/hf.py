@@ -104,6 +104,9 @@ def _open(datasets: Any, root: str, download: bool, path: str, name: str | None)
             return datasets.load_from_disk(str(local))
         except (FileNotFoundError, ValueError) as err:
             raise DataError(f"{local}: not a saved Hugging Face dataset ({err})") from None
+    missing = _missing_folder(path)
+    if missing is not None:  # a path, not a Hub name (also checked before any data)
+        raise DataError(f"dataset 'hf:{path}': no folder {missing}")
     cache = Path(root).expanduser() / "huggingface"
     try:
         with _offline(datasets, not download):
@@ -253,7 +256,27 @@ def _hf_info(p: HFParams) -> DatasetInfo:
             "data.dataset='huggingface' needs data.params.path, or write "
             "data.dataset = 'hf:<Hub name or folder saved with save_to_disk>'"
         )
+    missing = _missing_folder(p.path)
+    if missing is not None:
+        raise ConfigError(
+            f"data.dataset='hf:{p.path}': no folder {missing} (a path, not a Hub name: "
+            "give a folder saved with save_to_disk, or a Hub name such as 'owner/name')"
+        )
     return DatasetInfo(None, None)
+
+
+def _missing_folder(path: str) -> Path | None:
+    """The folder ``path`` names when it looks like a path and does not exist: it starts
+    with ``/``, ``./``, ``../`` or ``~``, or its parent is an existing directory (a Hub
+    name ``owner/name`` has no local parent); None otherwise (loaded from the Hub)."""
+    local = Path(path).expanduser()
+    if local.exists():
+        return None
+    looks_local = path.startswith(("/", "./", "../", "~", ".\\", "..\\"))
+    parent = local.parent
+    if looks_local or (parent != Path(".") and parent.is_dir()):
+        return local
+    return None
 
 
 huggingface = _download_url(_hub_url)(

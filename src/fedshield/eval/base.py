@@ -40,6 +40,17 @@ Evaluator = Callable[..., dict[str, float]]
 EVALUATORS: Registry[Evaluator] = Registry("evaluator", context=("model", "inputs"))
 
 
+def check_evaluators(names: list[str], params: dict[str, dict], num_classes: int) -> None:
+    """Before training: each evaluator's ``check(parsed_params, num_classes)`` where its
+    registry entry declares one (an evaluator that cannot run on this data — AutoAttack
+    with fewer than 4 classes — was refused only after the whole run had trained)."""
+    for name in names:
+        entry = EVALUATORS.entry(name, "eval.metrics")
+        check = getattr(entry.obj, "check", None)
+        if check is not None:
+            check(entry.parse(params.get(name, {}), f"eval.params.{name}"), num_classes)
+
+
 def run_evaluators(
     model: nn.Module, inputs: EvalInputs, names: list[str], params: dict[str, dict]
 ) -> dict[str, float]:

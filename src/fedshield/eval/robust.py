@@ -39,8 +39,10 @@ from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from fedshield.adversarial import EVAL_ATTACKS, MissingDependencyError, robust_correct
+from fedshield.adversarial.autoattack import MIN_CLASSES
 from fedshield.core.context import derive_seed
 from fedshield.core.params import Params, parse_params
+from fedshield.errors import ConfigError
 from fedshield.eval.base import EVALUATORS, EvalInputs
 
 log = logging.getLogger("fedshield")
@@ -164,6 +166,17 @@ def _pgd(p: GroupParams, eps: float, seed: int) -> Any:
     return EVAL_ATTACKS.build("pgd", eps=eps, alpha=p.pgd_alpha, steps=p.pgd_steps, seed=seed)
 
 
+def _check_robust(p: RobustParams, num_classes: int) -> None:
+    """AutoAttack's targeted attacks (APGD-T, FAB-T) read the 3rd and 4th largest logits:
+    refused before training when the data has fewer classes, naming the key to turn off."""
+    if p.autoattack and num_classes < MIN_CLASSES:
+        raise ConfigError(
+            f"eval.params.robust.autoattack: AutoAttack needs >= {MIN_CLASSES} classes (its "
+            f"targeted DLR loss reads the 3rd and 4th largest logits); the data has "
+            f"{num_classes}. Set eval.params.robust.autoattack = false"
+        )
+
+
 @EVALUATORS.register("robust", schema=RobustParams)
 def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
     """The robust evaluator reports natural, FGSM, PGD-20, CW∞, AutoAttack and Robust AVG
@@ -222,6 +235,9 @@ def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, flo
         out.update(_group_metrics(p, inputs, y, per))
         out.update(_group_metrics(p, inputs, y[aa_idx], {"worst": worst}, counts=False))
     return out
+
+
+robust.check = _check_robust  # type: ignore[attr-defined]  # read by check_evaluators
 
 
 def worst_case(results: dict[str, Tensor], subset: Tensor) -> Tensor:

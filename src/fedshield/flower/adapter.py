@@ -88,6 +88,7 @@ from fedshield.core.flat import float_buffers
 from fedshield.core.integrity import FieldSpec, UploadSpec
 from fedshield.core.params import Params, parse_params
 from fedshield.core.seeds import ROOT, TORCH
+from fedshield.core.state_check import check_scale, check_table
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.flower.arrays import ModelLayout, RecordError, decode_tensor, encode_tensor
@@ -272,6 +273,12 @@ class FedshieldRule(FlowerFedAvg):
         byzantine_f: int | None = None,
         **flower_kwargs: Any,
     ) -> None:
+        from fedshield.flower.metric_records import robust_metricrecords
+
+        # Client-reported metrics are untrusted: their median, not Flower's weighted mean.
+        for key in ("train_metrics_aggr_fn", "evaluate_metrics_aggr_fn"):
+            if flower_kwargs.get(key) is None:
+                flower_kwargs[key] = robust_metricrecords
         super().__init__(**flower_kwargs)
         from fedshield.plugins import load_plugins
 
@@ -425,21 +432,17 @@ class FedshieldRule(FlowerFedAvg):
         return spec.shape == (layout.num_params,) and spec.dtype is None
 
     def _check_state(self, params: Tensor) -> None:
-        """A state set by the caller (a resumed run) is checked like an upload: the keys,
-        shapes and dtypes of the server algorithm's own initial state, finite values."""
-        want = self.server.init_state(params)
-        for key, value in self.state.items():
-            ref = want.get(key)
-            if not isinstance(value, Tensor):
-                raise ConfigError(f"strategy.state[{key!r}]: not a tensor")
-            if ref is not None and (value.shape != ref.shape or value.dtype != ref.dtype):
-                raise ConfigError(
-                    f"strategy.state[{key!r}]: shape {tuple(value.shape)} {value.dtype}, "
-                    f"expected {tuple(ref.shape)} {ref.dtype}"
-                )
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                raise ConfigError(f"strategy.state[{key!r}]: holds NaN/Inf values")
-        self.state = {k: v.to(self.device) for k, v in self.state.items()}
+        """A state set by the caller (a resumed run) is checked like an upload, by the one
+        state checker (:mod:`fedshield.core.state_check`): keys the server algorithm
+        declares (:meth:`ServerAlgorithm.state_spec`, keys created after round 1
+        included) with their shapes and dtypes, finite values, and θ-shaped state within
+        ``MAX_SCALE`` × ‖θ‖ (a FedACG momentum of 1e30 stepped θ by 1.8e31)."""
+        spec = self.server.state_spec(params)
+        state = check_table("strategy.state", self.state, spec, error=ConfigError)
+        for key, value in state.items():
+            if tuple(value.shape) == tuple(params.shape):
+                check_scale(f"strategy.state[{key!r}]", value, params, error=ConfigError)
+        self.state = {k: v.to(self.device) for k, v in state.items()}
 
     # -- configure ----------------------------------------------------------------------
     def _start_round(self, server_round: int, arrays: ArrayRecord, num_nodes: int) -> _Round:
@@ -634,8 +637,9 @@ class FedshieldRule(FlowerFedAvg):
     def _client_metrics(
         self, kept: list[ClientUpdate], by_node: dict[int, Message]
     ) -> dict[str, float]:
-        """The clients' own metrics (train loss, ...) through ``train_metrics_aggr_fn``,
-        weighted by the screened counts (1 each under uniform weighting)."""
+        """The clients' own metrics (train loss, ...) through ``train_metrics_aggr_fn``
+        (by default their median, :mod:`fedshield.flower.metric_records`), with the
+        screened counts (1 each under uniform weighting); a non-finite result is dropped."""
         contents = []
         for u in kept:
             records = list(by_node[u.client_id].content.metric_records.values())
@@ -655,4 +659,8 @@ class FedshieldRule(FlowerFedAvg):
         except Exception as err:  # clients disagree on their metric keys: report none
             log.warning("client metrics not aggregated (%s)", err)
             return {}
-        return {k: float(v) for k, v in out.items() if isinstance(v, int | float)}
+        return {
+            k: float(v)
+            for k, v in out.items()
+            if isinstance(v, int | float) and math.isfinite(float(v))
+        }

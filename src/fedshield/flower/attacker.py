@@ -12,7 +12,9 @@ pieces, used alone or together, with any registered attack (``fedshield list att
   data unchanged on honest nodes). For an attack that needs the other nodes' updates
   (``alie``, ``min_max``, ``alie_opt``, ``mimic``, ... and ``noise``, which draws from
   the round's shared stream) the node only marks its honest reply as Byzantine (a
-  ``ConfigRecord`` ``fs.attacker``) and leaves the rewrite to the strategy wrapper.
+  ``ConfigRecord`` ``fs.attacker``) and leaves the rewrite to the strategy wrapper; such
+  an attack is refused at construction unless you say so (``rewritten_by_strategy=True``),
+  as the mod alone would do nothing.
 * :class:`AttackedStrategy` — wraps any Message-API strategy (Flower's ``FedAvg``,
   ``FedMedian``, ``Krum``, fedshield's :mod:`~fedshield.flower.strategies`, yours). Before
   your strategy aggregates, it forms the round's pseudo-gradients g_m = θ_m − θ^t over the
@@ -27,7 +29,7 @@ pieces, used alone or together, with any registered attack (``fedshield list att
 
 ::
 
-    mod = attacker_mod("alie", nodes={0, 1})
+    mod = attacker_mod("alie", nodes={0, 1}, rewritten_by_strategy=True)
     app = ClientApp(mods=[mod])                   # your ClientApp, unchanged otherwise
     strategy = AttackedStrategy(FedAvg(), "alie")  # your strategy, wrapped
 """
@@ -48,6 +50,7 @@ from fedshield import attacks
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
 from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack
 from fedshield.core.context import make_generator
+from fedshield.errors import ConfigError
 from fedshield.flower.byzantine import local_update_attack
 
 #: the record a Byzantine node adds to its reply for the strategy wrapper (stripped there)
@@ -109,8 +112,20 @@ class AttackerMod:
         *,
         arrays_key: str = "arrays",
         seed: int = 0,
+        rewritten_by_strategy: bool = False,
     ) -> None:
         self.attack = _build(attack, params)
+        strategy_side = isinstance(self.attack, UpdateAttack) and not local_update_attack(
+            self.attack
+        )  # read off the attack's declaration (fedshield.flower.byzantine)
+        if strategy_side and not rewritten_by_strategy:  # alone the mod would only mark
+            name = attack if isinstance(attack, str) else type(self.attack).__name__
+            raise ConfigError(
+                f"attacker_mod({name!r}): this attack needs the other clients' updates "
+                f"(or the server's rule), which a client mod never sees; the mod only "
+                f"marks its nodes' replies for AttackedStrategy(your_strategy, {name!r}) "
+                f"on the server. Wrap your strategy and pass rewritten_by_strategy=True"
+            )
         self.nodes = frozenset(int(n) for n in nodes)
         self.arrays_key = arrays_key
         self.seed = seed

@@ -189,14 +189,138 @@ class NormClip(FedshieldRule):
         super().__init__(aggregator="norm_clip", aggregator_args=_given(tau=tau), **kwargs)
 
 
+class MDA(FedshieldRule):
+    """Minimum Diameter Averaging (El Mhamdi et al. 2020): the mean of the S − f closest-knit
+    updates."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="mda", aggregator_args=_given(f=f), **kwargs)
+
+
+class MeaMed(FedshieldRule):
+    """MeaMed (Xie et al. 2018): per coordinate, the mean of the S − f values closest to the
+    median."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="meamed", aggregator_args=_given(f=f), **kwargs)
+
+
+class MoNNA(FedshieldRule):
+    """MoNNA (Farhadkhani et al. 2023): the mean of the S − f updates nearest to the server's
+    root-data update (``root_data``, as FLTrust)."""
+
+    def __init__(self, f: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="monna", aggregator_args=_given(f=f), **kwargs)
+
+
+class CAF(FedshieldRule):
+    """CAF (Allouah et al. 2025): the covariance-bound agnostic filter."""
+
+    def __init__(
+        self,
+        f: int | None = None,
+        power_iters: int | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        args = _given(f=f, power_iters=power_iters, seed=seed)
+        super().__init__(aggregator="caf", aggregator_args=args, **kwargs)
+
+
+class SMEA(FedshieldRule):
+    """SMEA (Allouah et al. 2023): the mean of the S − f updates whose covariance has the
+    smallest top eigenvalue."""
+
+    def __init__(
+        self,
+        f: int | None = None,
+        power_iters: int | None = None,
+        seed: int | None = None,
+        max_subsets: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        args = _given(f=f, power_iters=power_iters, seed=seed, max_subsets=max_subsets)
+        super().__init__(aggregator="smea", aggregator_args=args, **kwargs)
+
+
+class DnC(FedshieldRule):
+    """DnC (Shejwalkar & Houmansadr 2021): drop the outliers along the top singular direction
+    of random coordinate subsets, average the rest."""
+
+    def __init__(
+        self,
+        f: int | None = None,
+        niters: int | None = None,
+        sub_dim: int | None = None,
+        c: float | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        args = _given(f=f, niters=niters, sub_dim=sub_dim, c=c, seed=seed)
+        super().__init__(aggregator="dnc", aggregator_args=args, **kwargs)
+
+
+class SignGuard(FedshieldRule):
+    """SignGuard (Xu et al. 2022): norm filter and sign-statistics clustering, then the mean
+    clipped to the median norm."""
+
+    def __init__(
+        self, lower: float | None = None, upper: float | None = None, **kwargs: Any
+    ) -> None:
+        args = _given(lower=lower, upper=upper)
+        super().__init__(aggregator="signguard", aggregator_args=args, **kwargs)
+
+
+class ClippedClustering(FedshieldRule):
+    """Clipped Clustering (Li et al. 2023): clip to the median of the norm history, keep the
+    larger of two cosine clusters."""
+
+    def __init__(self, max_tau: float | None = None, **kwargs: Any) -> None:
+        args = _given(max_tau=max_tau)
+        super().__init__(aggregator="clippedclustering", aggregator_args=args, **kwargs)
+
+
+class RLR(FedshieldRule):
+    """Robust learning rate (Ozdayi et al. 2021): the mean, negated where fewer than θ
+    clients agree on the sign."""
+
+    def __init__(self, theta: int | None = None, **kwargs: Any) -> None:
+        super().__init__(aggregator="rlr", aggregator_args=_given(theta=theta), **kwargs)
+
+
+class FLAME(FedshieldRule):
+    """FLAME (Nguyen et al. 2022): HDBSCAN on cosine distances, clip to the median norm, add
+    Gaussian noise."""
+
+    def __init__(self, noise: float | None = None, seed: int | None = None, **kwargs: Any):
+        args = _given(noise=noise, seed=seed)
+        super().__init__(aggregator="flame", aggregator_args=args, **kwargs)
+
+
+class FoolsGold(FedshieldRule):
+    """FoolsGold (Fung et al. 2020): every update weighted down by its largest cosine
+    similarity to another, on the round's updates."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(aggregator="foolsgold", **kwargs)
+
+
 __all__ = [
     "BRDRAG",
+    "CAF",
     "DRAG",
+    "FLAME",
+    "FoolsGold",
+    "MDA",
+    "RLR",
+    "SMEA",
     "RAGA",
     "RFA",
     "SCAFFOLD",
     "Bulyan",
     "CenteredClipping",
+    "ClippedClustering",
+    "DnC",
     "FLTrust",
     "FedACG",
     "FedCART",
@@ -205,9 +329,12 @@ __all__ = [
     "FedshieldRule",
     "GeoMed",
     "Krum",
+    "MeaMed",
     "Median",
+    "MoNNA",
     "MultiKrum",
     "NormClip",
     "RootTrainParams",
+    "SignGuard",
     "TrimmedMean",
 ]

@@ -106,17 +106,23 @@ def load_state(
     SuperNode restart), else from the node's ``Context.state``, else initialised as the
     simulator does on first participation. Other runs' states are dropped from the
     Context."""
+    from fedshield.core.state_check import check_table
     from fedshield.flower import codec, node_state
 
     for key in list(store.array_records):
         if key.startswith(keys.CLIENT_STATE) and key != task.state_key:
             del store[key]
+    # Read back, so untrusted: the client algorithm's declared keys, θ's shape and dtype,
+    # finite (one checker, fedshield.core.state_check); a wrong shape was a raw RuntimeError.
+    spec = sim.comp.client.state_spec(sim.state.params)
     if disk is not None:
         saved = node_state.load(disk, task.client_id, task.run_key, sim.device)
         if saved is not None:
-            return saved.tensors
+            where = f"{node_state.state_path(disk, task.client_id)}: client state"
+            return check_table(where, saved.tensors, spec)
     if task.state_key in store.array_records:
-        return codec.record_to_tensors(store.array_records[task.state_key], sim.device)
+        tensors = codec.record_to_tensors(store.array_records[task.state_key], sim.device)
+        return check_table(f"Context.state[{task.state_key!r}]", tensors, spec)
     return sim.comp.client.init_state(d)
 
 

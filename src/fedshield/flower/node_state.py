@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from fedshield.core.state_check import check_round, check_table
+from fedshield.errors import DataError
 from fedshield.sim.checkpoint import atomic_write_bytes
 
 STATE_DIR = "state-dir"  # node config key
@@ -61,9 +63,16 @@ def load(
     path = state_path(state_dir, client_id)
     if not path.exists():
         return None
-    d = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        d = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise DataError(f"{path}: corrupt client state ({type(err).__name__})") from None
+    if not isinstance(d, dict):
+        raise DataError(f"{path}: not a fedshield client state")
     if d.get("run_key") != run_key or d.get("client_id") != client_id:
         return None
-    tensors = {k: v.to(device) for k, v in d["state"].items()}
-    return SavedState(run_key, client_id, int(d["round"]), tensors)
+    rnd = check_round(f"{path}: round", d.get("round"), None)
+    # Shapes and dtypes are checked by the caller against the client algorithm's spec.
+    tensors = check_table(f"{path}: state", d.get("state"), None)
+    return SavedState(run_key, client_id, rnd, {k: v.to(device) for k, v in tensors.items()})
 

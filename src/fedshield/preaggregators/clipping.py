@@ -6,8 +6,10 @@ Gradients in Distributed Learning").
 * ``arc``: the ⌊2f/n · (n − f)⌋ rows of largest norm are clipped to the norm of the
   largest row left unclipped (ByzFL ``ARC(f)``): the radius adapts to the honest scale.
 
-Norms are float64; a row is scaled in float64 and cast back, so nothing overflows. Ties
-in norm are ordered by row index (a stable sort), as ByzFL's.
+Norms are float64 (row by row: ``_ops.row_norms``); a clipped row is multiplied by its
+factor r/‖g‖ ≤ 1 in the input's dtype, as ByzFL does, so it cannot overflow, and the rows
+left alone are copied, not rescaled (no float64 copy of the matrix). Ties in norm are
+ordered by row index (a stable sort), as ByzFL's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import W, row_norms, to_dtype
+from fedshield.aggregators._ops import W, row_norms
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator, check_rows
@@ -26,9 +28,20 @@ from fedshield.preaggregators.nnm import default_f, rule_f
 
 
 def scale_to(updates: Tensor, norms: Tensor, radius: Tensor) -> Tensor:
-    """Rows with norm above ``radius`` ([n] or scalar) scaled down to it (float64)."""
+    """Rows with norm above ``radius`` ([n] or scalar) scaled down to it: the factor in
+    float64, the product in the input's dtype (a factor ≤ 1 cannot overflow it)."""
     factor = torch.where(norms > radius, radius / norms.clamp_min(1e-300), 1.0)
-    return to_dtype(updates.to(W) * factor[:, None], updates.dtype)
+    if updates.device.type != "cpu":
+        return updates * factor.to(updates.dtype)[:, None]  # one kernel; x·1 = x exactly
+    # On CPU a broadcast [n, d] × [n, 1] product runs ~8× slower than row-wise products
+    # (13.8 vs 1.8 ms at n = 50, d = 1e5, one thread): one pass, row by row.
+    out = torch.empty_like(updates)
+    for i, c in enumerate(factor.tolist()):
+        if c < 1.0:
+            torch.mul(updates[i], c, out=out[i])
+        else:
+            out[i].copy_(updates[i])
+    return out
 
 
 def clip(updates: Tensor, c: float) -> Tensor:

@@ -4,8 +4,11 @@ AISTATS 2023, "Fixing by Mixing: A Recipe for Optimal Byzantine ML under Heterog
 Every row is replaced by the mean of its n − f nearest rows (itself included), Euclidean
 distance: y_i = (1/(n − f)) Σ_{j ∈ N_i} x_j. Followed by any robust rule, NNM gives it the
 optimal error under heterogeneous honest data; ByzFL's ``NNM(f)`` computes the same.
-Distances are float64 and cancellation-checked (``_ops.pairwise_sq_dists``); on exact
-distance ties the lower index is taken first (``torch.topk``'s order).
+Distances are float64 and cancellation-checked (``_ops.pairwise_sq_dists``); on distance
+ties the lower index is taken first. The Gram pass leaves ~1e-13 relative noise, enough to
+order two equal distances either way, so a row whose cut (its (n − f)-th distance) has
+other distances within 1e-9 of it has those recomputed by direct differences, exactly
+symmetric, and ordered by (distance, index) (:func:`neighbours`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import W, pairwise_sq_dists
+from fedshield.aggregators._ops import W, column_blocks, pairwise_sq_dists
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator, check_rows, mix_rows
@@ -36,6 +39,39 @@ def default_f(f: int | None, num_rows: int) -> int:
     return (num_rows - 1) // 2 if f is None else min(f, num_rows - 1)
 
 
+#: Distances within this fraction of a row's largest distance of its cut are re-measured.
+_TIE = 1e-9
+
+
+def direct_sq_dists(x: Tensor, i: int, cols: Tensor) -> Tensor:
+    """‖x_i − x_j‖² for j in ``cols`` by direct differences in float64 column blocks: the
+    same arithmetic for (i, j) and (j, i), so equal geometry gives bitwise-equal values."""
+    out = torch.zeros(cols.numel(), dtype=W, device=x.device)
+    for blk in column_blocks(x):
+        diff = x[cols, blk].to(W) - x[i, blk].to(W)
+        out += (diff * diff).sum(dim=1)
+    return out
+
+
+def neighbours(updates: Tensor, d2: Tensor, k: int) -> Tensor:
+    """``[n, k]`` indices of each row's k nearest rows (itself included), ties to the lower
+    index: from the Gram distances ``d2``, except where the k-th distance has others within
+    ``_TIE`` (relative) of it, which are re-measured directly and ordered by (distance, j)."""
+    order = torch.argsort(d2, dim=1, stable=True)
+    idx = order[:, :k].clone()
+    cut = d2.gather(1, order[:, k - 1 : k])
+    tol = _TIE * d2.max(dim=1, keepdim=True).values
+    near = (d2 - cut).abs() <= tol
+    for i in (near.sum(dim=1) > 1).nonzero().flatten().tolist():
+        cand = near[i].nonzero().flatten()
+        below = order[i, :k][~near[i, order[i, :k]]]  # surely among the k nearest
+        exact = direct_sq_dists(updates, i, cand)
+        rank = sorted(range(cand.numel()), key=lambda t: (float(exact[t]), int(cand[t])))
+        take = cand[torch.tensor(rank[: k - below.numel()], dtype=torch.long)]
+        idx[i] = torch.cat([below, take.to(below.device)])
+    return idx
+
+
 def nnm(updates: Tensor, f: int) -> Tensor:
     """``[n, d]`` NNM of the ``[n, d]`` finite rows: row i → mean of its n − f nearest rows."""
     n = updates.shape[0]
@@ -43,7 +79,7 @@ def nnm(updates: Tensor, f: int) -> Tensor:
         raise ValueError(f"nnm: need 0 <= f < n = {n}, got f={f}")
     d2, _ = pairwise_sq_dists(updates)
     k = n - f
-    idx = d2.topk(k, dim=1, largest=False).indices
+    idx = neighbours(updates, d2, k)
     coef = torch.zeros(n, n, dtype=W, device=updates.device)
     coef.scatter_(1, idx, 1.0 / k)
     return mix_rows(coef, updates)
@@ -86,4 +122,4 @@ class NNM(PreAggregator):
         return self.replace(f=f) if self.f is None and f is not None else self
 
 
-__all__ = ["NNM", "default_f", "nnm", "rule_f"]
+__all__ = ["NNM", "default_f", "direct_sq_dists", "neighbours", "nnm", "rule_f"]

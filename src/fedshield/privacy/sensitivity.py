@@ -174,6 +174,24 @@ def _register_builtin() -> None:
 
     _BOUNDS.setdefault(CenteredClipping, centered)
 
+    # Rules whose aggregate is a convex combination of (possibly further clipped) rows, or
+    # the mean with some coordinates negated (RLR): on rows clipped to C it lies in the
+    # ball of radius C, so two neighbouring cohorts' aggregates are at most 2C apart.
+    from fedshield.aggregators.caf import CAF
+    from fedshield.aggregators.clippedclustering import ClippedClustering
+    from fedshield.aggregators.dnc import DnC
+    from fedshield.aggregators.flame import FLAME
+    from fedshield.aggregators.foolsgold import FoolsGold
+    from fedshield.aggregators.mda import MDA
+    from fedshield.aggregators.monna import MoNNA
+    from fedshield.aggregators.rlr import RLR
+    from fedshield.aggregators.signguard import SignGuard
+    from fedshield.aggregators.smea import SMEA
+
+    convex: tuple[type, ...] = (CAF, ClippedClustering, DnC, FLAME, FoolsGold, MDA, MoNNA)
+    for rule_cls in (*convex, RLR, SignGuard, SMEA):
+        _BOUNDS.setdefault(rule_cls, ball(lambda r: 1.0))
+
 
 __all__ = [
     "MEDIAN_RADIUS",

@@ -187,6 +187,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     loaded: names (did-you-mean), nested parameters, compatibility, device."""
     from fedshield.data import PARTITIONERS, dataset_info
     from fedshield.eval import EVALUATORS
+    from fedshield.eval.base import check_evaluators
     from fedshield.models import model_tags
     from fedshield.models.base import meta_model
     from fedshield.registry import tags_of
@@ -208,9 +209,12 @@ def build_components(cfg: ExperimentConfig) -> Components:
     for name in cfg.eval.metrics:
         entries[name] = EVALUATORS.entry(name, "eval.metrics")
         entries[name].parse(cfg.eval.params.get(name, {}), f"eval.params.{name}")
-    unknown = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
-    if unknown:
-        raise ConfigError(f"eval.params.{unknown[0]}: no such evaluator in eval.metrics")
+    unlisted = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
+    for name in unlisted:  # a preset's params stay when eval.metrics drops the evaluator
+        EVALUATORS.entry(name, f"eval.params.{name}")  # a typo is still refused
+        log.warning("eval.params.%s is ignored: %r is not in eval.metrics", name, name)
+    if info.num_classes is not None:  # else after loading, in build()
+        check_evaluators(cfg.eval.metrics, cfg.eval.params, info.num_classes)
     spec = LocalSpec(
         lr=c.lr,
         batch_size=c.batch_size,
@@ -429,6 +433,9 @@ def build(
     model.to(device)
     check_coverage(cfg, components, model, clients, bundle.num_classes)
     state_groups(cfg, components, model, clients, bundle.num_classes)
+    from fedshield.eval.base import check_evaluators
+
+    check_evaluators(cfg.eval.metrics, cfg.eval.params, bundle.num_classes)
     exp = Experiment(
         cfg=cfg,
         components=components,

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from fedshield.core.state_check import check_round
 from fedshield.errors import DataError
 
 
@@ -148,7 +149,7 @@ def _checkpoint_problem(obj: Any) -> str | None:
     if not isinstance(obj["config"], str):
         return "'config' is not the config text"
     try:
-        tomllib.loads(obj["config"])
+        rounds = tomllib.loads(obj["config"]).get("rounds")
     except tomllib.TOMLDecodeError as err:
         return f"'config' is not valid TOML: {err}"
     state = obj["state"]
@@ -157,9 +158,15 @@ def _checkpoint_problem(obj: Any) -> str | None:
     for key in ("round", "params", "buffers", "server_state", "client_states"):
         if key not in state:
             return f"no 'state.{key}' entry"
-    rnd = state["round"]
-    if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 1:
-        return f"state.round is {rnd!r}, expected a round number >= 1"
+    try:  # the round counter within the rounds of the config that wrote it
+        check_round("state.round", state["round"], rounds, error=ValueError)
+    except ValueError as err:
+        return str(err)
+    norms = obj.get("norms", {})
+    if not isinstance(norms, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in norms.values()
+    ):
+        return "'norms' is not a table of numbers"
     for key in ("params", "buffers"):
         if not isinstance(state[key], torch.Tensor):
             return f"state.{key} is not a tensor"

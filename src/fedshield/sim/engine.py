@@ -29,6 +29,7 @@ from fedshield import config as config_mod
 from fedshield.algorithms.client import ClientContext
 from fedshield.algorithms.server.step import RoundStart, server_round_step
 from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack
+from fedshield.core.client_metrics import robust_metric
 from fedshield.core.context import (
     ClientUpdate,
     RoundContext,
@@ -68,7 +69,7 @@ from fedshield.sim.outputs import (
     summarize,
     write_report,
 )
-from fedshield.sim.resume import check_resumed, state_norm, theta_norm
+from fedshield.sim.resume import check_resumed, checkpoint_norms, state_norm, theta_norm
 from fedshield.sim.rundir import check_run_dir
 from fedshield.sim.state import RoundPlan, RunState
 from fedshield.tracking import logger_callbacks
@@ -145,10 +146,14 @@ class Simulator:
                 state,
                 self.state,
                 self._spec.buffer_min,
-                self.comp.client.init_state(state.params.numel()),
+                self.comp.client.state_spec(self.state.params),
                 known[-1] if known else None,
+                self.comp.server.state_spec(self.state.params),
+                saved.get("norms"),
             )
             self.state = state
+            if self.comp.attack is not None:  # Mimic's warm-up target, ...
+                self.comp.attack.load_state_dict(saved.get("attack", {}))
             self.records = self.metrics.truncate_after(last)
             self.timing.truncate_after(last)
             log.info("resuming %s from round %d", out, self.state.round)
@@ -333,11 +338,11 @@ class Simulator:
         server, attack = self.comp.server, self.comp.attack
         metrics: dict[str, Any] = {"round": rnd, "byz/count": len(byz)}
         benign = [u for u in updates if u.client_id not in byz]
-        losses = [v for u in benign if (v := finite_metric(u, "train/loss")) is not None]
-        if losses:
-            metrics["train/loss"] = float(np.mean(losses))
-        elif any(_reported(u, "train/loss") for u in benign):
-            metrics["train/loss"] = float("nan")  # every honest loss diverged: say so
+        # Reported, so untrusted: the median over the reporters, NaN only when at least
+        # half of them diverged (fedshield.core.client_metrics), never a minority's inf.
+        loss = robust_metric(_reported(u, "train/loss") for u in benign)
+        if loss is not None:
+            metrics["train/loss"] = loss
         if byz and isinstance(attack, UpdateAttack) and apply_update_attack:
             self._apply_update_attack(plan, updates)
         n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
@@ -495,6 +500,9 @@ class Simulator:
     def save(self) -> None:
         assert self.out is not None
         payload = {"version": 1, "config": self.config_text, "state": self.state.to_dict()}
+        payload["norms"] = checkpoint_norms(self.state)  # checked on resume (sim.resume)
+        if self.comp.attack is not None and self.comp.attack.state_dict():
+            payload["attack"] = self.comp.attack.state_dict()
         save_checkpoint(self.out / "checkpoint.pt", payload)
 
     def finish(self, wall_s: float) -> dict[str, Any]:
@@ -519,8 +527,9 @@ class Simulator:
         return summary
 
 
-def _reported(u: ClientUpdate, key: str) -> bool:
-    return isinstance(u.metrics, Mapping) and key in u.metrics
+def _reported(u: ClientUpdate, key: str) -> Any:
+    """What ``u`` reports for ``key`` (None: nothing, or metrics that are no mapping)."""
+    return u.metrics.get(key) if isinstance(u.metrics, Mapping) else None
 
 
 def _comm_bytes(u: ClientUpdate, default: int) -> int:

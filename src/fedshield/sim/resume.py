@@ -3,9 +3,14 @@
 A checkpoint's θ, buffers, server state and client states must have the shapes and dtypes
 the run itself starts with (a fresh build of the same config), finite values, buffers in
 their ranges (BatchNorm variances ≥ 0) — and θ and the server state the scale the run
-recorded for that round: every ``metrics.jsonl`` record holds ``sys/theta_norm`` and
-``sys/state_norm``, and the checkpoint must match the record of its last round. Anything
-else is one :class:`~fedshield.errors.DataError` naming the checkpoint and the field.
+recorded for that round: the checkpoint records them of itself (``norms``), every
+``metrics.jsonl`` record holds ``sys/theta_norm`` and ``sys/state_norm``, and the
+checkpoint must match both; with neither (an older file whose metrics.jsonl is gone) θ
+and the θ-shaped server state must be within :data:`~fedshield.core.state_check.MAX_SCALE`
+× the fresh θ's norm. Server-state keys are checked against what the server algorithm
+declares (:meth:`ServerAlgorithm.state_spec`), keys created after round 1 included.
+Anything else is one :class:`~fedshield.errors.DataError` naming the checkpoint and the
+field (:mod:`fedshield.core.state_check`).
 """
 
 from __future__ import annotations
@@ -15,14 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from fedshield.core import state_check as sc
 from fedshield.errors import DataError
-
-#: Relative tolerance of the recorded norms: float64 norms of the same float32 values, the
-#: record rounded to JSON's shortest repr; a tampered value is off by orders of magnitude.
-_NORM_RTOL = 1e-9
 
 
 def theta_norm(params: Tensor) -> float:
@@ -39,16 +40,14 @@ def state_norm(state: Mapping[str, Tensor]) -> float:
     return math.sqrt(total)
 
 
-def _check_tensor(path: Path, field: str, got: Any, want: Tensor | None) -> None:
-    if not isinstance(got, Tensor):
-        raise DataError(f"{path}: {field} is not a tensor")
-    if want is not None and (tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype):
-        raise DataError(
-            f"{path}: {field} has shape {tuple(got.shape)} and dtype {got.dtype}, this run's "
-            f"is {tuple(want.shape)} {want.dtype}"
-        )
-    if got.is_floating_point() and not bool(torch.isfinite(got).all()):
-        raise DataError(f"{path}: {field} holds NaN/Inf values")
+def checkpoint_norms(state: Any) -> dict[str, float]:
+    """The norms a checkpoint records of its own state (``norms`` in ``checkpoint.pt``), so
+    the resume check bounds θ even when ``metrics.jsonl`` is missing or edited."""
+    return {
+        "round": state.round,
+        "sys/theta_norm": theta_norm(state.params),
+        "sys/state_norm": state_norm(state.server_state),
+    }
 
 
 def check_resumed(
@@ -56,46 +55,51 @@ def check_resumed(
     saved: Any,
     fresh: Any,
     buffer_min: Tensor | None,
-    client_init: Mapping[str, Tensor],
+    client_init: Mapping[str, Tensor | None],
     record: Mapping[str, Any] | None,
+    server_spec: Mapping[str, Tensor | None] | None = None,
+    norms: Mapping[str, Any] | None = None,
 ) -> None:
     """Raise :class:`DataError` when the loaded :class:`RunState` ``saved`` is not a state
-    this run could have reached (see the module docstring). ``fresh``: the run's initial
-    state; ``client_init``: a client's initial state; ``record``: the metrics record of
-    the checkpoint's last round (None before the first record)."""
-    _check_tensor(path, "state.params", saved.params, fresh.params)
-    _check_tensor(path, "state.buffers", saved.buffers, fresh.buffers)
-    low = None if buffer_min is None else buffer_min.to(saved.buffers.dtype)
-    if low is not None and saved.buffers.numel() and not bool((saved.buffers >= low).all()):
-        raise DataError(f"{path}: state.buffers are out of range (negative variances)")
-    for key, value in saved.server_state.items():
-        want = fresh.server_state.get(key)
-        if want is None and isinstance(value, Tensor) and value.numel() == fresh.params.numel():
-            want = fresh.params  # state grown after round 1 (DRAG's r, FedACG's m): θ-shaped
-        _check_tensor(path, f"state.server_state[{key!r}]", value, want)
-    missing = sorted(set(fresh.server_state) - set(saved.server_state))
-    if missing:
-        raise DataError(f"{path}: state.server_state lacks {missing[0]!r}")
+    this run could have reached (see the module docstring), through the one checker
+    :mod:`fedshield.core.state_check`. ``fresh``: the run's initial state;
+    ``client_init``: every key a client's state may hold
+    (:meth:`ClientAlgorithm.state_spec`); ``record``: the metrics record of the
+    checkpoint's last round (None before the first record); ``server_spec``: every key the
+    server state may hold (:meth:`ServerAlgorithm.state_spec`; default: the fresh state's
+    keys); ``norms``: the norms the checkpoint recorded of itself (None: an older file)."""
+    where = f"{path}: state"
+    sc.check_tensor(f"{where}.params", saved.params, fresh.params)
+    sc.check_tensor(f"{where}.buffers", saved.buffers, fresh.buffers, low=buffer_min)
+    spec = dict(server_spec) if server_spec is not None else dict(fresh.server_state)
+    sc.check_table(
+        f"{where}.server_state", saved.server_state, spec, required=fresh.server_state
+    )
     for k, table in saved.client_states.items():
-        for key, value in table.items():
-            field = f"state.client_states[{k}][{key!r}]"
-            _check_tensor(path, field, value, client_init.get(key))
-    if record is None:
-        return
-    for key, got in (
-        ("sys/theta_norm", theta_norm(saved.params)),
-        ("sys/state_norm", state_norm(saved.server_state)),
-    ):
-        want = record.get(key)
-        if isinstance(want, int | float) and not math.isclose(
-            got, float(want), rel_tol=_NORM_RTOL, abs_tol=1e-300
-        ):
-            field = "state.params" if key == "sys/theta_norm" else "state.server_state"
+        sc.check_table(f"{where}.client_states[{k}]", table, dict(client_init))
+    recorded = False
+    for source, rec in (("checkpoint.pt", norms), ("metrics.jsonl", record)):
+        if rec is None:
+            continue
+        if source == "checkpoint.pt" and rec.get("round") != saved.round:
             raise DataError(
-                f"{path}: {field} has norm {got:.6g}, but metrics.jsonl recorded "
-                f"{float(want):.6g} for round {record.get('round')}: the checkpoint is not "
-                "this run's"
+                f"{path}: records the norms of round {rec.get('round')!r}, but its state is "
+                f"round {saved.round}: the checkpoint is not the one written"
             )
+        for key, field, got in (
+            ("sys/theta_norm", "params", theta_norm(saved.params)),
+            ("sys/state_norm", "server_state", state_norm(saved.server_state)),
+        ):
+            if key in rec:
+                recorded = True
+                sc.check_norm(f"{where}.{field}", got, rec[key], source)
+    if recorded:
+        return
+    # Nothing recorded a norm (an older checkpoint, metrics.jsonl gone): a sanity bound.
+    sc.check_scale(f"{where}.params", saved.params, fresh.params)
+    for key, value in saved.server_state.items():
+        if tuple(value.shape) == tuple(saved.params.shape):
+            sc.check_scale(f"{where}.server_state[{key!r}]", value, saved.params)
 
 
-__all__ = ["check_resumed", "state_norm", "theta_norm"]
+__all__ = ["check_resumed", "checkpoint_norms", "state_norm", "theta_norm"]

@@ -29,6 +29,36 @@ def check_run_dir(out: Path, resume: bool, config_text: str) -> None:
         raise ConfigError(f"{out}: --resume with a different config (changed: {', '.join(diff)})")
 
 
+def mark_started(out: Path, resume: bool, config_text: str) -> None:
+    """Once every check has passed, before any data is loaded: ``out/config.toml``, written
+    atomically, marks a run as started, so a kill at any later moment — start-up included
+    (loading data, building the model, starting Ray) — leaves a run ``--resume`` continues
+    (from round 1 when no checkpoint was written). A resumed run keeps its file; the engine
+    rewrites it."""
+    from fedshield.sim.checkpoint import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / "config.toml"
+    if not (resume and marker.exists()):
+        atomic_write_text(marker, config_text)
+
+
+def started(out: Path) -> bool:
+    """Whether ``out`` holds a started run (:func:`mark_started`, a log or a checkpoint)."""
+    return any((out / f).exists() for f in ("config.toml", "metrics.jsonl", "checkpoint.pt"))
+
+
+def finished(out: Path, rounds: int) -> bool:
+    """Whether ``out``'s checkpoint is past round ``rounds``: a ``--resume`` that has
+    nothing left to train (it only writes the summary again)."""
+    ckpt = out / "checkpoint.pt"
+    if not ckpt.exists():
+        return False
+    from fedshield.sim.checkpoint import peek_checkpoint
+
+    return int(peek_checkpoint(ckpt)["state"]["round"]) > rounds
+
+
 #: What a resumed run may change: ``rounds`` (a run may be extended) and ``run.*`` (device,
 #: threads, progress bar, loggers: other hardware computes the same run).
 RESUMABLE = ("rounds", "run")
@@ -58,7 +88,7 @@ def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> dict[str, t
     return out
 
 
-__all__ = ["RESUMABLE", "check_run_dir", "config_changes"]
+__all__ = ["RESUMABLE", "check_run_dir", "config_changes", "finished", "mark_started", "started"]
 
 
 def check_out_dir(out: Path, flag: str | None = None) -> None:

@@ -75,6 +75,17 @@ STRATEGIES: dict[str, Callable[[], FedshieldRule]] = {
     "RAGA": lambda: C.RAGA(),
     "CenteredClipping": lambda: C.CenteredClipping(),
     "NormClip": lambda: C.NormClip(),
+    "MDA": lambda: C.MDA(),
+    "MeaMed": lambda: C.MeaMed(),
+    "MoNNA": lambda: C.MoNNA(reference_fn=_reference),
+    "CAF": lambda: C.CAF(),
+    "SMEA": lambda: C.SMEA(),
+    "DnC": lambda: C.DnC(),
+    "SignGuard": lambda: C.SignGuard(),
+    "ClippedClustering": lambda: C.ClippedClustering(),
+    "RLR": lambda: C.RLR(),
+    "FLAME": lambda: C.FLAME(),
+    "FoolsGold": lambda: C.FoolsGold(),
     "FedshieldRule(mean)": lambda: FedshieldRule(aggregator="mean"),
 }
 

@@ -145,6 +145,16 @@ class ClientAlgorithm:
         """Per-client state kept by the engine across rounds (checkpointed)."""
         return {}
 
+    #: θ-shaped state keys created at the first participation (SCAFFOLD's h_m), declared
+    #: so state read back is checked against θ (:meth:`state_spec`).
+    later_state: tuple[str, ...] = ()
+
+    def state_spec(self, params: Tensor) -> dict[str, Tensor | None]:
+        """Every key a client's state may hold, with a reference tensor (None: any shape):
+        :meth:`init_state`'s and the θ-shaped :attr:`later_state` (θ: ``params``)."""
+        spec: dict[str, Tensor | None] = {k: params for k in self.later_state}
+        return spec | self.init_state(params.numel())
+
     # -- the per-step pieces (both backends) -----------------------------------------
     def round_payload(self, payload: Payload, rnd: int) -> Payload:
         """The payload as the pieces see it in round ``rnd`` (default: as broadcast)."""

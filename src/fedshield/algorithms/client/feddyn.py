@@ -34,6 +34,8 @@ class FedDynClient(ClientAlgorithm):
     fills_missing_grads = True
     payload_extras = (ALPHA,)
 
+    later_state: tuple[str, ...] = ("grad",)
+
     def init_state(self, num_params: int) -> dict[str, Tensor]:
         return {}  # g_k = 0 until the first participation (allocated lazily)
 

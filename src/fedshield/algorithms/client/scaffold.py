@@ -49,6 +49,8 @@ class ScaffoldClient(ClientAlgorithm):
     # the correction h − h_m still applies to it.
     fills_missing_grads = True
 
+    later_state: tuple[str, ...] = ("h",)
+
     def reads_step_size(self) -> bool:
         return self.params.variant == "option2"  # h_m⁺ = h_m − h + (θ^t − θ_m)/(Uη)
 

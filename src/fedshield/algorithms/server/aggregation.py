@@ -136,9 +136,11 @@ def bounded_by_rows(rule: Aggregator) -> bool:
     """A robust rule whose output is bounded by the rows it is given (Median, GeoMed, Krum,
     Trimmed Mean, Bulyan, Centered Clipping with a relative τ, norm clipping): with masks, a
     coverage group where attackers may be the majority needs its rows bounded. Rules with
-    a root-data reference (BR-DRAG, FLTrust) rescale every row to ‖r‖ already."""
+    a root-data reference that rescale every row to ‖r‖ (BR-DRAG, FLTrust: the attribute
+    ``rescales_to_reference``) are bounded already; MoNNA, which only selects rows near r,
+    is not."""
     tags = tags_of(rule)
-    return "robust" in tags and not getattr(rule, "needs_reference", False)
+    return "robust" in tags and not getattr(rule, "rescales_to_reference", False)
 
 
 def shared_group(groups: list[tuple[Tensor, Tensor]]) -> int:

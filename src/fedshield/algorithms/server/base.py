@@ -70,6 +70,9 @@ class ServerAlgorithm:
     #: attack budget, a Flower strategy's ``byzantine_f``); None: the rule's own f, else its
     #: breakdown on the cohort (:mod:`fedshield.algorithms.server.cohort`).
     byzantine_f: int | None = None
+    #: θ-shaped state keys created after round 1 (DRAG's r, FedACG's m), declared so state
+    #: read back is checked against θ (:meth:`state_spec`, fedshield.core.state_check).
+    later_state: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -100,6 +103,13 @@ class ServerAlgorithm:
         if "needs_center" in tags_of(self.aggregator):
             return {"center": params.new_zeros(params.shape)}
         return {}
+
+    def state_spec(self, params: Tensor) -> dict[str, Tensor | None]:
+        """Every key the state may ever hold, with a reference tensor of its shape and dtype
+        (None: any shape, finite): :meth:`init_state`'s and the θ-shaped
+        :attr:`later_state`. A key outside it in state read back is refused."""
+        spec: dict[str, Tensor | None] = {k: params for k in self.later_state}
+        return spec | self.init_state(params)
 
     def weights(self, updates: list[ClientUpdate], like: Tensor) -> Tensor | None:
         """The rule's per-client weights: sample counts for rules defined with them (RFA,

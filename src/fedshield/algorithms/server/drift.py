@@ -56,6 +56,7 @@ class DRAG(FedAvg):
     params: DragParams
     default_aggregator = "drag"
     optional_broadcast = ("ref",)
+    later_state: tuple[str, ...] = ("ref",)  # r^t, from round 1's screened mean on
 
     def __init__(self, aggregator: Aggregator, **kwargs: Any) -> None:
         super().__init__(aggregator, **kwargs)
@@ -152,6 +153,7 @@ class FedACG(FedAvg):
 
     params_schema = FedACGParams
     params: FedACGParams
+    later_state: tuple[str, ...] = ("m",)  # m^t, from round 1 on
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
@@ -195,6 +197,7 @@ class DragACG(DRAG):
 
     params_schema = DragACGParams
     params: DragACGParams
+    later_state: tuple[str, ...] = ("ref", "m")
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext

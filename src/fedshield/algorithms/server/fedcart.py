@@ -361,6 +361,13 @@ class FedCARTServer(FedAvg):
     def p(self) -> FedCARTServerParams:
         return self.params
 
+    def state_spec(self, params: Tensor) -> dict[str, Tensor | None]:
+        """The head shape (C, D) read in round 1, and the prototypes, their class counts
+        and the virtual features, whose shapes follow from it (any shape, finite)."""
+        later: dict[str, Tensor | None] = {"head_shape": torch.zeros(2)}
+        later |= {"proto": None, "proto_seen": None, "zv": None}
+        return super().state_spec(params) | later
+
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:

@@ -1,0 +1,137 @@
+"""Covariance-bound Agnostic Filter, CAF (Allouah, Guerraoui & Stephan, "Towards Trustworthy
+Federated Learning with Untrusted Participants", ICML 2025), as ByzFL 0.0.11's ``CAF(f)``.
+
+Start with weights c_i = 1 and, while Σ c_i > S − 2f:
+
+1. μ_c = Σ c_i x_i / Σ c_i and Σ_c = Σ c_i (x_i − μ_c)(x_i − μ_c)ᵀ / Σ c_i;
+2. (λ, v) = the top eigenpair of Σ_c;
+3. τ_i = ⟨x_i − μ_c, v⟩², c_i ← c_i (1 − τ_i / max_j τ_j)   (the most aligned row drops to 0).
+
+Return the μ_c with the smallest λ met. Needs 2f < S. With f = 0 the loop never runs and
+the rule is the mean (ByzFL returns None there).
+
+**Eigenpairs.** ``power_iters`` unset (the paper): the exact top eigenpair, from the S × S
+matrix diag(√c) G_c diag(√c) / Σc (G_c: the Gram matrix of the x_i − μ_c, see
+:mod:`fedshield.aggregators._spectral`): O(S³) per step, no pass over d. ``power_iters = k``:
+k steps of the power method from a random unit vector drawn from a generator seeded with
+``seed``, one fresh vector per loop step — ByzFL's estimator (k = 1, ``torch.randn`` from
+the global generator); with the same stream it is ByzFL's result. One GEMV over the rows
+per step, the power steps then in Gram space.
+
+Weights play no part (every c_i starts at 1, as in the paper). Rows holding NaN/Inf are
+dropped first (``agg/nonfinite``); S is then the number of finite rows. The loop stops
+early when the weighted covariance is 0 (every row equal, nothing left to filter), and after
+``_MAX_STEPS`` × S steps (``agg/stalled``: see there; ByzFL would not end).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedshield.aggregators._majority import HonestMajorityRule
+from fedshield.aggregators._ops import combine_rows
+from fedshield.aggregators._spectral import RobustGram, centred, random_unit
+from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_field, normalised_weights
+from fedshield.core.params import Params
+
+#: Steps per row before the filter stops (keeping the best μ_c so far, ``agg/stalled``).
+#: τ_max is taken over every row, as in ByzFL: once a far outlier has weight 0 it stays the
+#: most aligned row, every other weight then shrinks by ~(1 − τ_i/τ_max) ≈ 1 per step, and
+#: ByzFL's loop never ends (an outlier at 1e30 next to rows of norm 1).
+_MAX_STEPS = 50
+
+
+class CAFParams(Params):
+    f: int | None = f_field(
+        "number of Byzantine rows tolerated: the filter stops once the weights sum to "
+        "S − 2f (needs 2f < S)"
+    )
+    power_iters: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="unset: exact top eigenpairs (the paper); k: k power-method steps from "
+        "a random start, ByzFL's estimator (it uses 1)",
+    )
+    seed: int = Field(0, ge=0, description="seed of the power method's random starts")
+
+
+def caf_weights(
+    rg: RobustGram, f: int, power_iters: int | None, seed: int
+) -> tuple[Tensor, dict[str, float]]:
+    """``([k] float64 coefficients of the chosen μ_c over the kept rows, diagnostics)``."""
+    g = rg.g
+    k = g.shape[0]
+    c = torch.ones(k, dtype=g.dtype, device=g.device)
+    gen = torch.Generator().manual_seed(seed) if power_iters is not None else None
+    best_lam, best = math.inf, c / k
+    steps = 0
+    while float(c.sum()) > k - 2 * f and bool((c > 0).any()) and steps < _MAX_STEPS * k:
+        steps += 1
+        total = c.sum()
+        a = c / total
+        gd = centred(g, c)
+        if power_iters is None:
+            root = c.sqrt()
+            evals, evecs = torch.linalg.eigh(root[:, None] * gd * root[None, :] / total)
+            lam = float(evals[-1])
+            proj = gd @ (root * evecs[:, -1]) / math.sqrt(max(lam, 0.0) * float(total) or 1.0)
+        else:
+            assert gen is not None
+            q = rg.projections(random_unit(gen, rg.x.shape[1], rg.x.device))
+            proj = q - a @ q  # ⟨x_i − μ_c, v⟩
+            lam = 0.0
+            for _ in range(power_iters):
+                w = c * proj / total  # Σ_c v = Σ_i w_i (x_i − μ_c)
+                lam = float((w @ gd @ w).clamp_min(0.0).sqrt())  # ‖Σ_c v‖
+                if lam == 0.0:
+                    break
+                proj = gd @ w / lam  # ⟨x_i − μ_c, Σ_c v / ‖Σ_c v‖⟩
+        if lam < best_lam:
+            best_lam, best = lam, a
+        tau = proj.square()
+        tmax = tau.max()
+        if not bool(tmax > 0):  # a zero covariance: every weighted row is μ_c
+            break
+        c = c * (1.0 - tau / tmax)
+    diag = {
+        "agg/iterations": float(steps),
+        "agg/eigenvalue": best_lam if steps else 0.0,
+        "agg/stalled": float(steps >= _MAX_STEPS * k),
+    }
+    return best, diag
+
+
+@AGGREGATORS.register("caf", tags=["robust", "reference_free", "min_clients"])
+class CAF(HonestMajorityRule):
+    """CAF (Allouah 2025): down-weight rows along the top covariance direction, keep the
+    weighted mean whose covariance had the smallest top eigenvalue."""
+
+    params_schema = CAFParams
+    power_iters: int | None
+    seed: int
+
+    def __init__(self, f: int | None = None, power_iters: int | None = None, seed: int = 0):
+        self._configure(f=f, power_iters=power_iters, seed=seed)
+
+    def aggregate(
+        self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
+    ) -> tuple[Tensor, Diagnostics]:
+        normalised_weights(updates, weights)  # weights play no part
+        rg = RobustGram("caf", updates)
+        s = rg.keep.numel()
+        f = self.f_for(s)
+        self.check_f(f, s, rg.dropped)
+        a, diag = caf_weights(rg, f, self.power_iters, self.seed)
+        coef = torch.zeros(updates.shape[0], dtype=a.dtype, device=a.device)
+        coef[rg.keep] = a
+        skip = None
+        if rg.dropped:
+            skip = torch.ones(updates.shape[0], dtype=torch.bool, device=a.device)
+            skip[rg.keep] = False
+        out = combine_rows(coef, updates, skip=skip)
+        return out, diag | {"agg/nonfinite": float(rg.dropped)}

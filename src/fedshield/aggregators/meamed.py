@@ -1,0 +1,50 @@
+"""Mean around the median, MeaMed (Xie, Koyejo & Gupta, "Generalized Byzantine-tolerant SGD",
+2018), as ByzFL 0.0.11's ``Meamed(f)``.
+
+Per coordinate k, the mean of the S − f values closest to the coordinate's median (the mean
+of the two middle values for even S, ``torch.quantile(q=0.5)`` as ByzFL):
+
+    [MeaMed_f(x_1..x_S)]_k = (1/(S − f)) Σ_{j ≤ S−f} [x_{π_k(j)}]_k,
+    |[x_{π_k(1)}]_k − med_k| ≤ … ≤ |[x_{π_k(S)}]_k − med_k|.
+
+Needs 2f < S (ByzFL's condition). The S − f values closest to the median are a window of
+the sorted column (Bulyan's second step, :func:`~fedshield.aggregators.bulyan.
+closest_to_median_mean`), averaged in float64. Weights play no part (an order statistic).
+Rows holding NaN/Inf are dropped first (``agg/nonfinite``); S is then the number of finite
+rows.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from fedshield.aggregators._majority import HonestMajorityRule
+from fedshield.aggregators._ops import to_dtype
+from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_field, normalised_weights
+from fedshield.aggregators.bulyan import closest_to_median_mean
+from fedshield.aggregators.median import finite_rows
+from fedshield.core.params import Params
+
+
+class MeaMedParams(Params):
+    f: int | None = f_field(
+        "number of Byzantine rows tolerated: each coordinate averages the S − f values "
+        "closest to its median (needs 2f < S)"
+    )
+
+
+@AGGREGATORS.register("meamed", tags=["robust", "reference_free", "min_clients"])
+class MeaMed(HonestMajorityRule):
+    """MeaMed (Xie 2018): per coordinate, the mean of the S − f values closest to the median."""
+
+    params_schema = MeaMedParams
+
+    def aggregate(
+        self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
+    ) -> tuple[Tensor, Diagnostics]:
+        normalised_weights(updates, weights)  # weights play no part
+        x, dropped = finite_rows("meamed", updates)
+        f = self.f_for(x.shape[0])
+        self.check_f(f, x.shape[0], dropped)
+        out = closest_to_median_mean(x, x.shape[0] - f)
+        return to_dtype(out, updates.dtype), {"agg/nonfinite": float(dropped)}
