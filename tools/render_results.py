@@ -258,7 +258,7 @@ def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
 #: The files of a ``fedshield bench`` output that are results (copied as
 #: ``bench-<name>-<file>``); the per-run JSON files stay in the run folder.
 BENCH_FILES = ("worst.csv", "asr.csv", "cells.csv", "runs.csv", "choice.csv", "best.md",
-               "header.md")  # fmt: skip
+               "header.md", "steps.csv", "steps.md")  # fmt: skip
 
 
 def collect_bench(bench_dir: Path, data: Path = DATA) -> list[Path]:
@@ -278,6 +278,7 @@ def collect_bench(bench_dir: Path, data: Path = DATA) -> list[Path]:
             shutil.copyfile(bench_dir / f, dst)
             out.append(dst)
     prov["files"] = {p.name: _sha256(p) for p in out}
+    prov.setdefault("grid", name)  # what check_provenance matches a sidecar's runs against
     side = data / f"{name}{PROVENANCE}"
     side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
     return [*out, side]

@@ -35,6 +35,7 @@ from torch import Tensor
 from fedshield.algorithms.client.base import ClientAlgorithm, batch_indices
 from fedshield.core.context import ClientUpdate, derive_seed, make_generator
 from fedshield.core.seeds import BATCH, TORCH
+from fedshield.sim.faults import training_plan
 from fedshield.sim.vectorized.rng import CohortStreams, GroupDraws
 from fedshield.sim.vectorized.trainer import Layout, Rows, VectorizedTrainer, _Feed
 
@@ -68,7 +69,10 @@ def train_runs(
     trainer: VectorizedTrainer, sims: Sequence[Simulator], plans: Sequence[RoundPlan]
 ) -> list[list[ClientUpdate]]:
     """Every run's uploads of this round (before update attacks), in cohort order, with
-    the trained clients of all runs stepped together in chunks of ``trainer.chunk`` rows."""
+    the trained clients of all runs stepped together in chunks of ``trainer.chunk`` rows.
+    Under ``[faults]`` only the clients that answer train and upload, a late one its
+    partial steps (:func:`~fedshield.sim.faults.training_plan`, as ``train_cohort``)."""
+    plans = [training_plan(p) for p in plans]
     out: list[list[ClientUpdate | None]] = []
     rows: list[tuple[int, int, int]] = []  # (run, cohort position, client)
     for r, (sim, plan) in enumerate(zip(sims, plans)):
@@ -106,7 +110,7 @@ def _train_chunk(
     rnd = plans[0].ctx.round
     data = [sims[r].client_data(k, k in plans[r].ctx.byzantine) for r, _, k in chunk]
     seeds = [sims[r].cfg.seed for r, _, _ in chunk]
-    steps = [spec.num_steps(len(x)) for x in data]
+    steps = [plans[r].local_steps(k, spec.num_steps(len(x))) for x, (r, _, k) in zip(data, chunk)]
     batches = [
         batch_indices(len(x), spec.batch_size, s, make_generator(seed, rnd, k, BATCH))
         for x, s, seed, (_, _, k) in zip(data, steps, seeds, chunk)

@@ -135,6 +135,9 @@ def write_all(
         (out / "asr.md").write_text(_md(hdr, asr_rows))
         files["asr"] = out / "asr.md"
 
+    from fedshield.bench.steps import write_steps
+
+    files |= write_steps(plan, choices, results, out, lambda s: column(s, axes))
     (out / "header.md").write_text(header(plan, results, command))
     files["header"] = out / "header.md"
     files |= heatmaps(plan, choices, out)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -84,6 +86,20 @@ def _bundle(cfg: Any) -> Any:
     return _BUNDLES[key]
 
 
+def step_stats(norms: Sequence[float]) -> dict[str, float | None]:
+    """The largest one-round step ‖θ^{t+1} − θ^t‖ of a run and the median of its applied
+    (non-zero) steps — rounds the rule skipped (too few rows) do not drag the clean scale
+    to 0 — and how many rounds moved θ; None when no round ran or a step was not finite.
+    The steps table divides an attacked run's largest step by its clean twin's median
+    (:mod:`fedshield.bench.steps`)."""
+    finite = [x for x in norms if math.isfinite(x)]
+    moved = [x for x in finite if x > 0.0]
+    if not norms or len(finite) != len(norms):
+        return {"step_max": None, "step_median": None, "steps_applied": None}
+    return {"step_max": max(finite), "step_median": statistics.median(moved) if moved else None,
+            "steps_applied": len(moved)}  # fmt: skip
+
+
 def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dict[str, Any]]:
     """Run configs ``raws`` (one group) in this process; per run its result fields (no
     provenance). With ``lockstep`` the runs' clients train as one computation where
@@ -107,6 +123,7 @@ def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dic
     for sim in sims:
         sim.start()
     active = list(range(n))
+    steps: list[list[float]] = [[] for _ in sims]  # ‖Δθ‖ per round (float64), the steps table
     batched = lockstep and n > 1
     rounds = sims[0].cfg.rounds
     for rnd in range(1, rounds + 1):
@@ -129,8 +146,10 @@ def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dic
                 prof[i]["train_s"] += time.perf_counter() - t
         for i in list(active):
             t = time.perf_counter()
+            before = sims[i].state.params.detach().double().clone()
             m = sims[i].end_round(plans[i], ups[i])
             t1 = time.perf_counter()
+            steps[i].append(float((sims[i].state.params.detach().double() - before).norm()))
             sims[i].record(m, t1 - t)
             prof[i]["server_s"] += t1 - t
             prof[i]["eval_s"] += time.perf_counter() - t1
@@ -154,6 +173,7 @@ def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dic
             "wall_s": round(sum(prof[i].values()), 4),
             "profile": {k: round(v, 4) for k, v in prof[i].items()},
             "lockstep": batched,
+            **step_stats(steps[i]),
         })  # fmt: skip
     return out
 

@@ -104,6 +104,11 @@ class BenchSpec(_Strict):
     defenses: list[DefenseSpec] = Field(min_length=1)
     attacks: list[AttackSpec] = Field(min_length=1)
     tune: dict[str, list[Any]] = {}
+    clean: str | None = Field(
+        None,
+        description="the attack key (e.g. scaling with k = 1, labelled clean) whose runs "
+        "are each setting's clean twin: the steps table divides by their median step",
+    )
 
     @field_validator("defenses", "attacks", mode="before")
     @classmethod
@@ -181,6 +186,9 @@ def parse_spec(raw: dict[str, Any], source: str = "bench") -> BenchSpec:
         dup = sorted({k for k in keys if keys.count(k) > 1})
         if dup:
             raise ConfigError(f"{source}.{axis}: {dup[0]!r} appears twice; give one a label")
+    if spec.clean is not None and spec.clean not in [a.key for a in spec.attacks]:
+        known = ", ".join(a.key for a in spec.attacks)
+        raise ConfigError(f"{source}.clean: {spec.clean!r} is not an attack key ({known})")
     return spec
 
 
