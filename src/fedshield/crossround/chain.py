@@ -40,14 +40,6 @@ class RoundDefenses:
     def owns(self, key: str) -> bool:
         return any(d.owns(key) for d in self.defenses)
 
-    @property
-    def caches_uploads(self) -> bool:
-        """Whether a defense hands the rule rows kept from earlier rounds (tag
-        ``caches_uploads``): then the rows this round brought are not what the rule sees."""
-        from fedshield.registry import tags_of
-
-        return any("caches_uploads" in tags_of(d) for d in self.defenses)
-
     def step(
         self,
         server: ServerAlgorithm,

@@ -196,9 +196,9 @@ def server_round_step(
         metrics["sys/skipped"] = 1.0
         return out
     defenses = getattr(server, "round_defenses", None)  # fedshield.crossround
-    # A cache hands the rule the population's latest rows (its own f on them), so the
-    # rows this round brought are not the rows the rule must outvote f with.
-    if budget.too_few(len(kept)) and not (defenses is not None and defenses.caches_uploads):
+    # Also with a cache: in early rounds the cache holds few honest rows (attackers always
+    # answer), so the fresh rows, not the cached ones, decide whether f can be outvoted.
+    if budget.too_few(len(kept)):
         _skip_too_few(server, budget, len(kept), ctx, metrics)
         return out
     rule = server.aggregator
