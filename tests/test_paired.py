@@ -71,3 +71,13 @@ def test_render_block(tmp_path: Path) -> None:
     row = "| m | 2 (0, 1) | +15.0 ± 63.5 | 0: +10.0, 1: +20.0 | 2 / 0 | 0.500 | undecided |"
     assert row in text
     assert "sign test" in text
+
+
+def test_pooled_sources_refuse_a_seed_twice(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("variant,seed,m\nA,0,0.5\nB,0,0.4\n")
+    (tmp_path / "b.csv").write_text("variant,seed,m\nA,1,0.6\nB,1,0.4\n")
+    mod = _tool("paired")
+    text = mod.render_paired({"source": "a.csv,b.csv", "paired": "A,B", "value": "m"}, tmp_path)
+    assert "| m | 2 (0, 1) |" in text
+    with pytest.raises(ValueError, match="two runs"):
+        mod.render_paired({"source": "a.csv,a.csv", "paired": "A,B", "value": "m"}, tmp_path)

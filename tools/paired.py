@@ -14,7 +14,8 @@ with d_s = A_s − B_s over the n seeds both have:
 
 Differences are shown in points (×100) by default (``scale=100``). A diverged run (an empty
 metric) leaves its seed out of that metric's pairs, and the table says how many seeds were
-paired. Used by ``tools/render_results.py`` (block option ``paired=A,B``) and as a script:
+paired. Used by ``tools/render_results.py`` (block option ``paired=A,B``; ``source`` may list
+several comparison files of disjoint seeds, comma-separated) and as a script:
 
     python tools/paired.py docs/results/data/fedcart-methods-cpu.csv fedcart calfat \\
         robust/worst robust/natural groups/minority/natural
@@ -141,12 +142,15 @@ PAIRED_NOTE = (
 
 
 def render_paired(opts: dict[str, str], root: Path) -> str:
-    """The block ``source=<comparison.csv> paired=A,B value=m1,m2 [by=k1,k2] [scale=100]
-    [digits=1]`` of ``tools/render_results.py``."""
-    source = root / opts["source"]
-    if not source.exists():
-        raise SystemExit(f"{opts['source']}: no such result file")
-    rows = list(csv.DictReader(source.open()))
+    """The block ``source=<comparison.csv>[,<comparison.csv>...] paired=A,B value=m1,m2
+    [by=k1,k2] [scale=100] [digits=1]`` of ``tools/render_results.py``. Several sources
+    (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them is an error."""
+    rows: list[dict[str, str]] = []
+    for name in opts["source"].split(","):
+        source = root / name
+        if not source.exists():
+            raise SystemExit(f"{name}: no such result file")
+        rows += list(csv.DictReader(source.open()))
     a, b = opts["paired"].split(",")
     by = [k for k in opts.get("by", "").split(",") if k]
     scale = float(opts.get("scale", "100"))
@@ -159,8 +163,8 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) < 4:
         print(__doc__)
         return 2
-    source, a, b, *metrics = argv
-    opts = {"source": source, "paired": f"{a},{b}", "value": ",".join(metrics)}
+    sources, a, b, *metrics = argv
+    opts = {"source": sources, "paired": f"{a},{b}", "value": ",".join(metrics)}
     print(render_paired(opts, Path.cwd()), end="")
     return 0
 
