@@ -101,9 +101,7 @@ def paired(
         half = float("nan")
     wins_a = sum(d > 0 for d in diffs)
     wins_b = sum(d < 0 for d in diffs)
-    sign_p = (
-        float(stats.binomtest(wins_a, wins_a + wins_b, 0.5).pvalue) if wins_a + wins_b else 1.0
-    )
+    sign_p = float(stats.binomtest(wins_a, wins_a + wins_b, 0.5).pvalue) if wins_a + wins_b else 1.0
     seeds = ["/".join(k) for k in keys]
     return Paired(metric, seeds, diffs, mean, half, wins_a, wins_b, sign_p)
 
