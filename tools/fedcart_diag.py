@@ -9,6 +9,9 @@
     python tools/fedcart_diag.py run 1 runs/diag/c1 'client.algorithm="calfat"' \\
         'server.algorithm="fedavg"'
     python tools/fedcart_diag.py summary runs/diag/s7 runs/diag/s1
+    # per seed: split purity against FedCART − CalFAT (points), Spearman's rank correlation
+    python tools/fedcart_diag.py purity robust/worst docs/results/data/fedcart-methods-cpu.csv \
+        docs/results/data/fedcart-methods-cpu-heldout.csv
 
 Logged per round (``d/`` keys) on the whole test split: accuracy of the main path r + h and
 of the inference path r + h' per class group; the nearest-class-mean accuracy of the
@@ -130,8 +133,32 @@ def summary(run_dir: Path) -> str:
     )
 
 
+def purity_table(metric: str, sources: Sequence[str]) -> str:
+    """Per seed of the comparison files: the split's purity and FedCART − CalFAT on
+    ``metric`` in points, then Spearman's ρ between the two (scipy)."""
+    import csv
+
+    from scipy import stats
+
+    vals: dict[int, dict[str, float]] = {}
+    for src in sources:
+        with Path(src).open() as fh:
+            for r in csv.DictReader(fh):
+                if r.get(metric):
+                    vals.setdefault(int(r["seed"]), {})[r["variant"]] = float(r[metric])
+    seeds = sorted(s for s, v in vals.items() if {"fedcart", "calfat"} <= set(v))
+    pur = [purity(client_class_counts(s)) for s in seeds]
+    gap = [100 * (vals[s]["fedcart"] - vals[s]["calfat"]) for s in seeds]
+    lines = [
+        f"seed {s}: purity {p:.3f}  fedcart - calfat {g:+.1f}" for s, p, g in zip(seeds, pur, gap)
+    ]
+    res = stats.spearmanr(pur, gap)
+    lines.append(f"Spearman rho {res.statistic:.2f} (p = {res.pvalue:.3f}, {len(seeds)} seeds)")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str]) -> int:
-    if not argv or argv[0] not in {"splits", "run", "summary"}:
+    if not argv or argv[0] not in {"splits", "run", "summary", "purity"}:
         print(__doc__)
         return 2
     cmd, *rest = argv
@@ -141,6 +168,8 @@ def main(argv: Sequence[str]) -> int:
             print(f"seed {s}: purity {purity(counts):.3f} sizes {counts.sum(1).tolist()}")
             for row in counts.tolist():
                 print("   ", row)
+    elif cmd == "purity":
+        print(purity_table(rest[0], rest[1:]))
     elif cmd == "run":
         run(int(rest[0]), Path(rest[1]), rest[2:])
     else:
