@@ -81,3 +81,23 @@ def test_pooled_sources_refuse_a_seed_twice(tmp_path: Path) -> None:
     assert "| m | 2 (0, 1) |" in text
     with pytest.raises(ValueError, match="two runs"):
         mod.render_paired({"source": "a.csv,a.csv", "paired": "A,B", "value": "m"}, tmp_path)
+
+
+def test_block_tests_each_grid_value_on_its_own(tmp_path: Path) -> None:
+    rows = ["variant,seed,rho,m"] + [
+        f"{v},{s},{rho},{m}"
+        for v, rho, vals in [
+            ("A", 5, (1, 2)),
+            ("B", 5, (0, 0)),
+            ("A", 100, (0, 0)),
+            ("B", 100, (3, 5)),
+        ]
+        for s, m in enumerate(vals)
+    ]
+    (tmp_path / "c.csv").write_text("\n".join(rows) + "\n")
+    text = _tool("paired").render_paired(
+        {"source": "c.csv", "paired": "A,B", "value": "m", "by": "rho", "scale": "1"}, tmp_path
+    )
+    lines = [line for line in text.splitlines() if line.startswith("| m @")]
+    assert [line.split(" | ")[0] for line in lines] == ["| m @ rho=5", "| m @ rho=100"]
+    assert "| +1.5 ± 6.4 |" in lines[0] and "| -4.0 ± 12.7 |" in lines[1]

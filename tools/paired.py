@@ -4,7 +4,8 @@ seeds, its paired test, and 'undecided' where the interval covers zero").
 Input: a sweep's per-run ``comparison.csv`` (columns ``variant``, ``seed`` and the metrics;
 ``docs/results/data/<grid>.csv``). For each metric, the runs of variant A and variant B are
 paired by seed (and by every other column named in ``by``, e.g. ``data.long_tail.rho``);
-with d_s = A_s − B_s over the n seeds both have:
+with d_s = A_s − B_s over the n seeds both have (the rendered block tests each value of
+``by`` on its own: one row per metric and value):
 
 * mean d̄ and the 95 % Student-t interval d̄ ± t_{0.975, n−1} · sd(d) / √n;
 * the two-sided exact sign test: P(at least as lopsided a split of the non-zero d_s under
@@ -27,7 +28,7 @@ import csv
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scipy import stats
@@ -125,7 +126,7 @@ def render_rows(results: Sequence[Paired], a: str, b: str, digits: int = 1) -> l
         per = ", ".join(f"{s}: {d:+.{digits}f}" for s, d in zip(r.seeds, r.diffs))
         verdict = {"A ahead": f"{a} ahead", "B ahead": f"{b} ahead"}.get(r.verdict, r.verdict)
         lines.append(
-            f"| {r.metric} | {n} ({', '.join(r.seeds)}) | {cell} | {per} "
+            f"| {r.metric} | {f'{n} ({", ".join(r.seeds)})' if n else '0'} | {cell} | {per} "
             f"| {r.wins_a} / {r.wins_b} | {r.sign_p:.3f} | {verdict} |"
         )
     return lines
@@ -137,6 +138,17 @@ PAIRED_NOTE = (
     "interval; sign test: two-sided exact binomial test on the signs (ties dropped); "
     '"undecided" when the interval covers zero.'
 )
+
+
+def _groups(rows: Sequence[dict[str, str]], by: Sequence[str]) -> list[tuple[str, ...]]:
+    """The distinct values of the ``by`` columns, numbers in numeric order."""
+
+    def order(v: str) -> tuple[int, float, str]:
+        x = _float(v)
+        return (0, x, "") if x is not None else (1, 0.0, v)
+
+    found = {tuple(r.get(k, "") for k in by) for r in rows}
+    return sorted(found, key=lambda g: [order(v) for v in g])
 
 
 def render_paired(opts: dict[str, str], root: Path) -> str:
@@ -152,7 +164,13 @@ def render_paired(opts: dict[str, str], root: Path) -> str:
     a, b = opts["paired"].split(",")
     by = [k for k in opts.get("by", "").split(",") if k]
     scale = float(opts.get("scale", "100"))
-    results = [paired(rows, a, b, m, by, scale) for m in opts["value"].split(",")]
+    results = []
+    for group in _groups(rows, by):  # one test per value of the ``by`` keys
+        sub = [r for r in rows if tuple(r.get(k, "") for k in by) == group]
+        tag = " @ " + ", ".join(f"{k}={v}" for k, v in zip(by, group)) if by else ""
+        for m in opts["value"].split(","):
+            res = paired(sub, a, b, m, scale=scale)
+            results.append(replace(res, metric=m + tag))
     lines = render_rows(results, a, b, int(opts.get("digits", "1")))
     return "\n".join(lines) + f"\n\n{PAIRED_NOTE}\n"
 
