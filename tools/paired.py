@@ -123,10 +123,11 @@ def render_rows(results: Sequence[Paired], a: str, b: str, digits: int = 1) -> l
             if not math.isfinite(r.half)
             else f"{r.mean:+.{digits}f} ± {r.half:.{digits}f}"
         )
+        seeds = f"{n} ({', '.join(r.seeds)})" if n else "0"
         per = ", ".join(f"{s}: {d:+.{digits}f}" for s, d in zip(r.seeds, r.diffs))
         verdict = {"A ahead": f"{a} ahead", "B ahead": f"{b} ahead"}.get(r.verdict, r.verdict)
         lines.append(
-            f"| {r.metric} | {f'{n} ({", ".join(r.seeds)})' if n else '0'} | {cell} | {per} "
+            f"| {r.metric} | {seeds} | {cell} | {per} "
             f"| {r.wins_a} / {r.wins_b} | {r.sign_p:.3f} | {verdict} |"
         )
     return lines
