@@ -24,7 +24,11 @@ and this script replaces what lies between the markers by the table computed fro
   command, attack mode, faults);
 * ``worst=ROW,OVER`` with ``source=a.csv,b.csv`` and ``labels=A,B`` — per ROW value, the
   lowest mean of ``value`` over OVER in each source, with the OVER value where it occurs
-  (e.g. a defense's worst case over the attacks at each Byzantine share).
+  (e.g. a defense's worst case over the attacks at each Byzantine share);
+* ``paired=A,B`` with ``source=<a sweep's per-run comparison CSV>`` and ``value=m1,m2`` —
+  variant A minus B paired by seed, per metric: mean ± 95 % t interval, every seed's
+  difference, the sign test and "undecided" where the interval covers zero
+  (``tools/paired.py``; ``by=KEY`` pairs within each KEY value too, ``scale=100`` points).
 
     python tools/render_results.py                 # rewrite every block in place
     python tools/render_results.py --check         # exit 1 if a document is out of date
@@ -51,11 +55,13 @@ from __future__ import annotations
 import argparse
 import csv
 import hashlib
+import importlib.util
 import json
 import re
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "data"
@@ -148,6 +154,18 @@ def render_include(opts: dict[str, str], root: Path) -> str:
     return "```\n" + "\n".join(text) + "\n```\n"
 
 
+def _tool(name: str) -> Any:
+    """A sibling module of tools/ (this script is run by path, not as a package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def render(opts: dict[str, str], root: Path = ROOT) -> str:
     if "text" in opts:
         return (root / opts["text"]).read_text()
@@ -155,6 +173,8 @@ def render(opts: dict[str, str], root: Path = ROOT) -> str:
         return render_include(opts, root)
     if "worst" in opts:
         return render_worst(opts, root)
+    if "paired" in opts:
+        return _tool("paired").render_paired(opts, root)
     source = root / opts["source"]
     if not source.exists():
         raise SystemExit(f"{opts['source']}: no such result file")

@@ -1,0 +1,103 @@
+"""tools/paired.py: the paired per-seed comparison rendered into the results pages."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool(name: str):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows(a: list[str], b: list[str]) -> list[dict[str, str]]:
+    rows = [{"variant": "A", "seed": str(s), "m": v} for s, v in enumerate(a)]
+    return rows + [{"variant": "B", "seed": str(s), "m": v} for s, v in enumerate(b)]
+
+
+def test_worked_example() -> None:
+    """d = (1, 2, 3): mean 2, sd 1, t_{0.975,2} = 4.3027 → h = 2.484; signs 3/0 → p = 2/8."""
+    p = _tool("paired").paired(_rows(["1", "2", "3"], ["0", "0", "0"]), "A", "B", "m")
+    assert p.diffs == [1.0, 2.0, 3.0]
+    assert p.mean == pytest.approx(2.0)
+    assert p.half == pytest.approx(4.302653 / 3**0.5, rel=1e-5)
+    assert (p.wins_a, p.wins_b) == (3, 0)
+    assert p.sign_p == pytest.approx(0.25)
+    assert p.verdict == "undecided"  # 2 − 2.484 < 0: the interval covers zero
+
+
+def test_verdicts_ties_and_diverged_runs() -> None:
+    mod = _tool("paired")
+    # B ahead by 5 ± small on seeds 0-3; seed 4's A run diverged (empty) and is not paired
+    rows = _rows(["0.10", "0.11", "0.09", "0.10", ""], ["0.15", "0.16", "0.14", "0.15", "0.1"])
+    p = mod.paired(rows, "A", "B", "m", scale=100)
+    assert p.seeds == ["0", "1", "2", "3"]
+    assert p.mean == pytest.approx(-5.0)
+    assert p.verdict == "B ahead"
+    # a tie is dropped from the sign test; one seed gives no interval → undecided
+    q = mod.paired(_rows(["1", "2"], ["1", "1"]), "A", "B", "m")
+    assert (q.wins_a, q.wins_b, q.sign_p) == (1, 0, 1.0)
+    assert mod.paired(_rows(["1"], ["0"]), "A", "B", "m").verdict == "undecided"
+    with pytest.raises(ValueError, match="two runs"):
+        mod.paired(_rows(["1", "2"], ["0", "0"]) + _rows(["1"], []), "A", "B", "m")
+
+
+def test_pairs_within_a_grid_key() -> None:
+    rows = [
+        {"variant": v, "seed": "0", "rho": rho, "m": m}
+        for v, rho, m in [("A", "5", "1"), ("B", "5", "0"), ("A", "100", "0"), ("B", "100", "2")]
+    ]
+    p = _tool("paired").paired(rows, "A", "B", "m", by=["rho"])
+    assert dict(zip(p.seeds, p.diffs)) == {"0/5": 1.0, "0/100": -2.0}
+
+
+def test_render_block(tmp_path: Path) -> None:
+    src = tmp_path / "cmp.csv"
+    src.write_text("label,variant,seed,m\nx,A,0,0.5\ny,B,0,0.4\nz,A,1,0.6\nw,B,1,0.4\n")
+    render = _tool("render_results")
+    text = render.render(
+        {"source": "cmp.csv", "paired": "A,B", "value": "m", "digits": "1"}, tmp_path
+    )
+    row = "| m | 2 (0, 1) | +15.0 ± 63.5 | 0: +10.0, 1: +20.0 | 2 / 0 | 0.500 | undecided |"
+    assert row in text
+    assert "sign test" in text
+
+
+def test_pooled_sources_refuse_a_seed_twice(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("variant,seed,m\nA,0,0.5\nB,0,0.4\n")
+    (tmp_path / "b.csv").write_text("variant,seed,m\nA,1,0.6\nB,1,0.4\n")
+    mod = _tool("paired")
+    text = mod.render_paired({"source": "a.csv,b.csv", "paired": "A,B", "value": "m"}, tmp_path)
+    assert "| m | 2 (0, 1) |" in text
+    with pytest.raises(ValueError, match="two runs"):
+        mod.render_paired({"source": "a.csv,a.csv", "paired": "A,B", "value": "m"}, tmp_path)
+
+
+def test_block_tests_each_grid_value_on_its_own(tmp_path: Path) -> None:
+    rows = ["variant,seed,rho,m"] + [
+        f"{v},{s},{rho},{m}"
+        for v, rho, vals in [
+            ("A", 5, (1, 2)),
+            ("B", 5, (0, 0)),
+            ("A", 100, (0, 0)),
+            ("B", 100, (3, 5)),
+        ]
+        for s, m in enumerate(vals)
+    ]
+    (tmp_path / "c.csv").write_text("\n".join(rows) + "\n")
+    text = _tool("paired").render_paired(
+        {"source": "c.csv", "paired": "A,B", "value": "m", "by": "rho", "scale": "1"}, tmp_path
+    )
+    lines = [line for line in text.splitlines() if line.startswith("| m @")]
+    assert [line.split(" | ")[0] for line in lines] == ["| m @ rho=5", "| m @ rho=100"]
+    assert "| +1.5 ± 6.4 |" in lines[0] and "| -4.0 ± 12.7 |" in lines[1]

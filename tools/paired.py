@@ -1,0 +1,190 @@
+"""Paired per-seed comparison of two variants of a sweep (issue #27: "every verdict names its
+seeds, its paired test, and 'undecided' where the interval covers zero").
+
+Input: a sweep's per-run ``comparison.csv`` (columns ``variant``, ``seed`` and the metrics;
+``docs/results/data/<grid>.csv``). For each metric, the runs of variant A and variant B are
+paired by seed (and by every other column named in ``by``, e.g. ``data.long_tail.rho``);
+with d_s = A_s − B_s over the n seeds both have (the rendered block tests each value of
+``by`` on its own: one row per metric and value):
+
+* mean d̄ and the 95 % Student-t interval d̄ ± t_{0.975, n−1} · sd(d) / √n;
+* the two-sided exact sign test: P(at least as lopsided a split of the non-zero d_s under
+  Binomial(n', ½)) (``scipy.stats.binomtest``; ties d_s = 0 are dropped, as usual);
+* the verdict: "A ahead" / "B ahead" when the interval excludes zero, "undecided" when it
+  covers it (or n < 2).
+
+Differences are shown in points (×100) by default (``scale=100``). A diverged run (an empty
+metric) leaves its seed out of that metric's pairs, and the table says how many seeds were
+paired. Used by ``tools/render_results.py`` (block option ``paired=A,B``; ``source`` may list
+several comparison files of disjoint seeds, comma-separated) and as a script:
+
+    python tools/paired.py docs/results/data/fedcart-methods-cpu.csv fedcart calfat \\
+        robust/worst robust/natural groups/minority/natural
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One metric's paired comparison: the seeds, their differences A − B and the tests."""
+
+    metric: str
+    seeds: list[str]
+    diffs: list[float]
+    mean: float
+    half: float  # half-width of the 95 % t interval (nan for n < 2)
+    wins_a: int
+    wins_b: int
+    sign_p: float  # two-sided exact sign test (1.0 when no non-zero difference)
+
+    @property
+    def verdict(self) -> str:
+        if len(self.diffs) < 2 or not math.isfinite(self.half):
+            return "undecided"
+        if self.mean - self.half > 0:
+            return "A ahead"
+        if self.mean + self.half < 0:
+            return "B ahead"
+        return "undecided"
+
+
+def _float(v: str | None) -> float | None:
+    try:
+        x = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def paired(
+    rows: Sequence[dict[str, str]],
+    a: str,
+    b: str,
+    metric: str,
+    by: Sequence[str] = (),
+    scale: float = 1.0,
+) -> Paired:
+    """d_s = scale · (A_s − B_s) for every key (seed, *by) that both variants ran to a
+    finite value of ``metric``; mean, 95 % t half-width, sign counts and sign test."""
+
+    def table(variant: str) -> dict[tuple[str, ...], float]:
+        out: dict[tuple[str, ...], float] = {}
+        for r in rows:
+            if r.get("variant") != variant:
+                continue
+            v = _float(r.get(metric))
+            if v is not None:
+                key = (r["seed"], *(r.get(k, "") for k in by))
+                if key in out:
+                    raise ValueError(f"{variant}: two runs for seed/keys {key}")
+                out[key] = v
+        return out
+
+    ta, tb = table(a), table(b)
+    keys = sorted(set(ta) & set(tb), key=lambda k: (*k[1:], int(k[0])))
+    diffs = [scale * (ta[k] - tb[k]) for k in keys]
+    n = len(diffs)
+    mean = sum(diffs) / n if n else float("nan")
+    if n >= 2:
+        sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+        half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    else:
+        half = float("nan")
+    wins_a = sum(d > 0 for d in diffs)
+    wins_b = sum(d < 0 for d in diffs)
+    sign_p = float(stats.binomtest(wins_a, wins_a + wins_b, 0.5).pvalue) if wins_a + wins_b else 1.0
+    seeds = ["/".join(k) for k in keys]
+    return Paired(metric, seeds, diffs, mean, half, wins_a, wins_b, sign_p)
+
+
+def render_rows(results: Sequence[Paired], a: str, b: str, digits: int = 1) -> list[str]:
+    """A Markdown table: one line per metric, every seed's difference listed."""
+    head = (
+        f"| metric | seeds | {a} − {b}: mean ± h | per seed | {a} ahead / {b} ahead "
+        "| sign test p | verdict |"
+    )
+    lines = [head, "|---" * 7 + "|"]
+    for r in results:
+        n = len(r.diffs)
+        cell = (
+            "-"
+            if not n
+            else f"{r.mean:+.{digits}f}"
+            if not math.isfinite(r.half)
+            else f"{r.mean:+.{digits}f} ± {r.half:.{digits}f}"
+        )
+        seeds = f"{n} ({', '.join(r.seeds)})" if n else "0"
+        per = ", ".join(f"{s}: {d:+.{digits}f}" for s, d in zip(r.seeds, r.diffs))
+        verdict = {"A ahead": f"{a} ahead", "B ahead": f"{b} ahead"}.get(r.verdict, r.verdict)
+        lines.append(
+            f"| {r.metric} | {seeds} | {cell} | {per} "
+            f"| {r.wins_a} / {r.wins_b} | {r.sign_p:.3f} | {verdict} |"
+        )
+    return lines
+
+
+#: The label under a rendered paired table.
+PAIRED_NOTE = (
+    "Paired by seed: mean of the per-seed differences ± half-width of its 95 % Student-t "
+    "interval; sign test: two-sided exact binomial test on the signs (ties dropped); "
+    '"undecided" when the interval covers zero.'
+)
+
+
+def _groups(rows: Sequence[dict[str, str]], by: Sequence[str]) -> list[tuple[str, ...]]:
+    """The distinct values of the ``by`` columns, numbers in numeric order."""
+
+    def order(v: str) -> tuple[int, float, str]:
+        x = _float(v)
+        return (0, x, "") if x is not None else (1, 0.0, v)
+
+    found = {tuple(r.get(k, "") for k in by) for r in rows}
+    return sorted(found, key=lambda g: [order(v) for v in g])
+
+
+def render_paired(opts: dict[str, str], root: Path) -> str:
+    """The block ``source=<comparison.csv>[,<comparison.csv>...] paired=A,B value=m1,m2
+    [by=k1,k2] [scale=100] [digits=1]`` of ``tools/render_results.py``. Several sources
+    (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them is an error."""
+    rows: list[dict[str, str]] = []
+    for name in opts["source"].split(","):
+        source = root / name
+        if not source.exists():
+            raise SystemExit(f"{name}: no such result file")
+        rows += list(csv.DictReader(source.open()))
+    a, b = opts["paired"].split(",")
+    by = [k for k in opts.get("by", "").split(",") if k]
+    scale = float(opts.get("scale", "100"))
+    results = []
+    for group in _groups(rows, by):  # one test per value of the ``by`` keys
+        sub = [r for r in rows if tuple(r.get(k, "") for k in by) == group]
+        tag = " @ " + ", ".join(f"{k}={v}" for k, v in zip(by, group)) if by else ""
+        for m in opts["value"].split(","):
+            res = paired(sub, a, b, m, scale=scale)
+            results.append(replace(res, metric=m + tag))
+    lines = render_rows(results, a, b, int(opts.get("digits", "1")))
+    return "\n".join(lines) + f"\n\n{PAIRED_NOTE}\n"
+
+
+def main(argv: Sequence[str]) -> int:
+    if len(argv) < 4:
+        print(__doc__)
+        return 2
+    sources, a, b, *metrics = argv
+    opts = {"source": sources, "paired": f"{a},{b}", "value": ",".join(metrics)}
+    print(render_paired(opts, Path.cwd()), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
