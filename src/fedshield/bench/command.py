@@ -162,7 +162,12 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> N
     b.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
     b.add_argument("--group", type=int, default=24, help="runs trained in lockstep per task")
     b.add_argument("--no-lockstep", action="store_true", help="train run by run (for checks)")
-    b.add_argument("--backend", choices=("local", "ray"), default="local")
+    b.add_argument(
+        "--backend",
+        choices=("local", "ray"),
+        default="local",
+        help="where runs execute: this machine (-j processes), or Ray tasks (as sweep)",
+    )
     b.add_argument("--address", help="Ray cluster address (default: a local Ray)")
     b.add_argument("--cpus-per-run", type=float, help="Ray: CPUs per task (default 1)")
     b.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per task (default 0)")

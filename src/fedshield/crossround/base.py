@@ -60,6 +60,10 @@ class RoundDefense:
     """Base class: set ``params_schema``; override :meth:`rows` and/or :meth:`bound`."""
 
     params_schema: ClassVar[type[Params]] = NoParams
+    #: The parts of its server-state keys (``"<name>/<part>"``): declared so state read
+    #: back (checkpoints, Flower ``strategy.state``) admits them; the defense checks their
+    #: values itself and starts over on malformed ones (``defense/<name>/reset``).
+    state_parts: ClassVar[tuple[str, ...]] = ()
     params: Params
 
     def __init__(self, **params: Any) -> None:
@@ -81,6 +85,10 @@ class RoundDefense:
 
     def owns(self, key: str) -> bool:
         return key.startswith(f"{self.name}/")
+
+    def state_keys(self) -> tuple[str, ...]:
+        """Every server-state key this defense may write (:attr:`state_parts`)."""
+        return tuple(self.key(p) for p in self.state_parts)
 
     def rows(
         self, kept: list[ClientUpdate], state: State, ctx: RoundContext

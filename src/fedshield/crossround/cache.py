@@ -158,6 +158,8 @@ class CachedAggregation(RoundDefense):
 
     Memory O(M·d): one row, mask and buffers per client, in the server state."""
 
+    state_parts = Table.FIELDS
+
     params_schema = CacheParams
     max_age: int | None
 

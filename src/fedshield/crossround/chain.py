@@ -40,6 +40,9 @@ class RoundDefenses:
     def owns(self, key: str) -> bool:
         return any(d.owns(key) for d in self.defenses)
 
+    def state_keys(self) -> tuple[str, ...]:
+        return tuple(k for d in self.defenses for k in d.state_keys())
+
     def step(
         self,
         server: ServerAlgorithm,

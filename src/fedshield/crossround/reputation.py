@@ -76,6 +76,8 @@ class Reputation(RoundDefense):
 
     Memory O(M): one score per client, in the server state."""
 
+    state_parts = ("ids", "scores")
+
     params_schema = ReputationParams
     tau: float
     decay: float

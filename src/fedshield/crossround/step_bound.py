@@ -111,6 +111,8 @@ class StepBound(RoundDefense):
 
     Memory O(k·d): the last ``window`` applied steps, in the server state."""
 
+    state_parts = ("steps", "count")
+
     params_schema = StepBoundParams
     kappa: float
     window: int

@@ -109,6 +109,8 @@ class ServerAlgorithm:
         (None: any shape, finite): :meth:`init_state`'s and the θ-shaped
         :attr:`later_state`. A key outside it in state read back is refused."""
         spec: dict[str, Tensor | None] = {k: params for k in self.later_state}
+        defenses = getattr(self, "round_defenses", None)  # fedshield.crossround: any shape
+        spec |= {k: None for k in (defenses.state_keys() if defenses is not None else ())}
         return spec | self.init_state(params)
 
     def weights(self, updates: list[ClientUpdate], like: Tensor) -> Tensor | None:
