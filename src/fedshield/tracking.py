@@ -18,8 +18,8 @@ Where: TensorBoard event files in ``<run dir>/tensorboard`` (``tensorboard --log
 or the store ``run.mlflow_uri`` names. A resumed run continues the same MLflow run (its id
 is kept in ``<run dir>/mlflow_run_id``) and does not log a round twice; TensorBoard's
 ``purge_step`` drops the points of rounds that are replayed. A run killed before its first
-checkpoint starts over at round 1: TensorBoard purges from round 1 and MLflow deletes the
-earlier session's run and starts a new one. A run killed between writing a
+checkpoint starts over at round 1: TensorBoard removes the earlier session's files and
+MLflow deletes the earlier session's run and starts a new one. A run killed between writing a
 round to metrics.jsonl and logging it (SIGKILL) would leave that round out of the tracker:
 on resume every logger first backfills, from the records metrics.jsonl kept, the rounds it
 lacks (MLflow: those after its last logged step; TensorBoard: all of them, after purging
@@ -123,6 +123,13 @@ class TensorBoardLogger(_Logger):
         logdir = sim.out / "tensorboard"
         earlier = first_round > 1 or (logdir.is_dir() and any(logdir.iterdir()))
         purge = history[0]["round"] if history else first_round if earlier else None
+        if first_round == 1 and earlier:
+            # Starting over: the earlier session's files hold only rounds replayed now, and
+            # a purge marker cannot order them when both sessions' file names carry the
+            # same second and process (the reader then shows steps 1, 2, 3, 4, 1, 2).
+            for old in logdir.glob("events.out.tfevents.*"):
+                old.unlink()
+            purge = None
         self.writer = SummaryWriter(log_dir=str(logdir), purge_step=purge)
         self.writer.add_text("config", "```toml\n" + sim.config_text + "\n```", first_round)
         for record in history:
