@@ -14,8 +14,9 @@ MKL's AVX2 / AVX-512 paths, ARM's NEON): every round's update differs in its las
 and the coordinate-wise median amplifies that (a different client's value can become a
 coordinate's median). Re-run on the kernel paths the machine that made the data offers
 (``MKL_CBWR=COMPATIBLE`` and ``AVX2``, ``ATEN_CPU_CAPABILITY=default`` and ``avx2``,
-oneDNN off), the final accuracy spans 0.873-0.883 around the committed 0.879: at most 6 of
-the 1,000 test images. The test allows twice that, :data:`TOL_IMAGES` = 12 images. Where
+oneDNN off), the final accuracy spans 0.873-0.885 around the committed 0.873
+(docs/results/data/demo-kernels.csv): 12 of the 1,000 test images. The test allows twice
+that, :data:`TOL_IMAGES` = 24 images. Where
 the same kernels run as when the data was made (the provenance's kernel signature: CPU
 model, architecture, torch, ATen capability, oneDNN, MKL path, threads) both sides are
 the same computation and the curve must be equal bit for bit — a stale result cannot hide
@@ -38,7 +39,7 @@ from fedshield.sweep import expand, read_grid
 DATA = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"
 CELL = "median"
 TEST_IMAGES = 1000  # mnist5k's test split
-TOL_IMAGES = 12
+TOL_IMAGES = 24
 TOL = TOL_IMAGES / TEST_IMAGES
 
 
