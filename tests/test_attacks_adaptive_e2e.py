@@ -54,13 +54,16 @@ CASES = [
 
 @functools.cache
 def final_acc(defense: str, attack: str, fraction: float) -> float:
-    logging.disable(logging.WARNING)
     sets = grid.overrides(defense, attack, fraction, 0, ROUNDS)
     if attack == "mimic":
         sets.append('attack.params.target="per_round"')
     cfg = cfgmod.load(preset=grid.BASE, overrides=sets)
     cfg.eval.metrics = []  # the backdoor score plays no part here
-    summary = Simulator(build(cfg)).run()
+    logging.disable(logging.WARNING)
+    try:
+        summary = Simulator(build(cfg)).run()
+    finally:  # later tests in this worker read their warnings (caplog)
+        logging.disable(logging.NOTSET)
     if summary["status"] == "diverged":  # the attack drove θ non-finite: nothing is left
         return 0.0
     return float(summary["final_test_acc"])

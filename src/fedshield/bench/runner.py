@@ -184,9 +184,15 @@ def run_task(
     """One backend task (a group): ``raw["runs"]`` = [{id, meta, raw}], results written to
     ``Path(out).parent`` (the cells folder) as each group finishes; the same signature as
     :func:`fedshield.sweep.run_one`, so the sweep backends run it."""
+    # Each run's build-time statements would repeat per run; quiet them for this task only
+    # (in-process with -j 1: the caller's logging comes back afterwards).
+    before = logging.root.manager.disable
     logging.disable(logging.WARNING)
     entries = raw["runs"]
-    results = run_group([e["raw"] for e in entries], raw.get("lockstep", True))
+    try:
+        results = run_group([e["raw"] for e in entries], raw.get("lockstep", True))
+    finally:
+        logging.disable(before)
     source = provenance_now()
     cells = Path(out).parent
     recs = []
