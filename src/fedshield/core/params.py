@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -107,6 +107,33 @@ def schema_from_signature(obj: Any, skip: tuple[str, ...] = ()) -> type[Params]:
     return create_model(name, __base__=base, **fields)
 
 
+class Configured:
+    """A registry component configured by its ``params_schema``: constructed directly or by
+    the registry, its parameters are validated the same way (a ConfigError naming the key
+    under :meth:`_where`) and each field becomes an attribute of the same name. The base
+    of pre-aggregators, round defenses and fault models."""
+
+    params_schema: ClassVar[type[Params]] = NoParams
+    params: Params
+
+    def __init__(self, **params: Any) -> None:
+        self.params = parse_params(self.params_schema, params, self._where())
+        for key, value in self.params.kwargs().items():
+            setattr(self, key, value)
+
+    def _where(self) -> str:
+        """Where its parameters come from, for error messages (the config key or kind)."""
+        return repr(self.name)
+
+    @property
+    def name(self) -> str:
+        return getattr(type(self), "registry_name", type(self).__name__)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.kwargs().items())
+        return f"{self.name}({args})"
+
+
 class _OpenParams(Params):
     """A derived schema of a factory taking ``**kwargs``: unknown keys pass through to it."""
 
@@ -114,6 +141,7 @@ class _OpenParams(Params):
 
 
 __all__ = [
+    "Configured",
     "NoParams",
     "Params",
     "format_validation_error",

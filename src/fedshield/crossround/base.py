@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from fedshield.core.context import ClientUpdate, RoundContext
-from fedshield.core.params import NoParams, Params, parse_params
+from fedshield.core.params import Configured
 from fedshield.registry import Registry
 
 State = dict[str, Tensor]
@@ -56,28 +56,16 @@ class Acted:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class RoundDefense:
+class RoundDefense(Configured):
     """Base class: set ``params_schema``; override :meth:`rows` and/or :meth:`bound`."""
 
-    params_schema: ClassVar[type[Params]] = NoParams
     #: The parts of its server-state keys (``"<name>/<part>"``): declared so state read
     #: back (checkpoints, Flower ``strategy.state``) admits them; the defense checks their
     #: values itself and starts over on malformed ones (``defense/<name>/reset``).
     state_parts: ClassVar[tuple[str, ...]] = ()
-    params: Params
 
-    def __init__(self, **params: Any) -> None:
-        self.params = parse_params(self.params_schema, params, f"round defense {self.name!r}")
-        for key, value in self.params.kwargs().items():
-            setattr(self, key, value)
-
-    @property
-    def name(self) -> str:
-        return getattr(type(self), "registry_name", type(self).__name__)
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params.kwargs().items())
-        return f"{self.name}({args})"
+    def _where(self) -> str:
+        return f"round defense {self.name!r}"
 
     def key(self, part: str) -> str:
         """This defense's server-state key ``"<name>/<part>"``."""

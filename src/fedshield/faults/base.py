@@ -22,11 +22,10 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
 
 import numpy as np
 
-from fedshield.core.params import NoParams, Params, parse_params
+from fedshield.core.params import Configured
 from fedshield.core.seeds import FAULTS
 from fedshield.registry import Registry, tags_of
 
@@ -85,22 +84,12 @@ class RoundFaults:
         }
 
 
-class FaultModel:
+class FaultModel(Configured):
     """Base class: set ``params_schema``, register with a ``stage=`` tag and implement
     :meth:`available` (availability) or :meth:`respond` (response)."""
 
-    params_schema: ClassVar[type[Params]] = NoParams
-    params: Params
-
-    def __init__(self, **params: Any) -> None:
-        name = getattr(type(self), "registry_name", type(self).__name__)
-        self.params = parse_params(self.params_schema, params, f"faults.params.{name}")
-        for key, value in self.params.kwargs().items():
-            setattr(self, key, value)
-
-    @property
-    def name(self) -> str:
-        return getattr(type(self), "registry_name", type(self).__name__)
+    def _where(self) -> str:
+        return f"faults.params.{self.name}"
 
     @property
     def stage(self) -> str:

@@ -26,33 +26,20 @@ import torch
 from torch import Tensor
 
 from fedshield.aggregators._ops import W, column_blocks, to_dtype
-from fedshield.core.params import NoParams, Params, parse_params
+from fedshield.core.params import Configured
 from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 
 
-class PreAggregator:
+class PreAggregator(Configured):
     """Base class: set ``params_schema`` and implement :meth:`__call__`."""
 
-    params_schema: ClassVar[type[Params]] = NoParams
     #: True when the output depends on a random draw (Bucketing's permutation): the
     #: composed rule then passes a generator seeded from the run's seed and the rows.
     random: ClassVar[bool] = False
-    params: Params
 
-    def __init__(self, **params: Any) -> None:
-        name = getattr(type(self), "registry_name", type(self).__name__)
-        self.params = parse_params(self.params_schema, params, f"pre-aggregator {name!r}")
-        for key, value in self.params.kwargs().items():
-            setattr(self, key, value)
-
-    @property
-    def name(self) -> str:
-        return getattr(type(self), "registry_name", type(self).__name__)
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params.kwargs().items())
-        return f"{self.name}({args})"
+    def _where(self) -> str:
+        return f"pre-aggregator {self.name!r}"
 
     def replace(self, **changes: Any) -> PreAggregator:
         return type(self)(**{**self.params.kwargs(), **changes})
