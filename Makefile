@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedshield-installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench results clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 	# the kernel-dependent tests again under other CPU kernel paths (issue #17)
 	tools/kernel_variants.sh $(PY)
+
+# One results page from nothing at this commit (docs/results/pages.toml; tools/results.py):
+#   make results PAGE=brdrag [OUT=runs/results]   (OUT=. publishes docs/results/ in place)
+PAGE ?=
+OUT ?= runs/results
+results: $(STAMP)
+	@test -n "$(PAGE)" || { $(PY) tools/results.py --list; echo "error: give PAGE=<one of the pages above>" >&2; exit 2; }
+	$(PY) tools/results.py $(PAGE) --out $(OUT)
 
 bench: $(STAMP)
 	$(PY) bench/bench_round.py

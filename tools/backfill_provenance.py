@@ -6,9 +6,9 @@ For every ``docs/results/data/<grid>[-cells].csv`` that no ``<grid>.provenance.j
 covers: the commit is the last one that changed the file (the commit that collected it),
 and the config hashes are those of the grid's runs as that commit's code resolves them
 (``fedshield sweep --grid <grid>`` with the seeds read from the run labels and the
-``--set`` options of ``tools/measure_results.sh``), i.e. the ``config_sha256`` each run's
-summary would have recorded. The record says ``"recorded": "afterwards ..."``; re-measuring
-a grid and collecting it replaces it with the sweep's own record. ``robustness.csv`` (made
+``--set`` options of the grid jobs in docs/results/pages.toml), i.e. the
+``config_sha256`` each run's summary would have recorded. The record says
+``"recorded": "afterwards ..."``; re-measuring a grid and collecting it replaces it with the sweep's own record. ``robustness.csv`` (made
 by ``tools/robustness_report.py``, not a sweep) gets the hash of the fuzz's definition at
 that commit instead.
 """
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from render_results import PROVENANCE, SELF_RECORDING, check_provenance  # noqa: E402
 
-#: The ``--set`` options tools/measure_results.sh passes per grid.
+#: The ``--set`` options the grid jobs of docs/results/pages.toml pass.
 MEASURE_SETS = {g: ["eval.every=20", "eval.metrics_every=20"] for g in (
     "fedcart-ablations-cpu", "fedcart-rho-cpu", "fedcart-plugins-cpu", "fedcart-baselines-cpu",
 )}  # fmt: skip

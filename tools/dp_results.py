@@ -86,9 +86,10 @@ def main() -> None:
         return
     text = (
         "# Differential privacy: accuracy vs ε (client-level DP-FedAvg)\n\n"
+        # the data's commit and the command (`make results PAGE=dp`), from its provenance
+        "<!-- fedshield:table page=dp -->\n<!-- fedshield:end -->\n\n"
         + setting(sweep, rows, privacy)
-        + "\nReproduce: `fedshield sweep --grid dp-cpu --out runs/dp-cpu`, then "
-        "`python tools/dp_results.py runs/dp-cpu --out docs/results/dp.md` (this page).\n\n"
+        + "\n"
         + tab
         + "\n<!-- observations -->\n"
     )

@@ -25,6 +25,9 @@ and this script replaces what lies between the markers by the table computed fro
 * ``worst=ROW,OVER`` with ``source=a.csv,b.csv`` and ``labels=A,B`` — per ROW value, the
   lowest mean of ``value`` over OVER in each source, with the OVER value where it occurs
   (e.g. a defense's worst case over the attacks at each Byzantine share);
+* ``page=NAME`` — the page's header: its jobs in ``docs/results/pages.toml``, the commit
+  each job's data was made at (its provenance) and ``make results PAGE=NAME``
+  (``tools/results.py``);
 * ``paired=A,B`` with ``source=<a sweep's per-run comparison CSV>`` and ``value=m1,m2`` —
   variant A minus B paired by seed, per metric: mean ± 95 % t interval, every seed's
   difference, the sign test and "undecided" where the interval covers zero
@@ -91,7 +94,26 @@ def _rows(source: Path, where: str | None) -> list[dict[str, str]]:
     return rows
 
 
+def _diverged(row: dict[str, str]) -> str:
+    """``diverged (seeds …)`` for a cell with diverged runs ("" when none)."""
+    if row.get("status") == "diverged":
+        return "diverged"
+    if row.get("n_diverged") not in (None, "", "0"):
+        return f"diverged (seed {row.get('diverged_seeds', '?').replace(' ', ', ')})"
+    return ""
+
+
 def _cell(row: dict[str, str], value: str, digits: int, spread: str = "minmax") -> str:
+    """A table cell; a diverged run (or a cell's diverged seeds) is shown as diverged,
+    never as the numbers it stopped at (issue 27). The other seeds' statistics follow."""
+    bad = _diverged(row)
+    if bad and not value.startswith(("n_", "diverged")):
+        rest = _cell_value(row, value, digits, spread) if bad != "diverged" else ""
+        return bad if rest in ("", "-") else f"{bad}; others {rest}"
+    return _cell_value(row, value, digits, spread)
+
+
+def _cell_value(row: dict[str, str], value: str, digits: int, spread: str = "minmax") -> str:
     mean, half = row.get(f"{value}_mean"), row.get(f"{value}_ci95")
     if mean not in (None, ""):
         m = float(mean)
@@ -136,7 +158,12 @@ def render_worst(opts: dict[str, str], root: Path) -> str:
     for a in rkeys:
         cells = []
         for t in tables:
-            vals = [(m, r[over]) for r in t if r[rk] == a and (m := _mean(r, value)) is not None]
+            rows = [r for r in t if r[rk] == a]
+            bad = [r[over] for r in rows if _diverged(r)]
+            if bad:  # a diverged cell is the worst case, whatever its other seeds read
+                cells.append(f"diverged ({', '.join(bad)})")
+                continue
+            vals = [(m, r[over]) for r in rows if (m := _mean(r, value)) is not None]
             if not vals:
                 cells.append("-")
                 continue
@@ -167,6 +194,8 @@ def _tool(name: str) -> Any:
 
 
 def render(opts: dict[str, str], root: Path = ROOT) -> str:
+    if "page" in opts:
+        return _tool("results").render_header(opts["page"], root)
     if "text" in opts:
         return (root / opts["text"]).read_text()
     if "include" in opts:
@@ -218,13 +247,15 @@ def _is_float(v: str | None) -> bool:
     return True
 
 
-def render_document(text: str, missing: list[str] | None = None) -> str:
-    """Every block re-rendered. With ``missing`` (a list), a block whose result file is not
-    there yet keeps its body and the file is appended to ``missing``; without, it raises."""
+def render_document(text: str, missing: list[str] | None = None, root: Path = ROOT) -> str:
+    """Every block re-rendered from the result files under ``root`` (another folder with the
+    repository's layout: ``tools/results.py --out``). With ``missing`` (a list), a block
+    whose result file is not there yet keeps its body and the file is appended to
+    ``missing``; without, it raises."""
 
     def repl(m: re.Match[str]) -> str:
         try:
-            body = render(parse_opts(m.group("opts")))
+            body = render(parse_opts(m.group("opts")), root)
         except SystemExit as err:
             if missing is None:
                 raise
@@ -304,7 +335,7 @@ def collect_bench(bench_dir: Path, data: Path = DATA) -> list[Path]:
     return [*out, side]
 
 
-#: Data files that record their own origin row by row (tools/measure_results.sh appends
+#: Data files that record their own origin row by row (tools/results.py appends
 #: each grid's wall time with its commit): no sidecar needed.
 SELF_RECORDING = frozenset({"campaign-times.csv"})
 

@@ -194,6 +194,9 @@ def main() -> None:
     lines = [
         "# Robustness of the round loop (SPEC §12)",
         "",
+        "<!-- fedshield:table page=robustness -->",
+        "<!-- fedshield:end -->",
+        "",
         "Produced by `python tools/robustness_report.py` at commit "
         f"`{commit}` (the fuzz harnesses `fedshield.testing.fuzz` and "
         "`fedshield.testing.flower_fuzz`; `tests/test_round_fuzz.py` runs a seeded sample "

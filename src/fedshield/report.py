@@ -178,10 +178,17 @@ def seed_cells(
     for i, p in enumerate(params):
         groups.setdefault(cell_key(p), []).append(i)
     rows = []
-    for key, idx in groups.items():
+    for key, all_idx in groups.items():
         # parameters as their config text (0.05, not 0.0500; strings unquoted)
         row: dict[str, Any] = {k: v.strip('"') for k, v in key}
-        row["n_seeds"] = len(idx)
+        row["n_seeds"] = len(all_idx)
+        # A diverged run's last numbers are not a result (issue 27): the cell names its
+        # seeds and its statistics come from the others only.
+        bad = [i for i in all_idx if summaries[i].get("status") == "diverged"]
+        if bad:
+            row["n_diverged"] = len(bad)
+            row["diverged_seeds"] = " ".join(str(params[i].get("seed", i)) for i in bad)
+        idx = [i for i in all_idx if i not in bad]
         for m in metrics:
             vals = [summaries[i][m] for i in idx if is_num(summaries[i].get(m))]
             row[f"{m}_n"] = len(vals)  # seeds with a value (e.g. that reached the target)
@@ -355,6 +362,8 @@ def compare_runs(
         cells = seed_cells(summaries, params, [*metrics, *details])
         ckeys = [k for k in keys if k != "seed"]
         cols = (*ckeys, "n_seeds", *[m for m in metrics if any(m in c for c in cells)])
+        if any("n_diverged" in c for c in cells):
+            cols = (*cols, "n_diverged", "diverged_seeds")
         table = text_table("cells (mean over seeds)", cells, cols, PM_NOTE)
         atomic_write_text(out / "cells.md", table.markdown())
         tables.append(table)
