@@ -8,9 +8,9 @@ and the config hashes are those of the grid's runs as that commit's code resolve
 (``fedshield sweep --grid <grid>`` with the seeds read from the run labels and the
 ``--set`` options of the grid jobs in docs/results/pages.toml), i.e. the
 ``config_sha256`` each run's summary would have recorded. The record says
-``"recorded": "afterwards ..."``; re-measuring a grid and collecting it replaces it with the sweep's own record. ``robustness.csv`` (made
-by ``tools/robustness_report.py``, not a sweep) gets the hash of the fuzz's definition at
-that commit instead.
+``"recorded": "afterwards ..."``; re-measuring a grid and collecting it replaces it with
+the sweep's own record. ``robustness.csv`` (made by ``tools/robustness_report.py``, not a
+sweep) gets the hash of the fuzz's definition at that commit instead.
 """
 
 from __future__ import annotations
