@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import logging
 import shlex
@@ -34,7 +35,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,23 @@ class Job:
         if self.kind == "bench":
             return [f"bench-{self.name}"]
         return [Path(w).stem for w in self.writes if w.endswith(".csv")]
+
+    @property
+    def label(self) -> str:
+        """What ``--only`` names: the grid or bench, or a command's script (its stem)."""
+        if self.kind == "command":
+            return Path(shlex.split(self.name)[1]).stem
+        return self.stem if self.kind == "grid" else self.name
+
+    def outputs(self) -> list[str]:
+        """The data files this job writes under docs/results/data (with provenance)."""
+        if self.kind == "grid":
+            names = [f"{self.stem}{s}.csv" for s in ("", "-cells", "-curves", "-rounds")]
+        elif self.kind == "bench":
+            names = [f"bench-{self.name}-{f}" for f in _render_results().BENCH_FILES]
+        else:
+            names = list(self.writes)
+        return names + [f"{k}.provenance.json" for k in self.records()]
 
     @property
     def stem(self) -> str:
@@ -137,6 +155,7 @@ def load_pages(path: Path = PAGES) -> dict[str, Page]:
     return pages
 
 
+@functools.cache
 def _render_results() -> Any:
     import importlib.util
 
@@ -217,8 +236,10 @@ def _record_time(data: Path, job: Job, runs: int, wall: float) -> None:
         )
 
 
-def run_page(page: Page, out: Path, jobs: int | None = None) -> Path:
-    """Every job of ``page`` into ``out``; returns the rendered page's path."""
+def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | None = None) -> Path:
+    """Every job of ``page`` into ``out`` (with ``only``: the jobs of those labels; the
+    others' published data is copied, with its provenance and so its commit); returns the
+    rendered page's path."""
     rr = _render_results()
     out = out.resolve()
     data = out / DATA_REL
@@ -232,7 +253,17 @@ def run_page(page: Page, out: Path, jobs: int | None = None) -> Path:
     if not doc.exists():
         raise SystemExit(f"{page.doc}: no such page (in the repository or in {out})")
     fs = [sys.executable, "-m", "fedshield.cli"]
+    unknown = (only or set()) - {j.label for j in page.jobs}
+    if unknown:
+        labels = ", ".join(j.label for j in page.jobs)
+        raise SystemExit(f"--only {','.join(sorted(unknown))}: not a job of {page.name} ({labels})")
     for j in page.jobs:
+        if only is not None and j.label not in only:
+            if data.resolve() != (ROOT / DATA_REL).resolve():
+                for f in j.outputs():
+                    if (ROOT / DATA_REL / f).exists():
+                        shutil.copyfile(ROOT / DATA_REL / f, data / f)
+            continue
         t0 = time.perf_counter()
         print(f"== {page.name}: {j.shown()}", flush=True)
         if j.kind == "command":
@@ -240,7 +271,7 @@ def run_page(page: Page, out: Path, jobs: int | None = None) -> Path:
             argv = [a.format(**subs) for a in shlex.split(j.name)]
             subprocess.run(argv, cwd=ROOT, check=True)
             continue
-        job = j if jobs is None else Job(j.kind, j.name, j.seeds, j.sets, jobs)
+        job = j if jobs is None else replace(j, jobs=jobs)
         subprocess.run([*fs, *job.argv(out)], cwd=ROOT, check=True)
         wall = time.perf_counter() - t0
         if j.kind == "grid":
@@ -432,6 +463,7 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=None, help="parallel runs per job")
     ap.add_argument("--list", action="store_true", help="the pages, their jobs and commits")
     ap.add_argument("--sample", action="store_true", help="re-run the page's sampled cell")
+    ap.add_argument("--only", default=None, help="these jobs only (comma-separated labels)")
     args = ap.parse_args()
     pages = load_pages()
     if args.list:
@@ -452,7 +484,8 @@ def main() -> int:
         got = sample(args.page)
         print(got.line())
         return 0 if got.ok else 1
-    doc = run_page(pages[args.page], Path(args.out), args.jobs)
+    only = set(args.only.split(",")) if args.only else None
+    doc = run_page(pages[args.page], Path(args.out), args.jobs, only)
     print(f"rendered {doc}")
     return 0
 
