@@ -1,4 +1,4 @@
-"""``fedshield bench`` against the per-run path of the old tools/attack_grid.py, side by side.
+"""``fedshield bench`` against the per-run path, side by side (the retired attack_grid.py's path).
 
     python bench/bench_bench.py                 # 24 runs (4 defenses × 6 attacks, 20 %), 20 rounds
     python bench/bench_bench.py --rounds 5      # quicker
@@ -6,8 +6,8 @@
 Both paths run the same defense × attack × share × seed runs of the digits attack grid in
 this process on one thread (half the per-run path, the bench runner, the other half):
 (a) the per-run path — each config validated, built and run to its last round by the
-simulator, one run at a time (what ``tools/attack_grid.py run`` did per run: its
-``run_one``, evaluation at the last round only), on the bench's own configs; (b)
+simulator, one run at a time (what the retired ``tools/attack_grid.py run`` did per
+run, evaluation at the last round only), on the bench's own configs; (b)
 ``fedshield bench``'s runner — the same runs trained in lockstep
 (:mod:`fedshield.bench.lockstep`), with the validation accuracy the protocol needs on
 top. Prints both wall times, the ratio and the largest difference of the final test
@@ -28,7 +28,7 @@ ATTACKS = ["ipm", "alie_opt", "label_flip", "adaptive_root", "backdoor", "sign_f
 
 
 def per_run(raw: dict) -> float | None:
-    """The per-run path of tools/attack_grid.py (its ``run_one``): validate the config,
+    """The per-run path (the retired tools/attack_grid.py's ``run_one``): validate the config,
     build data, model and components, run the simulator to the last round."""
     from fedshield import config as cfgmod
     from fedshield.sim.builder import build
@@ -73,8 +73,7 @@ def main() -> None:
     print(f"{len(runs)} runs ({len(DEFENSES)} defenses × {len(ATTACKS)} attacks, share "
           f"{args.share}, {args.rounds} rounds, digits, 1 thread)")  # fmt: skip
     print(
-        f"per-run path (tools/attack_grid.py run_one): {t_old:7.2f} s  "
-        f"{t_old / len(runs):.3f} s/run"
+        f"per-run path (build + run each config)    : {t_old:7.2f} s  {t_old / len(runs):.3f} s/run"
     )
     print(
         f"fedshield bench runner (lockstep)         : {t_new:7.2f} s  {t_new / len(runs):.3f} s/run"

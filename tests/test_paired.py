@@ -101,3 +101,34 @@ def test_block_tests_each_grid_value_on_its_own(tmp_path: Path) -> None:
     lines = [line for line in text.splitlines() if line.startswith("| m @")]
     assert [line.split(" | ")[0] for line in lines] == ["| m @ rho=5", "| m @ rho=100"]
     assert "| +1.5 ± 6.4 |" in lines[0] and "| -4.0 ± 12.7 |" in lines[1]
+
+
+def test_variant_column_and_where_filter(tmp_path: Path) -> None:
+    """A bench's runs.csv: ``variant=defense`` pairs two defenses, ``where=`` keeps one
+    attack; without ``variant=`` the block still reads the ``variant`` column (none here)."""
+    (tmp_path / "runs.csv").write_text(
+        "defense,attack,share,seed,test_acc\n"
+        "brdrag,adaptive_root,0.2,0,0.80\nfltrust,adaptive_root,0.2,0,0.70\n"
+        "brdrag,adaptive_root,0.2,1,0.82\nfltrust,adaptive_root,0.2,1,0.70\n"
+        "brdrag,ipm,0.2,0,0.10\nfltrust,ipm,0.2,0,0.90\n"
+        "brdrag,ipm,0.2,1,0.10\nfltrust,ipm,0.2,1,0.90\n"
+    )
+    render = _tool("render_results")
+    opts = {"source": "runs.csv", "paired": "brdrag,fltrust", "value": "test_acc"}
+    text = render.render(
+        {**opts, "variant": "defense", "where": "attack:adaptive_root", "by": "share"}, tmp_path
+    )
+    # d = (+10, +12) points: mean +11, sd √2, t_{0.975,1} = 12.706 → h = 12.7
+    row = (
+        "| test_acc @ share=0.2 | 2 (0, 1) | +11.0 ± 12.7 | 0: +10.0, 1: +12.0 | 2 / 0 "
+        "| 0.500 | undecided |"
+    )
+    assert row in text
+    assert "-80.0" not in text  # the ipm rows were filtered out
+    # the default column is still ``variant``: nothing pairs in this file
+    assert "| test_acc | 0 | - |" in render.render(opts, tmp_path)
+    p = _tool("paired").paired(
+        [{"defense": "A", "seed": "0", "m": "1"}, {"defense": "B", "seed": "0", "m": "0"}],
+        "A", "B", "m", column="defense",
+    )  # fmt: skip
+    assert p.diffs == [1.0]

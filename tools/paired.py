@@ -16,7 +16,9 @@ with d_s = A_s − B_s over the n seeds both have (the rendered block tests each
 Differences are shown in points (×100) by default (``scale=100``). A diverged run (an empty
 metric) leaves its seed out of that metric's pairs, and the table says how many seeds were
 paired. Used by ``tools/render_results.py`` (block option ``paired=A,B``; ``source`` may list
-several comparison files of disjoint seeds, comma-separated) and as a script:
+several comparison files of disjoint seeds, comma-separated; ``variant=COLUMN`` names the
+column that holds the variants, ``variant`` by default — ``variant=defense`` pairs two
+defenses of a bench's ``runs.csv``, with ``where=`` keeping one attack) and as a script:
 
     python tools/paired.py docs/results/data/fedcart-methods-cpu.csv fedcart calfat \\
         robust/worst robust/natural groups/minority/natural
@@ -27,7 +29,7 @@ from __future__ import annotations
 import csv
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -73,14 +75,16 @@ def paired(
     metric: str,
     by: Sequence[str] = (),
     scale: float = 1.0,
+    column: str = "variant",
 ) -> Paired:
-    """d_s = scale · (A_s − B_s) for every key (seed, *by) that both variants ran to a
-    finite value of ``metric``; mean, 95 % t half-width, sign counts and sign test."""
+    """d_s = scale · (A_s − B_s) for every key (seed, *by) that both variants (values of
+    ``column``) ran to a finite value of ``metric``; mean, 95 % t half-width, sign counts
+    and sign test."""
 
     def table(variant: str) -> dict[tuple[str, ...], float]:
         out: dict[tuple[str, ...], float] = {}
         for r in rows:
-            if r.get("variant") != variant:
+            if r.get(column) != variant:
                 continue
             v = _float(r.get(metric))
             if v is not None:
@@ -152,25 +156,35 @@ def _groups(rows: Sequence[dict[str, str]], by: Sequence[str]) -> list[tuple[str
     return sorted(found, key=lambda g: [order(v) for v in g])
 
 
-def render_paired(opts: dict[str, str], root: Path) -> str:
+def _read(source: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader(source.open()))
+
+
+def render_paired(
+    opts: dict[str, str],
+    root: Path,
+    read: Callable[[Path], list[dict[str, str]]] = _read,
+) -> str:
     """The block ``source=<comparison.csv>[,<comparison.csv>...] paired=A,B value=m1,m2
-    [by=k1,k2] [scale=100] [digits=1]`` of ``tools/render_results.py``. Several sources
-    (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them is an error."""
+    [by=k1,k2] [variant=COLUMN] [scale=100] [digits=1]`` of ``tools/render_results.py``.
+    Several sources (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them
+    is an error. ``read`` loads one source (render_results passes its ``where=`` filter)."""
     rows: list[dict[str, str]] = []
     for name in opts["source"].split(","):
         source = root / name
         if not source.exists():
             raise SystemExit(f"{name}: no such result file")
-        rows += list(csv.DictReader(source.open()))
+        rows += read(source)
     a, b = opts["paired"].split(",")
     by = [k for k in opts.get("by", "").split(",") if k]
+    column = opts.get("variant", "variant")
     scale = float(opts.get("scale", "100"))
     results = []
     for group in _groups(rows, by):  # one test per value of the ``by`` keys
         sub = [r for r in rows if tuple(r.get(k, "") for k in by) == group]
         tag = " @ " + ", ".join(f"{k}={v}" for k, v in zip(by, group)) if by else ""
         for m in opts["value"].split(","):
-            res = paired(sub, a, b, m, scale=scale)
+            res = paired(sub, a, b, m, scale=scale, column=column)
             results.append(replace(res, metric=m + tag))
     lines = render_rows(results, a, b, int(opts.get("digits", "1")))
     return "\n".join(lines) + f"\n\n{PAIRED_NOTE}\n"

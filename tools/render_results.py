@@ -31,7 +31,9 @@ and this script replaces what lies between the markers by the table computed fro
 * ``paired=A,B`` with ``source=<a sweep's per-run comparison CSV>`` and ``value=m1,m2`` —
   variant A minus B paired by seed, per metric: mean ± 95 % t interval, every seed's
   difference, the sign test and "undecided" where the interval covers zero
-  (``tools/paired.py``; ``by=KEY`` pairs within each KEY value too, ``scale=100`` points).
+  (``tools/paired.py``; ``by=KEY`` pairs within each KEY value too, ``scale=100`` points;
+  ``variant=COLUMN`` names the variants' column, e.g. ``defense`` in a bench's runs.csv,
+  and ``where=`` applies as for tables).
 
     python tools/render_results.py                 # rewrite every block in place
     python tools/render_results.py --check         # exit 1 if a document is out of date
@@ -203,7 +205,7 @@ def render(opts: dict[str, str], root: Path = ROOT) -> str:
     if "worst" in opts:
         return render_worst(opts, root)
     if "paired" in opts:
-        return _tool("paired").render_paired(opts, root)
+        return _tool("paired").render_paired(opts, root, lambda p: _rows(p, opts.get("where")))
     source = root / opts["source"]
     if not source.exists():
         raise SystemExit(f"{opts['source']}: no such result file")

@@ -299,8 +299,8 @@ def main() -> None:
                 for r in rows
             ]
     out = Path(args.out)
-    # The attack-grid section below the marker (tools/attack_grid.py, rendered by
-    # tools/render_results.py) is not this report's: keep it.
+    # The "Under attack" section below the marker (the robustness bench's tables, rendered
+    # by tools/render_results.py) is not this report's: keep it.
     kept = ""
     if out.exists() and KEEP in out.read_text():
         kept = "\n" + KEEP + out.read_text().split(KEEP, 1)[1]
