@@ -11,7 +11,7 @@ with d_s = A_s − B_s over the n seeds both have (the rendered block tests each
 * the two-sided exact sign test: P(at least as lopsided a split of the non-zero d_s under
   Binomial(n', ½)) (``scipy.stats.binomtest``; ties d_s = 0 are dropped, as usual);
 * the verdict: "A ahead" / "B ahead" when the interval excludes zero, "undecided" when it
-  covers it (or n < 2).
+  covers it (or n < 2, or two seeds with the same difference: a zero-width interval).
 
 Differences are shown in points (×100) by default (``scale=100``). A diverged run (an empty
 metric) leaves its seed out of that metric's pairs, and the table says how many seeds were
@@ -51,7 +51,10 @@ class Paired:
 
     @property
     def verdict(self) -> str:
-        if len(self.diffs) < 2 or not math.isfinite(self.half):
+        # Two seeds that differ by the same amount give a zero-width interval: that is no
+        # evidence (the sign test's p is 0.5), so it stays undecided.
+        degenerate = self.half == 0 and len(self.diffs) < 3
+        if len(self.diffs) < 2 or not math.isfinite(self.half) or degenerate:
             return "undecided"
         if self.mean - self.half > 0:
             return "A ahead"
