@@ -35,7 +35,15 @@ results = _tool("results")
 render = _tool("render_results")
 PAGES = results.load_pages()
 #: Pages whose sampled cell another test re-runs already.
-SAMPLED_ELSEWHERE = {"demo": "tests/test_results_fresh.py (the demo's median cell)"}
+SAMPLED_ELSEWHERE = {
+    "demo": "tests/test_results_fresh.py (the demo's median cell)",
+    # timings are the measuring machine's; the parity the page states is asserted bit for
+    # bit by tests/test_flower.py and tests/test_flower_sim.py in every run
+    "flower": "tests/test_flower.py, tests/test_flower_sim.py",
+    # replays of recorded 20-round FedCART runs under every CART variant (~10 min a seed):
+    # no cell is cheap; the chosen defaults' own behaviour is tests/test_fedcart.py's
+    "cart_step": "tests/test_fedcart.py",
+}
 
 
 def _blocks(doc: Path) -> list[dict[str, str]]:

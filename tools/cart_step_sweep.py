@@ -608,7 +608,10 @@ def render(args: argparse.Namespace) -> None:
         parts["E2E_TABLE"] = _e2e_table(json.loads(Path(args.e2e_results).read_text()))
     for key, value in parts.items():
         text = text.replace(f"{{{{{key}}}}}", value)
-    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        print(text, end="")
 
 
 def main() -> None:
@@ -633,6 +636,7 @@ def main() -> None:
     r.add_argument("--round-results", help="JSON of `round`")
     r.add_argument("--run-results", nargs="*", help="JSON files of `run`, one per seed")
     r.add_argument("--e2e-results", help="JSON of `collect`")
+    r.add_argument("--out", help="write the page here (default: print it)")
     r.set_defaults(func=render)
     col = sub.add_parser("collect", help="final metrics of full runs as one JSON file")
     col.add_argument("runs", nargs="+", help="name=run_dir pairs of full `fedshield run`s")

@@ -103,7 +103,8 @@ class Job:
     def shown(self) -> str:
         """The job as a user would type it (for the page header)."""
         if self.kind == "command":
-            return self.name.format(py="python", out="OUT", runs="OUT/runs")
+            line = self.name.replace("{py} -m fedshield.cli", "fedshield")
+            return line.format(py="python", out="OUT", runs="OUT/runs")
         if self.kind == "grid":
             seeds = f" --seeds {self.seeds}" if self.seeds else ""
             sets = "".join(f" --set {s}" for s in self.sets)
@@ -205,7 +206,7 @@ def render_header(name: str, root: Path = ROOT) -> str:
         cs = list(
             dict.fromkeys(c for k in j.records() for c in commits.get(k) or ["not yet measured"])
         )
-        at = ""
+        at = " — its output records no commit" if j.writes and not j.records() else ""
         if cs:
             at = " — commit " + ", ".join(f"`{c}`" for c in cs)
             at += " (mixed: runs from several commits)" if len(cs) > 1 else ""
