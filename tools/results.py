@@ -170,9 +170,10 @@ def _render_results() -> Any:
 
 
 def _commit() -> str:
+    """The checkout's commit (``source_commit`` returns a record, not the sha)."""
     from fedshield.provenance import source_commit
 
-    return str(source_commit() or "unknown")
+    return str(source_commit().get("commit") or "unknown")
 
 
 # -- the page header ------------------------------------------------------------------------
