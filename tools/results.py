@@ -342,13 +342,13 @@ def render_header(name: str, root: Path = ROOT) -> str:
         "",
     ]
     for j in page.jobs:
-        cs = list(
-            dict.fromkeys(c for k in j.records() for c in commits.get(k) or ["not yet measured"])
-        )
+        cs = list(dict.fromkeys(c for k in j.records() for c in commits.get(k, [])))
         at = " — its output records no commit" if j.writes and not j.records() else ""
         if cs:
             at = " — commit " + ", ".join(f"`{c}`" for c in cs)
             at += " (mixed: runs from several commits)" if len(cs) > 1 else ""
+        if any(not commits.get(k) for k in j.records()):
+            at += " — not yet measured"
         lines.append(f"- `{j.shown()}`{at}")
     all_commits = {c for cs in commits.values() for c in cs}
     unmeasured = [k for k, cs in commits.items() if not cs]
