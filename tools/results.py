@@ -395,24 +395,27 @@ def _reads(text: str) -> list[str]:
 
 
 def _copy_published(names: list[str], out: Path) -> list[str]:
-    """Copy the repository's published files ``names`` (repository paths) into ``out``, each
-    data file with the provenance record that covers it; the names copied."""
-    sidecars = {
+    """Copy the repository's published files ``names`` (repository paths) into ``out`` where
+    ``out`` has none yet; a data file comes with its provenance record and every file that
+    record covers (so ``out``'s data checks as the repository's does). The names copied."""
+    data = ROOT / DATA_REL
+    records = {
         f: side
-        for side in sorted((ROOT / DATA_REL).glob("*.provenance.json"))
+        for side in sorted(data.glob("*.provenance.json"))
         for f in json.loads(side.read_text()).get("files", {})
     }
+    wanted = [ROOT / n for n in names]
+    for src in list(wanted):
+        side = records.get(src.name) if src.parent == data else None
+        if side is not None:
+            wanted += [side, *(data / f for f in json.loads(side.read_text())["files"])]
     copied = []
-    for name in names:
-        src, dst = ROOT / name, out / name
-        if not src.exists() or dst.exists():
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dst)
-        copied.append(name)
-        side = sidecars.get(src.name) if src.parent == ROOT / DATA_REL else None
-        if side is not None and not (out / DATA_REL / side.name).exists():
-            shutil.copyfile(side, out / DATA_REL / side.name)
+    for src in dict.fromkeys(wanted):
+        dst = out / src.relative_to(ROOT)
+        if src.exists() and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            copied.append(str(src.relative_to(ROOT)))
     return copied
 
 
