@@ -1,7 +1,8 @@
 """One command per results page, at the current commit (issue 27).
 
-    python tools/results.py PAGE [--out DIR] [-j N]   # = make results PAGE=... OUT=...
-    python tools/results.py --list                    # pages, jobs, their data's commits
+    python tools/results.py PAGE [--out DIR] [-j N] [--only LABEL,...]
+                                   # = make results PAGE=... OUT=... [JOBS=N] [ONLY=...]
+    python tools/results.py --list                    # pages, [job labels], data's commits
     python tools/results.py --sample PAGE             # the page's sampled cell, re-run now
 
 The pages and their jobs are declared once, in ``docs/results/pages.toml`` (see its header).
@@ -12,6 +13,13 @@ repository's layout below it, so ``--out .`` publishes in place): sweeps and ben
 ``DIR/docs/results/data/campaign-times.csv``, the page's prose copied from the repository
 and its tables rendered from ``DIR``'s data. Sweeps and benches resume (finished runs of the
 same config and commit are kept), so a stopped command continues where it stopped.
+
+``--only`` runs the jobs of those labels (``--list`` shows them: a grid's or bench's name, a
+command's script, ``fedshield-run`` for ``{py} -m fedshield.cli run``); the other jobs' data,
+and any file the page reads that none of its jobs makes (the README quotes every page), is
+the published one, copied with its provenance record. Bad input (pages.toml, the command
+line) is one ``error:`` line naming the key or value, exit 2, before anything is made; a
+failed job, a job's missing output or a block that cannot be rendered: ``error:``, exit 1.
 
 A page names where its numbers come from in a generated header (block option ``page=NAME``
 of render_results): each job, its seeds, the commit(s) its data was made at and the command.
