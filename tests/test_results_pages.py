@@ -127,7 +127,7 @@ def test_an_unknown_page_is_one_line_and_exit_2() -> None:
 def test_a_diverged_run_is_shown_as_diverged_never_as_a_number(tmp_path: Path) -> None:
     """A cell with a diverged seed names it and reads the other seeds only; the worst case
     over attacks is that cell; a per-run row is "diverged"."""
-    from fedshield.report import seed_cells
+    from fedshield.report import pivot_table, seed_cells
 
     summaries = [
         {"final_test_acc": 0.8, "status": "ok"},
@@ -141,6 +141,10 @@ def test_a_diverged_run_is_shown_as_diverged_never_as_a_number(tmp_path: Path) -
     ipm = next(c for c in cells if c["attack"] == "ipm")
     assert (ipm["n_seeds"], ipm["n_diverged"], ipm["diverged_seeds"]) == (3, 1, "1")
     assert ipm["final_test_acc_mean"] == pytest.approx(0.85)  # seeds 0 and 2 only
+    pivot = pivot_table(cells, "variant", "attack", "final_test_acc_mean").rows
+    assert pivot == [["median", "diverged (seed 1); others 0.850", "0.500"]]
+    runs = [s | p for s, p in zip(summaries, params)]
+    assert pivot_table(runs, "seed", "attack").rows[1] == ["1", "diverged", "-"]
     rows = [{k: str(v) for k, v in c.items()} for c in cells]
     assert render._cell(rows[0], "final_test_acc", 3).startswith("diverged (seed 1); others 0.850")
     src = tmp_path / "cells.csv"
@@ -469,3 +473,20 @@ def test_the_sample_of_a_grid_file_expands_it(tmp_path: Path) -> None:
     assert (raw["rounds"], raw["seed"]) == (3, 1)
     with pytest.raises(results.BadInput, match="sample.run: 'tiny_seed=7' is not a run of"):
         results._grid_run(page, {"grid": str(grid), "run": "tiny_seed=7"})
+
+
+def test_a_page_published_in_place_renders_the_repository_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``OUT=.``: the page's own file is rendered where it is (no copy over itself), the
+    job writes into the repository's layout, nothing else is copied in."""
+    job = "command = [{ run = \"{py} -c \\\"open('{out}/docs/results/x.txt', 'w').write('hi')\\\"\", writes = [\"x.txt\"] }]\n"  # noqa: E501
+    page = _page_in(
+        tmp_path, "<!-- fedshield:table include=docs/results/x.txt -->\n<!-- fedshield:end -->", job
+    )  # noqa: E501
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    doc = results.run_page(page, tmp_path)
+    assert doc == tmp_path / "docs" / "results" / "t.md"
+    assert "include=docs/results/x.txt -->\n```\nhi\n```\n<!-- fedshield:end -->" in doc.read_text()
+    made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert made == ["docs/results/pages.toml", "docs/results/t.md", "docs/results/x.txt"]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import functools
 import json
 import logging
 import re
@@ -298,15 +297,19 @@ def _check_sample(where: str, s: dict[str, Any], jobs: list[Job]) -> None:
         _typed(f"{where}.round", s["round"], int, "a positive integer")
 
 
-@functools.cache
 def _render_results() -> Any:
+    """tools/render_results.py, the sibling module (one copy: render_results loads this
+    module the same way, by name in ``sys.modules``)."""
+    if "render_results" in sys.modules:
+        return sys.modules["render_results"]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "render_results", ROOT / "tools" / "render_results.py"
+        "render_results", Path(__file__).with_name("render_results.py")
     )
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
+    sys.modules["render_results"] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -767,4 +770,5 @@ def _main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("results", sys.modules[__name__])  # render_results' page= blocks
     sys.exit(main())
