@@ -339,6 +339,26 @@ def test_a_page_whose_data_is_missing_fails_naming_it(tmp_path: Path, block: str
         results.run_page(page, tmp_path, only=set())
 
 
+@pytest.mark.parametrize(
+    ("jobs", "message"),
+    [
+        ('grid = [{ name = "brdrag-atacks-20-cpu" }]\n',
+         r"\.grid: 'brdrag-atacks-20-cpu': not a bundled grid"),
+        ('bench = [{ name = "nosuch" }]\n',
+         r"\.bench: 'nosuch': not a bundled bench \(see `fedshield list benches`\)"),
+        ('grid = [{ name = "nosuch/g.toml" }]\n', r"\.grid: 'nosuch/g.toml': no such grid file"),
+    ],
+)  # fmt: skip
+def test_an_unknown_grid_or_bench_fails_before_any_job_runs(
+    tmp_path: Path, jobs: str, message: str
+) -> None:
+    first = 'command = [{ run = "{py} -c \'open(\\"{out}/ran\\", \\"w\\")\'" }]\n'
+    page = _page_in(tmp_path / "src", "", jobs + first)
+    with pytest.raises(results.BadInput, match=message):
+        results.run_page(page, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_job_that_writes_nothing_fails_the_page(tmp_path: Path) -> None:
     page = _page_in(tmp_path, "", 'command = [{ run = "{py} -c pass", writes = ["made.csv"] }]\n')
     with pytest.raises(results.PageFailed, match="did not write made.csv, made.provenance.json"):
@@ -480,10 +500,10 @@ def test_a_page_published_in_place_renders_the_repository_itself(
 ) -> None:
     """``OUT=.``: the page's own file is rendered where it is (no copy over itself), the
     job writes into the repository's layout, nothing else is copied in."""
-    job = "command = [{ run = \"{py} -c \\\"open('{out}/docs/results/x.txt', 'w').write('hi')\\\"\", writes = [\"x.txt\"] }]\n"  # noqa: E501
-    page = _page_in(
-        tmp_path, "<!-- fedshield:table include=docs/results/x.txt -->\n<!-- fedshield:end -->", job
-    )  # noqa: E501
+    write = "open('{out}/docs/results/x.txt', 'w').write('hi')"
+    job = f'command = [{{ run = """{{py}} -c "{write}"""", writes = ["x.txt"] }}]\n'
+    block = "<!-- fedshield:table include=docs/results/x.txt -->\n<!-- fedshield:end -->"
+    page = _page_in(tmp_path, block, job)
     monkeypatch.setattr(results, "ROOT", tmp_path)
     doc = results.run_page(page, tmp_path)
     assert doc == tmp_path / "docs" / "results" / "t.md"

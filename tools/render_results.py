@@ -176,6 +176,8 @@ def render_worst(opts: dict[str, str], root: Path) -> str:
     digits = int(opts.get("digits", "3"))
     sources = opts["source"].split(",")
     labels = opts.get("labels", opts["source"]).split(",")
+    if len(labels) != len(sources):
+        raise SystemExit(f"worst={opts['worst']}: {len(labels)} labels for {len(sources)} sources")
     tables = [_rows(root / s, opts.get("where")) for s in sources]
     rkeys = list(dict.fromkeys(r[rk] for t in tables for r in t))
     lines = [f"| {rk} | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]

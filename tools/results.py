@@ -436,6 +436,26 @@ def _run(argv: list[str], what: str) -> None:
         raise PageFailed(f"`{what}` failed (exit {rc}); its output above says why")
 
 
+def _check_names(page: Page) -> None:
+    """Every grid and bench the page runs exists (a typo fails now, not after the jobs
+    before it have run for hours)."""
+    from fedshield.bench.command import bench_names
+    from fedshield.sweep import grid_names
+
+    known = {"grid": ("grids", grid_names()), "bench": ("benches", bench_names())}
+    for j in page.jobs:
+        if j.kind == "command":
+            continue
+        if j.is_file and not (ROOT / j.name).exists():
+            raise BadInput(f"pages.toml [{page.name}].grid: {j.name!r}: no such grid file")
+        kinds, names = known[j.kind]
+        if not j.is_file and j.name not in names:
+            raise BadInput(
+                f"pages.toml [{page.name}].{j.kind}: {j.name!r}: not a bundled {j.kind} "
+                f"(see `fedshield list {kinds}`)"
+            )
+
+
 def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | None = None) -> Path:
     """Every job of ``page`` into ``out`` and the page rendered there from ``out``'s data;
     returns the rendered page's path. With ``only`` (labels, :attr:`Job.label`) the other
@@ -453,6 +473,7 @@ def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | No
         )
     if jobs is not None and jobs < 1:
         raise BadInput(f"-j {jobs}: expected a positive number of parallel runs")
+    _check_names(page)
     prose = ROOT / page.doc
     out = out.resolve()
     doc = out / page.doc
@@ -700,6 +721,7 @@ def sample(name: str, root: Path = ROOT) -> Sample:
     if not s:
         raise BadInput(f"pages.toml [{name}]: has no sample")
     where = f"pages.toml [{name}].sample"
+    tol = kernel_tolerance(root)  # before training: fail fast
     if "bench" in s:
         from fedshield.bench.runner import run_group
 
@@ -721,7 +743,7 @@ def sample(name: str, root: Path = ROOT) -> Sample:
         published,
         seed,
         frozenset(bad),
-        kernel_tolerance(root),
+        tol,
     )
 
 
