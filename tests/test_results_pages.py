@@ -359,6 +359,17 @@ def test_an_unknown_grid_or_bench_fails_before_any_job_runs(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_grid_folder_with_runs_of_another_commit_is_refused(tmp_path: Path) -> None:
+    """The sweep would keep them (it resumes by config): the page would mix commits."""
+    page = _page_in(tmp_path / "src", "", 'grid = [{ name = "demo" }]\n')
+    run = tmp_path / "out" / "runs" / "demo" / "fedavg"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"provenance": {"commit": "0123456789ab"}}))
+    with pytest.raises(results.BadInput, match=r"runs/demo: holds runs made at commit 0123456"):
+        results.run_page(page, tmp_path / "out")
+    assert not (tmp_path / "out" / "docs").exists()
+
+
 def test_a_job_that_writes_nothing_fails_the_page(tmp_path: Path) -> None:
     page = _page_in(tmp_path, "", 'command = [{ run = "{py} -c pass", writes = ["made.csv"] }]\n')
     with pytest.raises(results.PageFailed, match="did not write made.csv, made.provenance.json"):

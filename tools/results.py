@@ -11,8 +11,10 @@ repository's layout below it, so ``--out .`` publishes in place): sweeps and ben
 ``DIR/runs/``, their CSVs collected with provenance under ``DIR/docs/results/data/``
 (``tools/render_results.py``'s ``collect``), each grid's wall time appended to
 ``DIR/docs/results/data/campaign-times.csv``, the page's prose copied from the repository
-and its tables rendered from ``DIR``'s data. Sweeps and benches resume (finished runs of the
-same config and commit are kept), so a stopped command continues where it stopped.
+and its tables rendered from ``DIR``'s data. A stopped command continues where it stopped:
+benches keep their finished runs of the same config and commit, sweeps those of the same
+config — so a grid's folder holding runs of another commit is refused before any work (a
+page is made at one commit: remove the folder or choose another ``--out``).
 
 ``--only`` runs the jobs of those labels (``--list`` shows them: a grid's or bench's name, a
 command's script, ``fedshield-run`` for ``{py} -m fedshield.cli run``); the other jobs' data,
@@ -456,6 +458,26 @@ def _check_names(page: Page) -> None:
             )
 
 
+def _older_runs(page: Page, out: Path, only: set[str] | None) -> None:
+    """Refuse a grid job whose run folder in ``out`` holds runs of another commit: the sweep
+    would keep them (it resumes by config, not by commit) and the page mix two commits."""
+    now = _commit()
+    if now == "unknown":
+        return
+    for j in page.jobs:
+        if j.kind != "grid" or (only is not None and j.label not in only):
+            continue
+        folder = out / "runs" / j.stem
+        for f in sorted(folder.glob("*/summary.json")):
+            made = (json.loads(f.read_text()).get("provenance") or {}).get("commit") or "unknown"
+            if made != now:
+                raise BadInput(
+                    f"{folder}: holds runs made at commit {made[:7]} (this is {now[:7]}), e.g. "
+                    f"{f.parent.name}; a page is made at one commit: remove the folder or "
+                    f"choose another --out"
+                )
+
+
 def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | None = None) -> Path:
     """Every job of ``page`` into ``out`` and the page rendered there from ``out``'s data;
     returns the rendered page's path. With ``only`` (labels, :attr:`Job.label`) the other
@@ -474,6 +496,7 @@ def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | No
     if jobs is not None and jobs < 1:
         raise BadInput(f"-j {jobs}: expected a positive number of parallel runs")
     _check_names(page)
+    _older_runs(page, out.resolve(), only)
     prose = ROOT / page.doc
     out = out.resolve()
     doc = out / page.doc
