@@ -374,6 +374,9 @@ def test_a_job_that_writes_nothing_fails_the_page(tmp_path: Path) -> None:
     page = _page_in(tmp_path, "", 'command = [{ run = "{py} -c pass", writes = ["made.csv"] }]\n')
     with pytest.raises(results.PageFailed, match="did not write made.csv, made.provenance.json"):
         results.run_page(page, tmp_path)
+    (tmp_path / "docs" / "results" / "made.csv").write_text("a\n1\n")  # an earlier run's
+    with pytest.raises(results.PageFailed, match="did not write made.csv"):
+        results.run_page(page, tmp_path)
 
 
 def test_a_failing_job_is_one_error_line(tmp_path: Path) -> None:

@@ -495,13 +495,15 @@ def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | No
         )
     if jobs is not None and jobs < 1:
         raise BadInput(f"-j {jobs}: expected a positive number of parallel runs")
-    _check_names(page)
-    _older_runs(page, out.resolve(), only)
-    prose = ROOT / page.doc
     out = out.resolve()
+    _check_names(page)
+    _older_runs(page, out, only)
+    prose = ROOT / page.doc
     doc = out / page.doc
     if not prose.exists() and not doc.exists():
-        raise BadInput(f"{page.name}.doc: {page.doc}: no such page (in the repository or {out})")
+        raise BadInput(
+            f"pages.toml [{page.name}].doc: {page.doc}: no such page (in the repository or {out})"
+        )
     in_place = out == ROOT.resolve()
     data = out / DATA_REL
     data.mkdir(parents=True, exist_ok=True)
@@ -519,6 +521,9 @@ def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | No
         print(f"== {page.name}: {j.shown()}", flush=True)
         ran.append(j)
         if j.kind == "command":
+            for f in j.writes if not in_place else ():  # an earlier run's: not this one's
+                if (old := locate(out, f)) is not None:
+                    old.unlink()
             _run(j.command(out), j.shown())
             continue
         job = j if jobs is None else replace(j, jobs=jobs)
