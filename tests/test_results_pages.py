@@ -67,14 +67,13 @@ def test_a_page_reads_only_what_its_own_jobs_make(name: str) -> None:
     if page.doc == "README.md":  # the README quotes every page: test below
         return
     made = _produced(page)
-    for f in _reads(blocks):
+    for f in _reads(ROOT / page.doc):
         assert Path(f).name in made, f"{page.doc} reads {f}, which no job of [{name}] makes"
 
 
-def _reads(blocks: list[dict[str, str]]) -> list[str]:
-    files = [[*b.get("source", "").split(","), b.get("text", ""), b.get("include", "")]
-             for b in blocks]  # fmt: skip
-    return [f for fs in files for f in fs if f.startswith("docs/results/")]
+def _reads(doc: Path) -> list[str]:
+    """The result files the document's blocks read (tools/results.py's own reading)."""
+    return [f for f in results._reads(doc.read_text()) if f.startswith("docs/results/")]
 
 
 def test_every_result_a_document_quotes_is_made_by_some_page() -> None:
@@ -82,7 +81,7 @@ def test_every_result_a_document_quotes_is_made_by_some_page() -> None:
     timing outputs docs/results/bench_*.txt are their bench scripts' ``--save``)."""
     made = set().union(*(_produced(p) for p in PAGES.values()))
     for doc in render.documents():
-        for f in _reads(_blocks(doc)):
+        for f in _reads(doc):
             if not f.startswith("docs/results/data/"):
                 continue
             assert Path(f).name in made, f"{doc.relative_to(ROOT)} reads {f}: no page makes it"
@@ -347,6 +346,7 @@ def test_a_page_whose_data_is_missing_fails_naming_it(tmp_path: Path, block: str
         ('bench = [{ name = "nosuch" }]\n',
          r"\.bench: 'nosuch': not a bundled bench \(see `fedshield list benches`\)"),
         ('grid = [{ name = "nosuch/g.toml" }]\n', r"\.grid: 'nosuch/g.toml': no such grid file"),
+        ('bench = [{ name = "b.toml" }]\n', r"\.bench: 'b.toml': not a bundled bench"),
     ],
 )  # fmt: skip
 def test_an_unknown_grid_or_bench_fails_before_any_job_runs(

@@ -112,8 +112,9 @@ class Job:
 
     @property
     def is_file(self) -> bool:
-        """A grid file (a path, relative to the repository) rather than a bundled grid."""
-        return self.name.endswith(".toml")
+        """A grid file (a path, relative to the repository) rather than a bundled grid
+        (benches are bundled ones only: ``fedshield bench --bench NAME``)."""
+        return self.kind == "grid" and self.name.endswith(".toml")
 
     @property
     def label(self) -> str:
