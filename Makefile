@@ -29,11 +29,14 @@ test: $(STAMP)
 
 # One results page from nothing at this commit (docs/results/pages.toml; tools/results.py):
 #   make results PAGE=brdrag [OUT=runs/results]   (OUT=. publishes docs/results/ in place)
+#   make results PAGE=brdrag ONLY=brdrag-ct-cpu [JOBS=2]   (those jobs; the others' data as published)
 PAGE ?=
 OUT ?= runs/results
+ONLY ?=
+JOBS ?=
 results: $(STAMP)
 	@test -n "$(PAGE)" || { $(PY) tools/results.py --list; echo "error: give PAGE=<one of the pages above>" >&2; exit 2; }
-	$(PY) tools/results.py $(PAGE) --out $(OUT)
+	$(PY) tools/results.py "$(PAGE)" --out "$(OUT)" $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),-j "$(JOBS)")
 
 bench: $(STAMP)
 	$(PY) bench/bench_round.py

@@ -97,19 +97,41 @@ def _rows(source: Path, where: str | None) -> list[dict[str, str]]:
 
 
 def _diverged(row: dict[str, str]) -> str:
-    """``diverged (seeds …)`` for a cell with diverged runs ("" when none)."""
+    """``diverged (seed …)`` for a cell with diverged runs, ``diverged`` for a diverged run
+    ("" when none)."""
     if row.get("status") == "diverged":
         return "diverged"
     if row.get("n_diverged") not in (None, "", "0"):
         return f"diverged (seed {row.get('diverged_seeds', '?').replace(' ', ', ')})"
+    count = row.get("diverged_seeds", "") if "n_diverged" not in row else ""
+    if count.isdigit() and int(count) > 0:  # a bench's cells.csv counts them
+        return f"diverged ({count} of {row.get('n_seeds', '?')} seeds)"
     return ""
 
 
+#: Columns of a per-run row that describe how the run ended, not a result of it.
+RUN_STATE = ("rounds", "status", "diverged_round")
+
+
+def _measured(row: dict[str, str], column: str) -> bool:
+    """Whether ``column`` of ``row`` is a measurement rather than a run's parameter
+    (``data.beta``, ``seed``): in a cells row (``n_seeds``), a metric with statistics
+    (``<metric>_n`` or ``_mean``); in a per-run row, a column after its parameters — those
+    come first, before ``rounds`` (a sweep's comparison.csv, fedshield.report) or
+    ``status`` (a bench's runs.csv, fedshield.bench.render)."""
+    if "n_seeds" in row:
+        return f"{column}_n" in row or f"{column}_mean" in row
+    cols = list(row)
+    first = next((i for i, c in enumerate(cols) if c in ("rounds", "status")), len(cols))
+    return column in cols[first:] and column not in RUN_STATE
+
+
 def _cell(row: dict[str, str], value: str, digits: int, spread: str = "minmax") -> str:
-    """A table cell; a diverged run (or a cell's diverged seeds) is shown as diverged,
-    never as the numbers it stopped at (issue 27). The other seeds' statistics follow."""
-    bad = _diverged(row)
-    if bad and not value.startswith(("n_", "diverged")):
+    """A table cell; a diverged run's measurement (or a cell's, with diverged seeds) is shown
+    as diverged, never as the numbers it stopped at (issue 27); the other seeds' statistics
+    follow. Its parameters read as they are."""
+    bad = _diverged(row) if _measured(row, value) else ""
+    if bad:
         rest = _cell_value(row, value, digits, spread) if bad != "diverged" else ""
         return bad if rest in ("", "-") else f"{bad}; others {rest}"
     return _cell_value(row, value, digits, spread)
@@ -154,6 +176,8 @@ def render_worst(opts: dict[str, str], root: Path) -> str:
     digits = int(opts.get("digits", "3"))
     sources = opts["source"].split(",")
     labels = opts.get("labels", opts["source"]).split(",")
+    if len(labels) != len(sources):
+        raise SystemExit(f"worst={opts['worst']}: {len(labels)} labels for {len(sources)} sources")
     tables = [_rows(root / s, opts.get("where")) for s in sources]
     rkeys = list(dict.fromkeys(r[rk] for t in tables for r in t))
     lines = [f"| {rk} | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
@@ -196,8 +220,13 @@ def _tool(name: str) -> Any:
 
 
 def render(opts: dict[str, str], root: Path = ROOT) -> str:
+    """A block's body from the files under ``root``; ``SystemExit`` naming the file when one
+    it reads is not there (``render_document`` reports it)."""
     if "page" in opts:
         return _tool("results").render_header(opts["page"], root)
+    for f in [*opts.get("source", "").split(","), opts.get("text", ""), opts.get("include", "")]:
+        if f and not (root / f).exists():
+            raise SystemExit(f"{f}: no such result file")
     if "text" in opts:
         return (root / opts["text"]).read_text()
     if "include" in opts:
@@ -207,8 +236,6 @@ def render(opts: dict[str, str], root: Path = ROOT) -> str:
     if "paired" in opts:
         return _tool("paired").render_paired(opts, root, lambda p: _rows(p, opts.get("where")))
     source = root / opts["source"]
-    if not source.exists():
-        raise SystemExit(f"{opts['source']}: no such result file")
     rows = _rows(source, opts.get("where"))
     value = opts.get("value", "final_test_acc")
     digits = int(opts.get("digits", "3"))

@@ -215,10 +215,12 @@ def pivot_table(
     value: str = "final_test_acc",
     title: str = "",
 ) -> TextTable:
-    """A ``row_key × col_key`` table of ``value`` (numbers with 3 decimals)."""
+    """A ``row_key × col_key`` table of ``value`` (numbers with 3 decimals). A diverged run,
+    or a cell of :func:`seed_cells` with diverged seeds, reads "diverged" (issue 27: its
+    last numbers, or a mean over the other seeds only, are not the cell's result)."""
     rkeys = list(dict.fromkeys(str(r.get(row_key)) for r in rows))
     ckeys = list(dict.fromkeys(str(r.get(col_key)) for r in rows))
-    cell = {(str(r.get(row_key)), str(r.get(col_key))): r.get(value) for r in rows}
+    cell = {(str(r.get(row_key)), str(r.get(col_key))): _pivot_value(r, value) for r in rows}
     out = []
     for rk in rkeys:
         vals = [rk]
@@ -231,6 +233,16 @@ def pivot_table(
                 vals.append(str(v) if v not in (None, "") else "-")
         out.append(vals)
     return TextTable(title or value, [f"{row_key} \\ {col_key}", *ckeys], out)
+
+
+def _pivot_value(row: dict[str, Any], value: str) -> Any:
+    if row.get("status") == "diverged":
+        return "diverged"
+    if row.get("n_diverged"):
+        bad = f"diverged (seed {str(row.get('diverged_seeds', '?')).replace(' ', ', ')})"
+        rest = row.get(value)
+        return f"{bad}; others {rest:.3f}" if is_num(rest) else bad
+    return row.get(value)
 
 
 def pivot(
