@@ -24,6 +24,8 @@ ATTACKS = {"none": "no attack", "noise": "20 % noise", "signflip": "20 % sign fl
 
 def load(sweep: Path) -> tuple[list[dict[str, str]], dict[str, dict]]:
     rows = list(csv.DictReader((sweep / "comparison.csv").open()))
+    for r in rows:  # the run's folder: comparison.csv names it `label`
+        r.setdefault("name", r["label"])
     privacy = {
         r["name"]: json.loads((sweep / r["name"] / "privacy.json").read_text()) for r in rows
     }
