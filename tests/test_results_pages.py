@@ -524,3 +524,16 @@ def test_a_page_published_in_place_renders_the_repository_itself(
     assert "include=docs/results/x.txt -->\n```\nhi\n```\n<!-- fedshield:end -->" in doc.read_text()
     made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert made == ["docs/results/pages.toml", "docs/results/t.md", "docs/results/x.txt"]
+
+
+def test_a_sample_drops_evaluators_only_where_they_run_after_the_compared_round() -> None:
+    """`skip_metrics` is refused for a run whose robust evaluation runs before the compared
+    round (fedcart-methods-cpu: every 5 rounds) and drops it where it runs at the end."""
+    page = PAGES["fedcart"]
+    every5 = results._grid_run(page, {"grid": "fedcart-methods-cpu", "run": "fedcart_seed=0"})
+    with pytest.raises(results.BadInput, match="every 5 rounds, before the compared round 20"):
+        results._without_metrics(every5, None, "sample")
+    assert results._without_metrics(every5, 5, "sample")["eval"]["metrics"] == []
+    last = results._grid_run(page, {"grid": "fedcart-baselines-cpu", "run": "fedpgd_seed=0"})
+    assert last["eval"]["metrics"]
+    assert results._without_metrics(last, None, "sample")["eval"]["metrics"] == []

@@ -193,7 +193,7 @@ KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "bench": (frozenset({"name", "jobs"}), frozenset({"name"})),
     "command": (frozenset({"run", "writes"}), frozenset({"run"})),
     "sample": (
-        frozenset({"grid", "bench", "run", "metric", "round"}),
+        frozenset({"grid", "bench", "run", "metric", "round", "skip_metrics"}),
         frozenset({"run", "metric"}),
     ),
 }
@@ -213,7 +213,7 @@ def _table(where: str, value: Any, kind: str) -> dict[str, Any]:
 
 
 def _typed(where: str, value: Any, kind: type, what: str) -> Any:
-    ok = isinstance(value, kind) and not isinstance(value, bool)
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
     if ok and kind is list:
         ok = all(isinstance(v, str) for v in value)
     if ok and kind is int:
@@ -296,6 +296,10 @@ def _check_sample(where: str, s: dict[str, Any], jobs: list[Job]) -> None:
         raise BadInput(f"{where}.round: a bench sample compares the final value only")
     for key in ("run", "metric"):
         _typed(f"{where}.{key}", s[key], str, "a non-empty string")
+    if "skip_metrics" in s:
+        _typed(f"{where}.skip_metrics", s["skip_metrics"], bool, "true or false")
+        if kind == "bench":
+            raise BadInput(f"{where}.skip_metrics: applies to a grid sample only")
     if "round" in s:
         _typed(f"{where}.round", s["round"], int, "a positive integer")
 
@@ -668,6 +672,24 @@ def _grid_run(page: Page, s: dict[str, Any]) -> dict[str, Any]:
     return runs[s["run"]]
 
 
+def _without_metrics(raw: dict[str, Any], rounds: int | None, where: str) -> dict[str, Any]:
+    """``raw`` without its extra evaluators (``eval.metrics = []``: robust accuracy, routing),
+    the costly part of a FedCART or early-exit sample. They read the model and change no
+    training, and where they run no earlier than the compared round nothing they draw can
+    reach it either; a config evaluating them earlier is refused."""
+    from fedshield import config
+
+    cfg = config.validate(raw)
+    upto = rounds or cfg.rounds
+    every = cfg.eval.metrics_every
+    if cfg.eval.metrics and every and every < upto:
+        raise BadInput(
+            f"{where}.skip_metrics: the run evaluates eval.metrics every {every} rounds, "
+            f"before the compared round {upto}"
+        )
+    return config.apply_overrides(raw, ["eval.metrics=[]"])
+
+
 def _metric(got: dict[str, Any], metric: str, where: str) -> float:
     v = got.get(metric)
     if v is None and isinstance(got.get("final"), dict):
@@ -760,7 +782,10 @@ def sample(name: str, root: Path = ROOT) -> Sample:
         seed = split_seed(s["run"], "__s")[1]
     else:
         published, bad = _published_grid(page, s, root)
-        value = _train(_grid_run(page, s), s.get("round"), s["metric"], where)
+        raw = _grid_run(page, s)
+        if s.get("skip_metrics"):
+            raw = _without_metrics(raw, s.get("round"), where)
+        value = _train(raw, s.get("round"), s["metric"], where)
         seed = split_seed(s["run"], "_seed=")[1]
     if not published and seed not in bad:
         raise PageFailed(f"{name}: no published value for the sampled cell {s['run']!r}")
