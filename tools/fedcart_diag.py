@@ -133,6 +133,100 @@ def summary(run_dir: Path) -> str:
     )
 
 
+def _cap(run_dir: Path) -> int:
+    """The matching step cap the run used (its server.params.match_iters, else the default)."""
+    import tomllib
+
+    from fedshield.algorithms.server.fedcart import MATCH_ITERS
+
+    cfg = tomllib.loads((run_dir / "config.toml").read_text())
+    return int(cfg.get("server", {}).get("params", {}).get("match_iters", MATCH_ITERS))
+
+
+def _median(vals: Sequence[float]) -> float:
+    v = sorted(vals)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def table(runs: Sequence[tuple[str, Path]]) -> str:
+    """The page's per-seed table (docs/results/fedcart.md, "Why the seeds disagree") from
+    instrumented runs (``run``): round-20 values, ranges over rounds 11–20. A run without
+    the CART step (CalFAT) has "–" in the CART rows."""
+    cols: list[list[str]] = []
+    for _, d in runs:
+        by = {r["round"]: r for r in map(json.loads, (d / "metrics.jsonl").open())}
+        last = max(by)
+        late = [by[r] for r in range(max(1, last - 9), last + 1) if r in by]
+        end = by[last]
+        acc = [r["test_acc"] for r in late]
+        swing = max(abs(a - b) for a, b in zip(acc[1:], acc[:-1]))
+        early = min(by[r]["d/feat_norm"] for r in range(1, min(5, last) + 1) if r in by)
+        cart = "d/zv_vs_feat" in end
+
+        def rng(key: str, late: list[dict[str, Any]] = late, digits: int = 1) -> str:
+            v = [r[key] for r in late if key in r]
+            return f"{min(v):.{digits}f}–{max(v):.{digits}f}" if v else "–"
+
+        cap = _cap(d)
+        steps = [r for r in late if "cart/match_steps" in r]
+        col = [
+            f"{end['test_acc']:.3f}",
+            ", ".join(f"{r['test_acc']:.2f}" for r in late[-5:]),
+            f"{100 * swing:.1f} pts",
+            f"{end['train/loss']:.2f}",
+            f"{end['d/ncm_acc']:.3f}",
+            f"{rng('d/feat_norm')} ({early:.2f})" if cart else rng("d/feat_norm"),
+            rng("d/zv_vs_feat") if cart else "–",
+            f"{100 * _median([r['d/feat_dead'] for r in late]):.1f} %" if cart else "–",
+            (f"{_median([r['d/proto_norm_maj'] for r in late]):.1f} / "
+             f"{_median([r['d/proto_norm_min'] for r in late]):.1f}") if cart else "–",
+            (f"{sum(r['cart/match_steps'] >= cap for r in steps)}; "
+             f"{max(r['cart/match_end'] for r in steps):.2g}") if steps else "–",
+            f"{end['cart/retrain_loss']:.3f}" if "cart/retrain_loss" in end else "–",
+            f"{end['d/aux_min']:.3f}",
+        ]  # fmt: skip
+        cols.append(col)
+    rows = [
+        "natural accuracy, round 20",
+        "natural, rounds 16–20",
+        "largest change between consecutive rounds (11–20)",
+        "clients' training loss (L_CART; CalFAT: its loss)",
+        "nearest-class-mean accuracy of the features r(x)",
+        "mean feature norm ‖r(x)‖, rounds 11–20 (lowest in rounds 1–5)",
+        "virtual / real feature norm, rounds 11–20",
+        "dead feature dimensions (median, rounds 11–20)",
+        "prototype norm, Majority / Minority (median, rounds 11–20)",
+        "matching: rounds at the step cap; largest final MSE (rounds 11–20)",
+        "re-training CE of h′ on Z_v, round 20 (`cart/retrain_loss`)",
+        "Minority natural",
+    ]
+    lines = ["| | " + " | ".join(label for label, _ in runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(c[i] for c in cols) + " |" for i, name in enumerate(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def write_table(out: Path, runs: Sequence[tuple[str, Path]]) -> None:
+    """:func:`table` into ``out`` with ``<stem>.provenance.json`` beside it: the runs'
+    commits and config hashes (their summary.json) and the file's SHA-256."""
+    import hashlib
+
+    out.write_text(table(runs))
+    sums = {label: json.loads((d / "summary.json").read_text()) for label, d in runs}
+    commits = sorted({str(s["provenance"]["commit"]) for s in sums.values()})
+    runs_sha = {label: s["provenance"]["config_sha256"] for label, s in sums.items()}
+    prov = {
+        "command": ["python", "tools/fedcart_diag.py", "table", str(out),
+                    *(f"{a}={b}" for a, b in runs)],
+        "commits": commits,
+        "config_sha256": hashlib.sha256(json.dumps(runs_sha, sort_keys=True).encode()).hexdigest(),
+        "runs": runs_sha,
+        "files": {out.name: hashlib.sha256(out.read_bytes()).hexdigest()},
+    }  # fmt: skip
+    side = out.with_name(out.stem + ".provenance.json")
+    side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+
+
 def purity_table(metric: str, sources: Sequence[str]) -> str:
     """Per seed of the comparison files: the split's purity and FedCART − CalFAT on
     ``metric`` in points, then Spearman's ρ between the two (scipy)."""
@@ -158,7 +252,7 @@ def purity_table(metric: str, sources: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    if not argv or argv[0] not in {"splits", "run", "summary", "purity"}:
+    if not argv or argv[0] not in {"splits", "run", "summary", "purity", "table"}:
         print(__doc__)
         return 2
     cmd, *rest = argv
@@ -172,6 +266,9 @@ def main(argv: Sequence[str]) -> int:
         print(purity_table(rest[0], rest[1:]))
     elif cmd == "run":
         run(int(rest[0]), Path(rest[1]), rest[2:])
+    elif cmd == "table":  # table OUT.md LABEL=DIR ...: the page's table, with provenance
+        pairs = [x.partition("=") for x in rest[1:]]
+        write_table(Path(rest[0]), [(a, Path(b)) for a, _, b in pairs])
     else:
         for d in rest:
             print(summary(Path(d)))

@@ -108,7 +108,8 @@ class Job:
             return [self.stem]
         if self.kind == "bench":
             return [f"bench-{self.name}"]
-        return [Path(w).stem for w in self.writes if w.endswith(".csv")]
+        # data files (tables) come with a sidecar; timing logs and JSON studies do not
+        return [Path(w).stem for w in self.writes if w.endswith((".csv", ".md"))]
 
     @property
     def is_file(self) -> bool:
