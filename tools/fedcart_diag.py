@@ -169,7 +169,7 @@ def table(runs: Sequence[tuple[str, Path]]) -> str:
             return f"{min(v):.{digits}f}–{max(v):.{digits}f}" if v else "–"
 
         cap = _cap(d)
-        steps = [r for r in late if "cart/match_steps" in r]
+        steps = [r for r in by.values() if "cart/match_steps" in r]
         col = [
             f"{end['test_acc']:.3f}",
             ", ".join(f"{r['test_acc']:.2f}" for r in late[-5:]),
@@ -182,6 +182,7 @@ def table(runs: Sequence[tuple[str, Path]]) -> str:
             (f"{_median([r['d/proto_norm_maj'] for r in late]):.1f} / "
              f"{_median([r['d/proto_norm_min'] for r in late]):.1f}") if cart else "–",
             (f"{sum(r['cart/match_steps'] >= cap for r in steps)}; "
+             f"{_median([r['cart/match_end'] for r in steps]):.2f} / "
              f"{max(r['cart/match_end'] for r in steps):.2g}") if steps else "–",
             f"{end['cart/retrain_loss']:.3f}" if "cart/retrain_loss" in end else "–",
             f"{end['d/aux_min']:.3f}",
@@ -197,7 +198,7 @@ def table(runs: Sequence[tuple[str, Path]]) -> str:
         "virtual / real feature norm, rounds 11–20",
         "dead feature dimensions (median, rounds 11–20)",
         "prototype norm, Majority / Minority (median, rounds 11–20)",
-        "matching: rounds at the step cap; largest final MSE (rounds 11–20)",
+        "matching, all rounds: rounds at the step cap; final MSE median / largest",
         "re-training CE of h′ on Z_v, round 20 (`cart/retrain_loss`)",
         "Minority natural",
     ]
@@ -222,6 +223,7 @@ def write_table(out: Path, runs: Sequence[tuple[str, Path]]) -> None:
         "config_sha256": hashlib.sha256(json.dumps(runs_sha, sort_keys=True).encode()).hexdigest(),
         "runs": runs_sha,
         "files": {out.name: hashlib.sha256(out.read_bytes()).hexdigest()},
+        "grid": out.stem,  # no grid: the record is named after its file
     }  # fmt: skip
     side = out.with_name(out.stem + ".provenance.json")
     side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
