@@ -28,10 +28,17 @@ _NUMERIC_FILES = {
 }  # fmt: skip
 
 
+# Modules whose tests share cached runs (functools.cache per process): on one worker each
+# run trains once (the adaptive e2e cases share their defense's fixed-attack runs).
+_SHARED_CACHE_FILES = {"test_attacks_adaptive_e2e.py"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in _SERIAL_FILES:
             item.add_marker(pytest.mark.xdist_group("processes"))
+        elif item.path.name in _SHARED_CACHE_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
         if item.path.name in _NUMERIC_FILES:
             item.add_marker(pytest.mark.numerics)
 
