@@ -99,10 +99,10 @@ def _rows(source: Path, where: str | None) -> list[dict[str, str]]:
 def _diverged(row: dict[str, str]) -> str:
     """``diverged (seed …)`` for a cell with diverged runs, ``diverged`` for a diverged run
     ("" when none)."""
-    if row.get("status") == "diverged":
-        return "diverged"
-    if row.get("n_diverged") not in (None, "", "0"):
-        return f"diverged (seed {row.get('diverged_seeds', '?').replace(' ', ', ')})"
+    from fedshield.report import diverged_label
+
+    if label := diverged_label(row):
+        return label
     count = row.get("diverged_seeds", "") if "n_diverged" not in row else ""
     if count.isdigit() and int(count) > 0:  # a bench's cells.csv counts them
         return f"diverged ({count} of {row.get('n_seeds', '?')} seeds)"

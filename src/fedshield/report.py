@@ -235,14 +235,22 @@ def pivot_table(
     return TextTable(title or value, [f"{row_key} \\ {col_key}", *ckeys], out)
 
 
-def _pivot_value(row: dict[str, Any], value: str) -> Any:
+def diverged_label(row: dict[str, Any]) -> str:
+    """"diverged" for a diverged run, "diverged (seed 1, 2)" for a :func:`seed_cells` cell
+    with diverged seeds (numbers or, read back from a CSV, their text), "" otherwise."""
     if row.get("status") == "diverged":
         return "diverged"
-    if row.get("n_diverged"):
-        bad = f"diverged (seed {str(row.get('diverged_seeds', '?')).replace(' ', ', ')})"
-        rest = row.get(value)
-        return f"{bad}; others {rest:.3f}" if is_num(rest) else bad
-    return row.get(value)
+    if row.get("n_diverged") not in (None, "", 0, "0"):
+        return f"diverged (seed {str(row.get('diverged_seeds', '?')).replace(' ', ', ')})"
+    return ""
+
+
+def _pivot_value(row: dict[str, Any], value: str) -> Any:
+    bad = diverged_label(row)
+    if not bad:
+        return row.get(value)
+    rest = row.get(value)
+    return f"{bad}; others {rest:.3f}" if bad != "diverged" and is_num(rest) else bad
 
 
 def pivot(
