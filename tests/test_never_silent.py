@@ -459,3 +459,53 @@ def test_eval_metrics_empty_alone_works_on_an_eevit_preset(caplog):
     typo = config.load(preset="eevit-digits-cpu", overrides=["eval.params.routng={}"])
     with pytest.raises(ConfigError, match="routng"):
         build_components(typo)
+
+
+def test_a_kill_in_the_first_second_leaves_a_run_that_resume_continues(tmp_path, small_cfg):
+    """Issue #34.5: a SIGKILL while the command was still importing torch or checking the
+    config (its first seconds) left no file, and ``--resume`` said "no run to resume". The
+    command line is marked in ``--out`` as soon as it is read: killed the moment the marker
+    appears (before the config is even loaded), the same command with ``--resume`` trains
+    every round."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path, out = _cfg_file(tmp_path, small_cfg), tmp_path / "o"
+    argv = [sys.executable, "-m", "fedshield", "run", path, "--out", str(out), "-q"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / ".starting").exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "the start marker never appeared"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL  # killed, not finished
+    assert not (out / "metrics.jsonl").exists()
+    from fedshield.cli import main
+
+    assert main([*argv[3:], "--resume"]) == 0  # the same command, in this process
+    rounds = [json.loads(x)["round"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [1, 2, 3, 4]
+    assert not (out / ".starting").exists()  # config.toml took its place
+
+
+def test_refused_input_leaves_no_start_marker(tmp_path, capsys, small_cfg):
+    """The early marker is undone when the input is refused: bad input leaves nothing."""
+    from fedshield.cli import main
+
+    small_cfg["rounds"] = -1
+    out = tmp_path / "new" / "o"
+    assert main(["run", _cfg_file(tmp_path, small_cfg), "--out", str(out)]) == 2
+    assert "rounds" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("my file")
+    assert main(["run", _cfg_file(tmp_path, small_cfg), "--out", str(keep)]) == 2
+    assert sorted(p.name for p in keep.iterdir()) == ["notes.txt"]

@@ -49,6 +49,21 @@ def check_set_keys(items: list[str]) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from fedshield.sim import rundir
+
+    # A kill from here on leaves a run --resume continues: mark --out before the config is
+    # loaded and torch imported (seconds), and unmark it if the input is refused.
+    out = Path(args.out) if args.out else None
+    created = rundir.mark_starting(out, sys.argv) if out and not args.resume else None
+    try:
+        return _cmd_run(args)
+    except FedshieldError:
+        if out and created is not None:
+            rundir.unmark_starting(out, created)
+        raise
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
     from fedshield import config as cfgmod
     from fedshield.runner import check_inputs, check_out_dir
     from fedshield.sim.rundir import finished, started
@@ -64,7 +79,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume and not started(target):
         raise FedshieldError(
             f"--resume: no run to resume in {target}: nothing was started there (no "
-            "config.toml, metrics.jsonl or checkpoint.pt); run it without --resume"
+            ".starting, config.toml, metrics.jsonl or checkpoint.pt: a run killed before it "
+            "read its command line leaves none); run it without --resume"
         )
     # Components first (schemas, sizes), then the run directory (a run already there, a
     # corrupt or different checkpoint), which writes the config back: errors before data.

@@ -31,21 +31,61 @@ def check_run_dir(out: Path, resume: bool, config_text: str) -> None:
 
 def mark_started(out: Path, resume: bool, config_text: str) -> None:
     """Once every check has passed, before any data is loaded: ``out/config.toml``, written
-    atomically, marks a run as started, so a kill at any later moment — start-up included
-    (loading data, building the model, starting Ray) — leaves a run ``--resume`` continues
-    (from round 1 when no checkpoint was written). A resumed run keeps its file; the engine
-    rewrites it."""
+    atomically, marks a run as started (replacing :func:`mark_starting`'s marker), so a
+    kill at any later moment — start-up included (loading data, building the model,
+    starting Ray) — leaves a run ``--resume`` continues (from round 1 when no checkpoint was
+    written). A resumed run keeps its file; the engine rewrites it."""
     from fedshield.sim.checkpoint import atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     marker = out / "config.toml"
     if not (resume and marker.exists()):
         atomic_write_text(marker, config_text)
+    (out / STARTING).unlink(missing_ok=True)  # config.toml now says the same, and more
+
+
+#: Written by :func:`mark_starting` as soon as the command line is read, before the config
+#: is loaded or torch imported; replaced by ``config.toml`` once the checks have passed.
+STARTING = ".starting"
+
+
+def mark_starting(out: Path, argv: list[str]) -> list[Path] | None:
+    """The first thing ``fedshield run --out DIR`` does after reading its command line
+    (about 0.3 s after launch, seconds before :func:`mark_started`): ``out/.starting``
+    holding the command, so a kill during the config checks or torch's import still leaves
+    a run that ``--resume`` continues (from round 1). Nothing is written into a folder that
+    already holds a run or is not a folder. Returns None when it wrote nothing, else the
+    folders it created (innermost first), which :func:`unmark_starting` removes again."""
+    if out.exists() and (not out.is_dir() or started(out)):
+        return None
+    import json
+
+    from fedshield.sim.checkpoint import atomic_write_text
+
+    created = [d for d in (out, *out.parents) if not d.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / STARTING, json.dumps({"argv": argv}) + "\n")
+    except OSError:
+        return None  # an unwritable --out is reported by the checks, in one line
+    return created
+
+
+def unmark_starting(out: Path, created: list[Path]) -> None:
+    """Undo :func:`mark_starting` after refused input: no marker, and none of the folders
+    it created (bad input leaves nothing behind)."""
+    (out / STARTING).unlink(missing_ok=True)
+    for d in created:
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
 
 
 def started(out: Path) -> bool:
-    """Whether ``out`` holds a started run (:func:`mark_started`, a log or a checkpoint)."""
-    return any((out / f).exists() for f in ("config.toml", "metrics.jsonl", "checkpoint.pt"))
+    """Whether ``out`` holds a started run (:func:`mark_starting`, :func:`mark_started`, a
+    log or a checkpoint)."""
+    return any(
+        (out / f).exists() for f in (STARTING, "config.toml", "metrics.jsonl", "checkpoint.pt")
+    )
 
 
 def finished(out: Path, rounds: int) -> bool:
@@ -88,7 +128,17 @@ def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> dict[str, t
     return out
 
 
-__all__ = ["RESUMABLE", "check_run_dir", "config_changes", "finished", "mark_started", "started"]
+__all__ = [
+    "RESUMABLE",
+    "STARTING",
+    "check_run_dir",
+    "config_changes",
+    "finished",
+    "mark_started",
+    "mark_starting",
+    "started",
+    "unmark_starting",
+]
 
 
 def check_out_dir(out: Path, flag: str | None = None) -> None:
