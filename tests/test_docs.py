@@ -153,8 +153,41 @@ def test_rendering_worst_cases_over_several_sources(tmp_path) -> None:
     ]
 
 
-def test_the_readme_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> None:
-    """The README's "Your own components" code, as printed there, used from a TOML config."""
+def test_the_readme_defense_and_attack_example_benches_as_printed(tmp_path) -> None:
+    """Issue #34.4: the README's "Add your own defense and attack" — a plugin module and a
+    bench file, as printed there — benched from the command line without editing the
+    library: both plugins run, the tables name them, and a misspelt parameter of the
+    plugin's schema is one line with a did-you-mean."""
+    import csv
+    import re
+
+    from fedshield.cli import main
+
+    text = (ROOT / "README.md").read_text()
+    module = re.search(r"```python\n(# my_rules\.py.*?)```", text, re.S)
+    bench = re.search(r"```toml\n(# my-bench\.toml.*?)```", text, re.S)
+    assert module and bench, "the README's plugin example moved"
+    (tmp_path / "my_rules.py").write_text(module.group(1))
+    spec = bench.group(1).replace("rounds = 5", "rounds = 4")  # the same bench, shorter
+    (tmp_path / "my-bench.toml").write_text(spec)
+    out = tmp_path / "out"
+    assert main(["bench", str(tmp_path / "my-bench.toml"), "--out", str(out), "-q"]) == 0
+    rows = list(csv.DictReader((out / "runs.csv").open()))
+    assert {r["defense"] for r in rows} == {"fedavg", "median", "drop_copies"}
+    assert {r["attack"] for r in rows} == {"reverse_mean", "ipm"}
+    acc = {(r["defense"], r["attack"]): float(r["test_acc"]) for r in rows}
+    # the plugin attack takes FedAvg to chance; the plugin defense drops the attackers'
+    # identical rows and trains on the honest ones
+    assert acc[("fedavg", "reverse_mean")] < 0.15
+    assert acc[("drop_copies", "reverse_mean")] > acc[("fedavg", "reverse_mean")] + 0.2
+    bad = tmp_path / "bad.toml"
+    typo = '{ name = "drop_copies", set = ["server.aggregator_args.rtl=0.1"] }'
+    bad.write_text(spec.replace('"drop_copies"', typo))
+    assert main(["bench", str(bad), "--out", str(tmp_path / "bad"), "-q"]) == 2
+
+
+def test_the_usage_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> None:
+    """docs/usage.md's "Your own components" code, as printed there, used from a TOML config."""
     import re
     import tomllib
 
@@ -162,10 +195,10 @@ def test_the_readme_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> Non
 
     from fedshield.cli import main
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "usage.md").read_text()
     module = re.search(r"```python\n(# my_rules\.py\n.*?)```", text, re.S)
     toml = re.search(r'```toml\n(plugins = \["my_rules\.py"\].*?)```', text, re.S)
-    assert module and toml, "the README's plugin example moved"
+    assert module and toml, "the plugin example of docs/usage.md moved"
     (tmp_path / "my_rules.py").write_text(module.group(1))
     snippet = tomllib.loads(toml.group(1))
     cfg = small_cfg | {"rounds": 2, "plugins": snippet["plugins"]}
@@ -182,18 +215,19 @@ def test_the_readme_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> Non
     assert main(["run", str(bad), "--out", str(tmp_path / "bad")]) == 2  # did-you-mean
 
 
-def test_the_readme_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:
-    """Issue #17: a notebook-style Python API section; `runner.run` returns the history."""
+def test_the_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:
+    """Issue #17: a notebook-style Python API section (docs/usage.md since the README became
+    a front page, issue #34); `runner.run` returns the history."""
     import re
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "usage.md").read_text()
     block = re.search(
         r"<!-- fedshield:api -->\n```python\n(.*?)```\n<!-- fedshield:end-api -->", text, re.S
     )
-    assert block, "the README's Python API section moved"
+    assert block, "the Python API section of docs/usage.md moved"
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
-    exec(compile(block.group(1), "README.md (Python API)", "exec"), ns)
+    exec(compile(block.group(1), "docs/usage.md (Python API)", "exec"), ns)
     result, history = ns["result"], ns["history"]
     assert result["status"] == "ok" and 0.0 < result["final_test_acc"] <= 1.0
     assert [r["round"] for r in history] == [1, 2, 3, 4, 5]
