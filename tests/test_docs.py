@@ -238,3 +238,53 @@ def test_the_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:
     lines = (tmp_path / "runs" / "api-demo" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
     assert json.loads(lines[-1])["test_acc"] == history[-1]["test_acc"]
+
+
+def test_a_verdict_per_budget_and_curves_from_the_per_run_budget_file(tmp_path) -> None:
+    """Issue #35: the per-run, per-round file ``--collect`` writes beside the cells gives the
+    paired verdict at every budget (``paired=A,B by=round``) and the curves with a band over
+    the seeds (tools/curves.py). Worked example: B ahead at round 10 on 3 of 3 seeds, A
+    ahead at round 20 on 3 of 3 (a crossing the final-round table alone would not show)."""
+    import csv
+    import json
+
+    render = _tool("render_results")
+    curves = _tool("curves")
+    sweep = tmp_path / "s"
+    comp = ["label,variant,seed,rounds"]
+    worst = {"a": {10: [0.30, 0.32, 0.31], 20: [0.70, 0.72, 0.69]},
+             "b": {10: [0.50, 0.55, 0.52], 20: [0.60, 0.61, 0.60]}}  # fmt: skip
+    for v, by_round in worst.items():
+        for seed in range(3):
+            label = f"{v}_seed={seed}"
+            (sweep / label).mkdir(parents=True)
+            recs = [{"round": 5, "test_acc": 0.1}]  # a round without evaluators: no row
+            recs += [{"round": r, "test_acc": 0.9, "robust/worst": by_round[r][seed]}
+                     for r in (10, 20)]  # fmt: skip
+            lines = "".join(json.dumps(r) + "\n" for r in recs)
+            (sweep / label / "metrics.jsonl").write_text(lines)
+            comp.append(f"{label},{v},{seed},20")
+    (sweep / "comparison.csv").write_text("\n".join(comp) + "\n")
+    rows, cols = render.budget_rows(sweep)
+    assert cols == ["variant", "seed", "round", "test_acc", "robust/worst"]
+    assert len(rows) == 12 and {r["round"] for r in rows} == {10, 20}
+    src = tmp_path / "budget.csv"
+    with src.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    opts = {"paired": "a,b", "source": "budget.csv", "value": "robust/worst", "by": "round",
+            "scale": "100"}  # fmt: skip
+    table = render.render(opts, tmp_path)
+    at10 = next(line for line in table.splitlines() if "@ round=10" in line)
+    at20 = next(line for line in table.splitlines() if "@ round=20" in line)
+    assert "b ahead" in at10 and "0 / 3" in at10 and "-21.3" in at10
+    assert "a ahead" in at20 and "3 / 0" in at20 and "+10.0" in at20
+    png = tmp_path / "fig.png"
+    assert curves.main([str(src), "--metrics", "robust/worst,test_acc", "--out", str(png),
+                        "--budgets", "10,20"]) == 0  # fmt: skip
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    by_variant = curves.series(list(csv.DictReader(src.open())), "robust/worst", "variant")
+    assert by_variant["a"][1] == (20, pytest.approx(0.70333333), 0.69, 0.72, 3)
+    with pytest.raises(SystemExit, match="no column nope"):
+        curves.main([str(src), "--metrics", "nope", "--out", str(png)])

@@ -52,7 +52,10 @@ it is wherever it is rendered.
 ``--collect`` also writes ``<sweep>-rounds.csv`` when the runs logged evaluator metrics in
 more than the last round (``eval.metrics_every``): per cell and round, the mean, interval,
 min and max over the seeds of the robust and per-group accuracies, for curves that show
-when rankings cross (``pivot=round,variant value=robust/worst``).
+when rankings cross (``pivot=round,variant value=robust/worst``); and ``<sweep>-budget.csv``,
+the same metrics per run and round, so that ``paired=A,B by=round`` gives the paired
+verdict at every budget (issue 35) and ``tools/curves.py`` draws them with a band over the
+seeds.
 """
 
 from __future__ import annotations
@@ -320,14 +323,15 @@ def collect(sweep_dir: Path, data: Path = DATA) -> list[Path]:
             dst = data / f"{sweep_dir.name}{suffix}.csv"
             shutil.copyfile(sweep_dir / src, dst)
             out.append(dst)
-    rows, cols = round_rows(sweep_dir)
-    if rows:
-        dst = data / f"{sweep_dir.name}-rounds.csv"
-        with dst.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(rows)
-        out.append(dst)
+    for suffix, (rows, cols) in (("-rounds", round_rows(sweep_dir)),
+                                 ("-budget", budget_rows(sweep_dir))):  # fmt: skip
+        if rows:
+            dst = data / f"{sweep_dir.name}{suffix}.csv"
+            with dst.open("w", newline="") as fh:
+                w = csv.DictWriter(fh, fieldnames=cols, extrasaction="ignore")
+                w.writeheader()
+                w.writerows(rows)
+            out.append(dst)
     prov = json.loads(prov_file.read_text())
     prov["files"] = {p.name: _sha256(p) for p in out}
     side = data / f"{sweep_dir.name}{PROVENANCE}"
@@ -412,15 +416,9 @@ ROUND_KEYS = re.compile(
 )
 
 
-def round_rows(sweep_dir: Path) -> tuple[list[dict[str, object]], list[str]]:
-    """Per cell (a comparison.csv row's parameters but the seed) and round: n_seeds and the
-    mean, 95 % interval half-width, min and max over the seeds of every ``ROUND_KEYS``
-    metric. Empty when no run logged such a metric before its last round."""
-    import json
-    import math
-
-    from scipy.stats import t
-
+def _run_records(sweep_dir: Path) -> tuple[list[str], list[tuple[dict[str, str], list[dict]]]]:
+    """The parameter columns of a sweep's comparison.csv (seed included) and, per run whose
+    metrics.jsonl is there, its row and its per-round records."""
     comp = sweep_dir / "comparison.csv"
     if not comp.exists():
         return [], []
@@ -428,14 +426,52 @@ def round_rows(sweep_dir: Path) -> tuple[list[dict[str, object]], list[str]]:
     fixed = ("label", "name", "rounds", "final_test_acc", "best_test_acc", "best_round",
              "rounds_to_target")  # fmt: skip
     keys = [k for k in (runs[0] if runs else {}) if k not in fixed and "/" not in k]
+    out = []
+    for run in runs:
+        path = sweep_dir / run["label"] / "metrics.jsonl"
+        if path.exists():
+            lines = path.read_text().splitlines()
+            out.append((run, [json.loads(line) for line in lines if line.strip()]))
+    return keys, out
+
+
+def budget_rows(sweep_dir: Path) -> tuple[list[dict[str, object]], list[str]]:
+    """Per run and evaluated round (issue 35: a verdict per budget): the run's parameters,
+    its seed, the round, ``test_acc`` and every ``ROUND_KEYS`` metric logged that round —
+    the rows ``paired=A,B by=round`` pairs by seed at each budget. Empty when no run logged
+    an evaluator metric before its last round (a one-budget sweep)."""
+    keys, runs = _run_records(sweep_dir)
+    rows: list[dict[str, object]] = []
+    metrics: set[str] = set()
+    early = False
+    for run, records in runs:
+        last = max((r.get("round", 0) for r in records), default=0)
+        for r in records:
+            vals = {k: v for k, v in r.items() if ROUND_KEYS.match(k) and isinstance(v, float)}
+            if not vals:
+                continue
+            early |= r["round"] < last
+            metrics |= set(vals)
+            acc = r.get("test_acc")
+            rows.append({k: run[k] for k in keys} | {"round": r["round"], "test_acc": acc} | vals)
+    if not early:
+        return [], []
+    return rows, [*keys, "round", "test_acc", *sorted(metrics)]
+
+
+def round_rows(sweep_dir: Path) -> tuple[list[dict[str, object]], list[str]]:
+    """Per cell (a comparison.csv row's parameters but the seed) and round: n_seeds and the
+    mean, 95 % interval half-width, min and max over the seeds of every ``ROUND_KEYS``
+    metric. Empty when no run logged such a metric before its last round."""
+    import math
+
+    from scipy.stats import t
+
+    keys, runs = _run_records(sweep_dir)
     params = [k for k in keys if k != "seed"]
     series: dict[tuple[str, ...], dict[int, dict[str, list[float]]]] = {}
     early = False
-    for run in runs:
-        path = sweep_dir / run["label"] / "metrics.jsonl"
-        if not path.exists():
-            continue
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for run, records in runs:
         last = max((r.get("round", 0) for r in records), default=0)
         cell = series.setdefault(tuple(run[k] for k in params), {})
         for r in records:
