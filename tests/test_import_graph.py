@@ -31,3 +31,26 @@ def test_the_reader_finds_a_circle_and_lazy_and_type_only_imports(tmp_path) -> N
     graph = import_graph(pkg, "pkg")
     assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.d"] == {"pkg.a"}
     assert cycles(graph) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
+
+
+#: The round loop and everything that drives it. Nothing below them imports them (issue
+#: #34.6: the simulator imported ``privacy`` and ``tracking``, which imported the simulator
+#: back): components, mechanisms and trackers are used by the loop, never the other way.
+UPPER = ("sim", "flower", "runner", "cli", "sweep", "sweep_cells", "sweep_ray", "bench",
+         "report", "testing", "__main__")  # fmt: skip
+
+
+def test_no_module_below_the_round_loop_imports_it() -> None:
+    graph = import_graph(SRC, "fedshield")
+
+    def layer(module: str) -> str:
+        return module.split(".")[1] if "." in module else ""
+
+    found = sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        if layer(m) and layer(m) not in UPPER
+        for d in deps
+        if layer(d) in UPPER
+    )
+    assert not found, found

@@ -26,8 +26,8 @@ from fedshield.errors import ConfigError
 from fedshield.privacy import CentralDP, LocalDPSGD, clip_rows, epsilon, sensitivity
 from fedshield.privacy.local import NOISE_PURPOSE, model_problems
 from fedshield.privacy.sensitivity import MEDIAN_RADIUS, trimmed_mean_radius
-from fedshield.privacy.setup import attach_privacy, participations
 from fedshield.sim.builder import build
+from fedshield.sim.privacy import attach_privacy, participations
 
 opacus = pytest.importorskip("opacus")
 from opacus.accountants import RDPAccountant  # noqa: E402
@@ -256,7 +256,7 @@ def test_resumed_run_composes_the_noise_multipliers_of_both_sessions():
     """Extending a target-ε run changes z; rounds 1–2 ran with the old z (in their records)."""
     from types import SimpleNamespace
 
-    from fedshield.privacy.setup import PrivacyAccounting, PrivacySetup
+    from fedshield.sim.privacy import PrivacyAccounting, PrivacySetup
 
     cfg = _cfg(rounds=3)
     rule = aggregators.build("mean")

@@ -1,4 +1,4 @@
-"""Experiment trackers (fedshield.tracking), read back with each library's own reader:
+"""Experiment trackers (fedshield.sim.tracking), read back with each library's own reader:
 TensorBoard's EventAccumulator and MLflow's MlflowClient."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from fedshield import config
 from fedshield.errors import ConfigError
 from fedshield.sim.outputs import plot_curves
-from fedshield.tracking import MLflowLogger, TensorBoardLogger, flat_config, logger_callbacks
+from fedshield.sim.tracking import MLflowLogger, TensorBoardLogger, flat_config, logger_callbacks
 
 RECORDS = [
     {"round": 1, "byz/count": 0, "train/loss": 2.25, "test_acc": 0.5, "privacy/epsilon": 1.5},
@@ -116,7 +116,7 @@ def test_mlflow_logs_metrics_params_artifacts_and_resumes(tmp_path, monkeypatch)
 
 
 def test_missing_tracker_package_is_a_config_error(monkeypatch):
-    import fedshield.tracking as tracking
+    import fedshield.sim.tracking as tracking
 
     real = tracking.importlib.util.find_spec
     monkeypatch.setattr(

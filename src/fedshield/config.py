@@ -204,7 +204,7 @@ class RunConfig(Section):
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(
         [],
         description="experiment trackers fed the metrics.jsonl records, the resolved config "
-        "and the plots (fedshield.tracking; extra 'track'); W&B is not supported",
+        "and the plots (fedshield.sim.tracking; extra 'track'); W&B is not supported",
     )
     mlflow_uri: str | None = Field(
         None,

@@ -4,7 +4,8 @@
   :mod:`~fedshield.privacy.sensitivity`, :mod:`~fedshield.privacy.central`;
 * sample-level local DP-SGD through Opacus: :mod:`~fedshield.privacy.local`;
 * accounting with Opacus' RDP accountant: :mod:`~fedshield.privacy.accountant`;
-* ``[privacy]`` config → mechanisms, checks and the ε callback: :mod:`~fedshield.privacy.setup`.
+* ``[privacy]`` config → mechanisms, checks and the ε callback: :mod:`fedshield.sim.privacy`
+  (the simulator's glue: this package imports nothing of the round loop above it).
 
 Opacus (extra ``privacy``) is imported only when a mechanism is configured.
 """
@@ -14,14 +15,11 @@ from fedshield.privacy.central import CentralDP
 from fedshield.privacy.clipping import clip_rows
 from fedshield.privacy.local import LocalDPSGD
 from fedshield.privacy.sensitivity import Sensitivity, register_bound, sensitivity
-from fedshield.privacy.setup import PrivacySetup, attach_privacy
 
 __all__ = [
     "CentralDP",
     "LocalDPSGD",
-    "PrivacySetup",
     "Sensitivity",
-    "attach_privacy",
     "clip_rows",
     "epsilon",
     "noise_multiplier_for",

@@ -1,7 +1,7 @@
 """``[privacy]`` compatibility, decided before any data (SPEC §13): which components a
 DP mechanism can cover. Called by the builder on the meta-device model and by
 :func:`fedshield.flower.privacy.central_dp`; the runtime part (noise calibration from the
-client sizes, accounting) is :mod:`fedshield.privacy.setup`."""
+client sizes, accounting) is :mod:`fedshield.sim.privacy`."""
 
 from __future__ import annotations
 

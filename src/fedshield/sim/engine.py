@@ -50,7 +50,6 @@ from fedshield.core.seeds import ATTACK, BATCH, BYZ, ROOT, TORCH, sample_cohort
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
-from fedshield.privacy.setup import attach_privacy
 from fedshield.registry import tags_of
 from fedshield.sim.builder import Experiment
 from fedshield.sim.callbacks import Callback, OnRound, default_callbacks
@@ -69,10 +68,11 @@ from fedshield.sim.outputs import (
     summarize,
     write_report,
 )
+from fedshield.sim.privacy import attach_privacy
 from fedshield.sim.resume import check_resumed, checkpoint_norms, state_norm, theta_norm
 from fedshield.sim.rundir import check_run_dir
 from fedshield.sim.state import RoundPlan, RunState
-from fedshield.tracking import logger_callbacks
+from fedshield.sim.tracking import logger_callbacks
 
 log = logging.getLogger("fedshield")
 

@@ -102,7 +102,7 @@ class ClientAlgorithm:
     #: parameter whose ``grad`` is None.
     fills_missing_grads: bool = False
     #: Sample-level DP-SGD (:class:`fedshield.privacy.local.LocalDPSGD`), set from
-    #: ``[privacy.local]`` by :func:`fedshield.privacy.attach_privacy`; None: plain SGD.
+    #: ``[privacy.local]`` by :func:`fedshield.sim.privacy.attach_privacy`; None: plain SGD.
     dp_sgd: Any = None
 
     def __init__(self, spec: LocalSpec, params: Params | None = None) -> None:
