@@ -130,7 +130,10 @@ def test_only_merges_into_a_finished_folder(
     [
         (["--bench", "tiny-cpu", "--out", "{file}"], "--out {file}: is a file"),
         (["--bench", "tiny-cpu", "--out", "{finished}"], "holds bench 'tiny-seeds'"),
+        (["--bench", "tiny-cpu", "--out", ""], "--out: empty"),
+        (["--bench", "tiny-cpu", "--out", "{file}/o"], "--out {file}/o: cannot write there"),
         (["--render", "{tmp}/missing"], "no such folder"),
+        (["--render", "{file}"], "is a file, not a bench folder"),
         (["--render", "{tmp}"], "no bench.json"),
         (["--render", "{finished}", "--only", "defense=median"], "drop --only"),
         (["--bench", "tiny-cpu", "--out", "{tmp}/o", "--only", "seed=7"], "no run of bench"),

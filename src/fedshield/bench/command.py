@@ -123,7 +123,9 @@ def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
         check_jobs(args.jobs)
     only = parse_only(args.only) if args.only else {}
     spec, where = read_bench(args.bench_file, args.bench)
-    out = Path(args.out) if args.out else Path("runs") / f"bench-{spec.name}"
+    if args.out is not None and not args.out.strip():
+        raise ConfigError("--out: empty; give a folder (default runs/bench-<name>)")
+    out = Path(args.out) if args.out is not None else Path("runs") / f"bench-{spec.name}"
     check_out(out, spec.name)
     full = plan(spec, where)
     p = restrict(full, only) if only else full

@@ -82,7 +82,8 @@ def write_manifest(
     }
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f"{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    # not sort_keys: the spec's tables keep the file's order (heat-map rows, tune candidates)
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
     tmp.replace(out / MANIFEST)
 
 
@@ -103,7 +104,8 @@ def _load(path: Path) -> dict[str, Any]:
 def read_manifest(out: Path) -> tuple[Plan, dict[str, str], dict[str, Any]]:
     """The plan recorded in ``out``, each run's config hash, and the manifest itself."""
     if not out.is_dir():
-        raise ConfigError(f"--render {out}: no such folder")
+        why = "is a file, not a bench folder" if out.exists() else "no such folder"
+        raise ConfigError(f"--render {out}: {why}")
     if not (out / MANIFEST).is_file():
         raise ConfigError(
             f"--render {out}: no {MANIFEST}; not a folder written by `fedshield bench` "

@@ -218,11 +218,14 @@ def spread(c: AttackCell) -> str:
 def _draw(ax: Any, grid: list[list[tuple[float, str]]], shares: list[float], hets: list[str],
           title: str) -> Any:  # fmt: skip
     """One heat-map panel (accuracy in [0, 1], text dark on the light end of the map)."""
-    im = ax.imshow([[v for v, _ in r] for r in grid], vmin=0, vmax=1, cmap="viridis",
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.9")  # not run: light grey
+    im = ax.imshow([[v for v, _ in r] for r in grid], vmin=0, vmax=1, cmap=cmap,
                    aspect="auto")  # fmt: skip
     for i, r in enumerate(grid):
         for j, (v, text) in enumerate(r):
-            dark = v == v and v > 0.6
+            dark = v != v or v > 0.6  # dark text on grey and on the light end
             ax.text(j, i, text, ha="center", va="center", fontsize=7,
                     color="black" if dark else "white")  # fmt: skip
     ax.set_xticks(range(len(shares)), [f"{round(w * 100)}%" for w in shares])
