@@ -7,8 +7,10 @@ mean, 95 % half-width, min, max over the seeds, diverged seeds), ``worst.csv`` /
 the model was destroyed), ``choice.csv`` (the candidate chosen per defense and setting,
 with its validation worst case), ``asr.csv`` / ``asr.md`` (backdoor attacks), heat maps
 ``heatmap-<defense>.png`` (worst-case accuracy, share × heterogeneity) and ``best.png`` /
-``best.md`` (the best defense per cell), ``header.md`` (the commit, command, attack mode
-and faults a page states) and ``provenance.json``.
+``best.md`` (the best defense per cell and the runner-up), ``header.md`` (the commit,
+command, attack mode and faults a page states) and ``provenance.json``. The curves are
+:mod:`fedshield.bench.curves`; both are drawn from the run files by
+:func:`fedshield.bench.folder.render`.
 """
 
 from __future__ import annotations
