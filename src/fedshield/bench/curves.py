@@ -93,8 +93,11 @@ def curves(plan: Plan, choices: list[Choice], out: Path) -> dict[str, Path]:
                     if not series:
                         continue
                     xs, mean, sd = band(series)
-                    name = f"{a} (diverged)" if c.cells[a].is_diverged else a
+                    diverged = c.cells[a].is_diverged
+                    name = f"{a} (diverged: ×)" if diverged else a
                     ax.plot(xs, mean, color=colours(n), lw=1.3, label=name, marker=".", ms=3)
+                    if diverged and xs:  # where the last finite value was seen
+                        ax.plot(xs[-1:], mean[-1:], color=colours(n), marker="x", ms=8, mew=2)
                     ax.fill_between(xs, [m - s for m, s in zip(mean, sd)],
                                     [m + s for m, s in zip(mean, sd)], color=colours(n),
                                     alpha=0.2, lw=0)  # fmt: skip

@@ -288,7 +288,7 @@ def heatmaps(plan: Plan, choices: list[Choice], out: Path) -> dict[str, Path]:
     fig, axs = _figure(plt, len(panels), len(shares), len(hets), 2.0)
     for ax, (fault, mode) in zip(axs[0], panels):
         md.append(f"**{fault}, {mode}** — best defense by worst-case test accuracy "
-                  f"(runner-up below it)\n")  # fmt: skip
+                  f"(and the runner-up)\n")  # fmt: skip
         header = ["heterogeneity", *[f"{round(w * 100)}%" for w in shares]]
         rows, grid = [], []
         for h in hets:
