@@ -99,7 +99,9 @@ def test_declared_f_and_backdoor_evaluator_in_the_run_configs() -> None:
     assert server["pre_aggregators"] == ["nnm"] and server["pre_aggregator_args"]["nnm"]["f"] == 3
     assert run.raw["eval"]["metrics"] == ["backdoor"]
     assert run.raw["eval"]["params"]["backdoor"]["target"] == 3
-    assert run.raw["eval"]["every"] == run.raw["rounds"] == 2
+    assert run.raw["eval"]["every"] == run.raw["eval"]["metrics_every"] == 1  # curves
+    sparse = plan(spec.model_copy(update={"eval_every": 5}), Path(".")).runs[0].raw["eval"]
+    assert sparse["every"] == 2 and "metrics_every" not in sparse  # the last round: 2
     assert run.raw["data"]["val_size"] == 200
 
 
@@ -201,9 +203,11 @@ def test_tiny_bench_end_to_end_with_resume(tmp_path: Path, monkeypatch: Any) -> 
     changed.write_text(tomli_w.dumps(raw))
     assert main(["bench", str(changed), "--out", str(out), "-q"]) == 0
     assert sum(ran) == len(spec.defenses) * len(spec.tune["server.lr"])  # backdoor runs only
-    assert main(["bench", "--bench", "tiny-cpu", "--out", str(out), "-q",
+    fresh = tmp_path / "fresh"  # --only into an empty folder tabulates the selection
+    assert main(["bench", "--bench", "tiny-cpu", "--out", str(fresh), "-q",
                  "--only", "defense=median,attack=ipm"]) == 0  # fmt: skip
-    assert "nnm+trimmed_mean" not in (out / "worst.md").read_text()
+    assert "nnm+trimmed_mean" not in (fresh / "worst.md").read_text()
+    assert "(backdoor)" not in (fresh / "worst.md").read_text()
 
 
 def test_list_benches_shows_the_bundled_ones(capsys: Any) -> None:

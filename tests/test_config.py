@@ -31,6 +31,20 @@ def test_more_clients_per_round_than_clients(small_cfg):
         config.validate(small_cfg)
 
 
+def test_attack_params_without_an_attack_are_refused(small_cfg, capsys):
+    """Issue 33: attack.params with attack.name left 'none' trained with no attack."""
+    small_cfg["attack"] = {"params": {"target": 1}}
+    with pytest.raises(ConfigError, match=r"attack\.params = \{'target': 1\} but attack\.name"):
+        config.validate(small_cfg)
+    small_cfg["attack"] = {"name": "backdoor", "params": {"target": 1}, "fraction": 0.2}
+    config.validate(small_cfg)
+    from fedshield.cli import main
+
+    assert main(["run", "--preset", "demo", "--set", "attack.params.target=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "attack.params" in err and "attack.name = 'none'" in err
+
+
 def test_overrides_parse_toml_values(small_cfg):
     raw = config.apply_overrides(
         small_cfg, ["client.lr=0.5", "server.aggregator=krum", "data.params.size=[1, 2]"]

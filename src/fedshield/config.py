@@ -155,6 +155,16 @@ class AttackConfig(Section):
         "of attackers per cohort (capped by the rule's breakdown); stated at start",
     )
 
+    @model_validator(mode="after")
+    def _params_need_an_attack(self) -> AttackConfig:
+        # Parameters of no attack were accepted and the run trained unattacked (issue 33).
+        if self.name == "none" and self.params:
+            raise ValueError(
+                f"attack.params = {self.params} but attack.name = 'none': name the attack "
+                f"they belong to (`fedshield list attacks`) or remove attack.params"
+            )
+        return self
+
 
 class EvalConfig(Section):
     every: int = Field(1, ge=1)

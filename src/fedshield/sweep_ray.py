@@ -84,7 +84,7 @@ class RayBackend:
             kwargs["runtime_env"] = {"py_modules": [str(Path(fedshield.__file__).parent)]}
         try:
             ray.init(address=self.address, **kwargs)
-        except ConnectionError as err:
+        except (ConnectionError, ValueError) as err:  # ValueError: not an address at all
             msg = f"--address {self.address}: no Ray cluster there ({err})"
             raise FedshieldError(msg) from None
         return True

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 import tomllib
-from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from fedshield import config as cfgmod
+from fedshield.bench.folder import check_out, narrowed, render, write_manifest
 from fedshield.bench.plan import Plan, plan
 from fedshield.bench.spec import BenchSpec, parse_spec
 from fedshield.errors import ConfigError, FedshieldError
@@ -64,8 +64,8 @@ def parse_only(text: str) -> dict[str, set[str]]:
 
 
 def restrict(p: Plan, only: dict[str, set[str]]) -> Plan:
-    """The plan's runs that match every ``--only`` key; the protocol's worst case is then
-    over the selected attacks only."""
+    """The plan's runs that match every ``--only`` key (what runs; the report is drawn from
+    every run the folder then has, :func:`fedshield.bench.folder.render`)."""
 
     def keep(run: Any) -> bool:
         s = run.setting
@@ -83,12 +83,7 @@ def restrict(p: Plan, only: dict[str, set[str]]) -> Plan:
     runs = [r for r in p.runs if keep(r)]
     if not runs:
         raise ConfigError(f"--only: no run of bench {p.spec.name!r} matches {only}")
-    spec = p.spec.model_copy(update={
-        "defenses": [d for d in p.spec.defenses if any(r.defense == d.key for r in runs)],
-        "attacks": [a for a in p.spec.attacks if any(r.attack == a.key for r in runs)],
-    })  # fmt: skip
-    settings = [s for s in p.settings if any(r.setting == s for r in runs)]
-    return replace(p, spec=spec, runs=runs, settings=settings)
+    return narrowed(p, runs)
 
 
 def _is_float(x: str) -> bool:
@@ -113,11 +108,13 @@ def backend_of(args: argparse.Namespace, ray: Any) -> Any:
 
 def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
     """The command; ``ray`` and ``console`` come from :mod:`fedshield.cli` (the sweep's
-    backend flags and checks, the CLI's console)."""
-    from fedshield.bench.render import write_all
-    from fedshield.bench.runner import execute
-    from fedshield.bench.select import select
+    backend flags and checks, the CLI's console). Every flag and file is checked before
+    anything trains; the report is drawn from the folder's run files
+    (:func:`fedshield.bench.folder.render`), so ``--only`` merges into a finished folder."""
+    from fedshield.bench.runner import config_shas, execute
 
+    if args.render is not None:
+        return _render_only(args, console)
     if (args.bench_file is None) == (args.bench is None):
         raise FedshieldError("give a bench file or --bench NAME (see `fedshield list benches`)")
     if args.backend == "local":
@@ -126,11 +123,19 @@ def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
         check_jobs(args.jobs)
     only = parse_only(args.only) if args.only else {}
     spec, where = read_bench(args.bench_file, args.bench)
-    p = plan(spec, where)
-    if only:
-        p = restrict(p, only)
+    if args.out is not None and not args.out.strip():
+        raise ConfigError("--out: empty; give a folder (default runs/bench-<name>)")
+    out = Path(args.out) if args.out is not None else Path("runs") / f"bench-{spec.name}"
+    check_out(out, spec.name)
+    full = plan(spec, where)
+    p = restrict(full, only) if only else full
+    shas = config_shas(full.runs)
+    command = ["fedshield", *sys.argv[1:]]
+    try:
+        write_manifest(full, out, shas, command, bool(only))
+    except OSError as err:
+        raise ConfigError(f"--out {out}: cannot write there ({err.strerror or err})") from None
     backend = backend_of(args, ray)
-    out = Path(args.out) if args.out else Path("runs") / f"bench-{spec.name}"
     console.print(
         f"bench {spec.name}: {len(p.runs)} runs ({len(p.infeasible)} defense × setting cells "
         f"infeasible) → {out}"
@@ -142,11 +147,25 @@ def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
         if not args.quiet and (done[0] % 25 == 0 or done[0] == len(p.runs)):
             console.print(f"{done[0]}/{len(p.runs)} runs", highlight=False)
 
-    results = execute(p.runs, out, backend, args.group, not args.no_lockstep, tick)
-    choices = select(p, results)
-    files = write_all(p, choices, results, out, ["fedshield", *sys.argv[1:]])
+    execute(p.runs, out, backend, args.group, not args.no_lockstep, tick, shas)
+    files = render(out)
     console.print(files["worst"].read_text(), highlight=False, markup=False)
-    console.print(f"tables and heat maps in {out} (worst.md, best.md, heatmap-*.png, runs.csv)")
+    console.print(
+        f"tables and plots in {out} (worst.md, best.md, heatmap-*.png, curves-*.png, runs.csv;"
+        f" per run: runs/<run>/config.toml, metrics.csv)"
+    )
+    return 0
+
+
+def _render_only(args: argparse.Namespace, console: Any) -> int:
+    """``--render DIR``: the tables and plots re-drawn from DIR's run files, nothing run."""
+    given = [f for f, v in (("a bench file", args.bench_file), ("--bench", args.bench),
+                            ("--out", args.out), ("--only", args.only)) if v]  # fmt: skip
+    if given:
+        raise ConfigError(f"--render DIR re-draws a finished folder; drop {given[0]}")
+    files = render(Path(args.render))
+    console.print(files["worst"].read_text(), highlight=False, markup=False)
+    console.print(f"tables and plots re-drawn in {args.render}")
     return 0
 
 
@@ -158,7 +177,16 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> N
     b.add_argument("bench_file", nargs="?", help="bench TOML file (or --bench NAME)")
     b.add_argument("--bench", help="a bundled bench (see `fedshield list benches`)")
     b.add_argument("--out", help="output directory (default runs/bench-<name>)")
-    b.add_argument("--only", help="run a selection, e.g. defense=median,attack=ipm")
+    b.add_argument(
+        "--only",
+        help="run a selection, e.g. defense=median,attack=ipm; the tables and plots are "
+        "re-drawn from every run in --out (a finished folder keeps its other runs)",
+    )
+    b.add_argument(
+        "--render",
+        metavar="DIR",
+        help="re-draw the tables and plots of a bench folder from its run files; runs nothing",
+    )
     b.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
     b.add_argument("--group", type=int, default=24, help="runs trained in lockstep per task")
     b.add_argument("--no-lockstep", action="store_true", help="train run by run (for checks)")

@@ -5,7 +5,7 @@ Each run's config is the base config with, in order: the bench's ``set``, the
 heterogeneity and fault overrides, the defense (server algorithm or aggregator, its
 pre-aggregators and the declared f = ⌊wS⌋ + offset for every component whose schema has
 an ``f``), the attack (name, share, mode, params), the tuning candidate's keys, and what
-the protocol needs (evaluation at the last round only, a validation split, the backdoor
+the protocol needs (test evaluation every ``eval_every`` rounds, a validation split, the backdoor
 evaluator for a backdoor attack, one thread). Every config is checked as ``fedshield run``
 checks one (:func:`fedshield.sweep.check_run`) before anything trains. A defense that
 cannot run at some shares (Krum needs 2f + 2 < S) is *infeasible* there and left out,
@@ -171,8 +171,11 @@ def run_config(
     rounds = int(raw.get("rounds", 1))
     trigger = backdoor_params(a)
     raw.setdefault("eval", {})
-    raw["eval"] |= {"every": rounds, "metrics": ["backdoor"] if trigger else []}
+    every = min(spec.eval_every, rounds)  # each run's curves (runs/<run>/metrics.csv)
+    raw["eval"] |= {"every": every, "metrics": ["backdoor"] if trigger else []}
     raw["eval"].pop("metrics_every", None)
+    if trigger and every < rounds:
+        raw["eval"]["metrics_every"] = every
     raw["eval"]["params"] = {"backdoor": trigger} if trigger else {}
     raw.setdefault("data", {})["val_size"] = spec.val_size
     raw.setdefault("checkpoint", {})["every"] = rounds

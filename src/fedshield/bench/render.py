@@ -7,8 +7,10 @@ mean, 95 % half-width, min, max over the seeds, diverged seeds), ``worst.csv`` /
 the model was destroyed), ``choice.csv`` (the candidate chosen per defense and setting,
 with its validation worst case), ``asr.csv`` / ``asr.md`` (backdoor attacks), heat maps
 ``heatmap-<defense>.png`` (worst-case accuracy, share × heterogeneity) and ``best.png`` /
-``best.md`` (the best defense per cell), ``header.md`` (the commit, command, attack mode
-and faults a page states) and ``provenance.json``.
+``best.md`` (the best defense per cell and the runner-up), ``header.md`` (the commit,
+command, attack mode and faults a page states) and ``provenance.json``. The curves are
+:mod:`fedshield.bench.curves`; both are drawn from the run files by
+:func:`fedshield.bench.folder.render`.
 """
 
 from __future__ import annotations
@@ -16,17 +18,18 @@ from __future__ import annotations
 import csv
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from fedshield.bench.plan import Plan, Setting
-from fedshield.bench.select import Choice
+from fedshield.bench.select import AttackCell, Choice
 
 PM_NOTE = "± : half-width of the 95 % Student-t interval over the seeds (n_seeds)"
 
 
-def _axes(settings: Sequence[Setting]) -> list[str]:
+def axes_of(settings: Sequence[Setting]) -> list[str]:
     """The setting axes that vary (a column label names only those)."""
     names = ["share", "heterogeneity", "fault", "mode"]
     return [n for n in names if len({getattr(s, n) for s in settings}) > 1] or ["share"]
@@ -61,12 +64,13 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> None:
 
 def write_all(
     plan: Plan, choices: list[Choice], results: dict[str, dict[str, Any]], out: Path,
-    command: list[str],
+    command: list[str], updates: Sequence[list[str]] = (),
 ) -> dict[str, Path]:  # fmt: skip
-    """Every output file; returns them by kind."""
+    """Every output file; returns them by kind. ``updates``: the ``--only`` commands that
+    re-ran cells since ``command`` made the folder."""
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Path] = {}
-    axes = _axes(plan.settings)
+    axes = axes_of(plan.settings)
     cols = [column(s, axes) for s in plan.settings]
     defenses = [d.key for d in plan.spec.defenses]
     by = {(c.defense, c.setting): c for c in choices}
@@ -138,26 +142,30 @@ def write_all(
     from fedshield.bench.steps import write_steps
 
     files |= write_steps(plan, choices, results, out, lambda s: column(s, axes))
-    (out / "header.md").write_text(header(plan, results, command))
+    (out / "header.md").write_text(header(plan, results, command, updates))
     files["header"] = out / "header.md"
     files |= heatmaps(plan, choices, out)
-    prov = provenance(plan, results, command)
+    prov = provenance(plan, results, command) | {"updates": [list(c) for c in updates]}
     (out / "provenance.json").write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
     files["provenance"] = out / "provenance.json"
     return files
 
 
-def header(plan: Plan, results: dict[str, dict[str, Any]], command: list[str]) -> str:
-    """What a rendered page states above the tables: commit(s), command, attack mode(s),
-    faults, seeds, rounds and the protocol."""
+def header(
+    plan: Plan, results: dict[str, dict[str, Any]], command: list[str],
+    updates: Sequence[list[str]] = (),
+) -> str:  # fmt: skip
+    """What a rendered page states above the tables: commit(s), command (and the ``--only``
+    commands that re-ran cells since), attack mode(s), faults, seeds, rounds, protocol."""
     spec = plan.spec
     commits = sorted({str(results[r.id].get("commit"))[:12] for r in plan.runs if r.id in results})
     dirty = any(results[r.id].get("dirty") for r in plan.runs if r.id in results)
     rounds = sorted({int(r.raw.get("rounds", 0)) for r in plan.runs})
     faults = "; ".join(f"{k} ({', '.join(v)})" if v else k for k, v in spec.faults.items())
     tune = ", ".join(f"{k} ∈ {v}" for k, v in spec.tune.items()) or "none (the base config's)"
+    since = "".join(f" and `{' '.join(c)}`" for c in updates)
     return (
-        f"Produced by `{' '.join(command)}` (bench `{spec.name}`) at commit "
+        f"Produced by `{' '.join(command)}`{since} (bench `{spec.name}`) at commit "
         f"{', '.join(f'`{c}`' for c in commits)}{' (uncommitted changes)' if dirty else ''}; "
         f"attack mode {', '.join(spec.attack_modes)}; faults / dropout: {faults}; seeds "
         f"{spec.seeds}; rounds {rounds[0] if len(rounds) == 1 else rounds}; "
@@ -189,16 +197,56 @@ def provenance(
 
 
 def _grid(plan: Plan) -> tuple[list[float], list[str], list[tuple[str, str]]]:
-    shares = list(plan.spec.shares)
-    hets = list(plan.spec.heterogeneity)
-    panels = [(f, str(m)) for f in plan.spec.faults for m in plan.spec.attack_modes]
+    """The heat maps' axes: the shares and heterogeneities that have a setting (columns,
+    rows), one panel per fault × attack mode."""
+    st = plan.settings
+    shares = [w for w in plan.spec.shares if any(s.share == w for s in st)]
+    hets = [h for h in plan.spec.heterogeneity if any(s.heterogeneity == h for s in st)]
+    panels = [(f, str(m)) for f in plan.spec.faults for m in plan.spec.attack_modes
+              if any(s.fault == f and s.mode == m for s in st)]  # fmt: skip
     return shares, hets, panels
 
 
+def spread(c: AttackCell) -> str:
+    """A heat-map cell's value: the mean over the seeds ± their standard deviation (the
+    spread a reader compares two cells by; the tables give the 95 % interval)."""
+    if c.is_diverged:
+        return f"div. ({c.diverged}/{len(c.test) + c.diverged})"
+    if len(c.test) < 2:
+        return f"{c.mean:.2f}"
+    return f"{c.mean:.2f} ± {statistics.stdev(c.test):.2f}"
+
+
+def _draw(ax: Any, grid: list[list[tuple[float, str]]], shares: list[float], hets: list[str],
+          title: str) -> Any:  # fmt: skip
+    """One heat-map panel (accuracy in [0, 1], text dark on the light end of the map)."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.9")  # not run: light grey
+    im = ax.imshow([[v for v, _ in r] for r in grid], vmin=0, vmax=1, cmap=cmap,
+                   aspect="auto")  # fmt: skip
+    for i, r in enumerate(grid):
+        for j, (v, text) in enumerate(r):
+            dark = v != v or v > 0.6  # dark text on grey and on the light end
+            ax.text(j, i, text, ha="center", va="center", fontsize=7,
+                    color="black" if dark else "white")  # fmt: skip
+    ax.set_xticks(range(len(shares)), [f"{round(w * 100)}%" for w in shares])
+    ax.set_yticks(range(len(hets)), hets)
+    ax.set_xlabel("Byzantine share")
+    ax.set_title(title, fontsize=8)
+    return im
+
+
+def _figure(plt: Any, n_panels: int, shares: int, hets: int, cell_w: float) -> Any:
+    return plt.subplots(1, n_panels, figsize=(1.8 + cell_w * shares * n_panels,
+                        1.4 + 0.9 * hets), squeeze=False)  # fmt: skip
+
+
 def heatmaps(plan: Plan, choices: list[Choice], out: Path) -> dict[str, Path]:
-    """Worst-case accuracy per defense (rows: heterogeneity, columns: share; a diverged
-    cell is hatched and labelled "div."), and the best defense per cell (PNG + Markdown),
-    one panel per fault × attack mode."""
+    """Worst-case accuracy per defense (rows: heterogeneity, columns: share; each cell the
+    mean ± sd over the seeds of the worst attack, named; "div." where a seed diverged), and
+    the best defense per cell with the runner-up (PNG + Markdown), one panel per fault ×
+    attack mode, each figure with its colour bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,6 +255,7 @@ def heatmaps(plan: Plan, choices: list[Choice], out: Path) -> dict[str, Path]:
     shares, hets, panels = _grid(plan)
     by = {(c.defense, c.setting): c for c in choices}
     files: dict[str, Path] = {}
+    seeds = len(plan.spec.seeds)
 
     def values(d: str, fault: str, mode: str) -> list[list[tuple[float, str]]]:
         grid = []
@@ -215,65 +264,57 @@ def heatmaps(plan: Plan, choices: list[Choice], out: Path) -> dict[str, Path]:
             for w in shares:
                 c = by.get((d, Setting(w, h, fault, mode)))
                 if c is None:
-                    row.append((math.nan, "–"))
-                elif c.worst.is_diverged:
-                    row.append((0.0, f"div.\n{c.worst.attack}"))
+                    gone = (d, Setting(w, h, fault, mode)) in plan.infeasible
+                    row.append((math.nan, "infeasible" if gone else "–"))
                 else:
-                    row.append((c.worst.mean, f"{c.worst.mean:.2f}\n{c.worst.attack}"))
+                    v = 0.0 if c.worst.is_diverged else c.worst.mean
+                    row.append((v, f"{spread(c.worst)}\n{c.worst.attack}"))
             grid.append(row)
         return grid
 
+    note = f"mean ± sd over {seeds} seeds" if seeds > 1 else "1 seed"
     for d in [x.key for x in plan.spec.defenses]:
-        fig, axs = plt.subplots(1, len(panels), figsize=(1.6 + 1.5 * len(shares) * len(panels),
-                                1.2 + 0.8 * len(hets)), squeeze=False)  # fmt: skip
+        fig, axs = _figure(plt, len(panels), len(shares), len(hets), 1.6)
         for ax, (fault, mode) in zip(axs[0], panels):
-            grid = values(d, fault, mode)
-            im = ax.imshow([[v for v, _ in r] for r in grid], vmin=0, vmax=1, cmap="viridis",
-                           aspect="auto")  # fmt: skip
-            for i, r in enumerate(grid):
-                for j, (_, text) in enumerate(r):
-                    ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w")
-            ax.set_xticks(range(len(shares)), [f"{round(w * 100)}%" for w in shares])
-            ax.set_yticks(range(len(hets)), hets)
-            ax.set_xlabel("Byzantine share")
-            ax.set_title(f"{d}: worst case ({fault}, {mode})", fontsize=8)
-        fig.colorbar(im, ax=axs[0].tolist(), shrink=0.8)
+            title = f"{d}: worst case over the attacks ({fault}, {mode})\n{note}"
+            im = _draw(ax, values(d, fault, mode), shares, hets, title)
+        fig.colorbar(im, ax=axs[0].tolist(), shrink=0.8, label="test accuracy")
         path = out / f"heatmap-{d}.png"
         fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         files[f"heatmap-{d}"] = path
 
     md = []
-    fig, axs = plt.subplots(1, len(panels), figsize=(1.6 + 1.8 * len(shares) * len(panels),
-                            1.2 + 0.8 * len(hets)), squeeze=False)  # fmt: skip
+    fig, axs = _figure(plt, len(panels), len(shares), len(hets), 2.0)
     for ax, (fault, mode) in zip(axs[0], panels):
-        md.append(f"**{fault}, {mode}** — best defense by worst-case test accuracy\n")
+        md.append(f"**{fault}, {mode}** — best defense by worst-case test accuracy "
+                  f"(and the runner-up)\n")  # fmt: skip
         header = ["heterogeneity", *[f"{round(w * 100)}%" for w in shares]]
         rows, grid = [], []
         for h in hets:
             row, vals = [h], []
             for w in shares:
                 s = Setting(w, h, fault, mode)
-                cands = [c for c in choices if c.setting == s]
-                if not cands:
+                ranked = sorted((c for c in choices if c.setting == s),
+                                key=lambda c: -c.worst_score)  # fmt: skip
+                if not ranked:
                     row.append("-")
                     vals.append((math.nan, "–"))
                     continue
-                best = max(cands, key=lambda c: c.worst_score)
-                row.append(f"{best.defense}: {worst_text(best)}")
-                vals.append((max(best.worst_score, 0.0), f"{best.defense}\n{best.worst_score:.2f}"
-                             if best.worst_score >= 0 else f"{best.defense}\ndiv."))  # fmt: skip
+                best, *rest = ranked
+                text = f"{best.defense}: {worst_text(best)}"
+                label = f"{best.defense}\n{_score(best)}"
+                if rest:
+                    text += f"; runner-up {rest[0].defense}: {worst_text(rest[0])}"
+                    label += f"\n2nd: {rest[0].defense} {_score(rest[0])}"
+                row.append(text)
+                vals.append((max(best.worst_score, 0.0), label))
             rows.append(row)
             grid.append(vals)
         md.append(_md(header, rows))
-        ax.imshow([[v for v, _ in r] for r in grid], vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        for i, r in enumerate(grid):
-            for j, (_, text) in enumerate(r):
-                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="w")
-        ax.set_xticks(range(len(shares)), [f"{round(w * 100)}%" for w in shares])
-        ax.set_yticks(range(len(hets)), hets)
-        ax.set_xlabel("Byzantine share")
-        ax.set_title(f"best defense ({fault}, {mode})", fontsize=8)
+        im = _draw(ax, grid, shares, hets, f"best defense ({fault}, {mode})\n"
+                   f"colour: its worst-case test accuracy")  # fmt: skip
+    fig.colorbar(im, ax=axs[0].tolist(), shrink=0.8, label="worst-case test accuracy")
     fig.savefig(out / "best.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     (out / "best.md").write_text("\n".join(md))
@@ -281,4 +322,8 @@ def heatmaps(plan: Plan, choices: list[Choice], out: Path) -> dict[str, Path]:
     return files
 
 
-__all__ = ["column", "heatmaps", "provenance", "write_all", "worst_text"]
+def _score(c: Choice) -> str:
+    return "div." if c.worst.is_diverged else f"{c.worst_score:.2f}"
+
+
+__all__ = ["axes_of", "column", "heatmaps", "provenance", "spread", "write_all", "worst_text"]

@@ -7,7 +7,11 @@ trained on), the backdoor ASR where the attack is a backdoor, the status (``dive
 its round: no accuracy is reported for it), the wall time by phase and the provenance —
 the commit (and whether the tree was dirty) and the SHA-256 of the fully resolved config.
 A result file is reused only when both equal the current ones; a changed cell (another
-config, another commit) runs again.
+config, another commit) runs again. Beside it, ``<out>/runs/<run id>/`` keeps the run's
+resolved config (``config.toml``, whose SHA-256 is the record's) and its per-round
+metrics (``metrics.csv``: one row per round — training loss, test accuracy and loss every
+``eval.every`` rounds, the backdoor ASR, the server's counters), which the curves are
+drawn from.
 
 Runs that share data, model, client rule and seed (:func:`group_key`) train in lockstep
 (:mod:`fedshield.bench.lockstep`); each group is one task of the backend.
@@ -15,6 +19,7 @@ Runs that share data, model, client rule and seed (:func:`group_key`) train in l
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import math
@@ -30,6 +35,14 @@ from fedshield.bench.plan import Run
 log = logging.getLogger("fedshield")
 
 CELLS = "cells"
+#: ``<out>/runs/<run id>/``: the run's resolved config and per-round metrics.
+RUNS = "runs"
+CONFIG = "config.toml"
+METRICS = "metrics.csv"
+
+
+def run_dir(out: Path, run_id: str) -> Path:
+    return out / RUNS / run_id
 
 
 def resolved(raw: dict[str, Any]) -> str:
@@ -49,7 +62,11 @@ def provenance_now() -> dict[str, Any]:
 
 
 def reusable(path: Path, config_sha: str, source: dict[str, Any]) -> dict[str, Any] | None:
-    """The result in ``path`` when it was made by this config at this commit, else None."""
+    """The result in ``path`` (``<out>/cells/<id>.json``) when it was made by this config at
+    this commit and its run folder is complete, else None."""
+    folder = run_dir(path.parent.parent, path.stem)
+    if not ((folder / CONFIG).is_file() and (folder / METRICS).is_file()):
+        return None
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -174,8 +191,28 @@ def run_group(raws: Sequence[dict[str, Any]], lockstep: bool = True) -> list[dic
             "profile": {k: round(v, 4) for k, v in prof[i].items()},
             "lockstep": batched,
             **step_stats(steps[i]),
+            "config_text": sim.config_text,
+            "history": [_scalars(m) for m in sim.records],
         })  # fmt: skip
     return out
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, float]:
+    """A round's record without its nested tables (per-client lists): the metrics.csv row."""
+    return {k: v for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}  # fmt: skip
+
+
+def write_run(folder: Path, config_text: str, history: Sequence[dict[str, float]]) -> None:
+    """A run's folder: its resolved config and one metrics row per round (the columns are
+    every key any round reported; a blank where a round did not, e.g. between evaluations)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG).write_text(config_text)
+    keys = sorted({k for m in history for k in m} - {"round"})
+    with (folder / METRICS).open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["round", *keys])
+        w.writerows([[m.get("round", ""), *(m.get(k, "") for k in keys)] for m in history])
 
 
 def run_task(
@@ -197,6 +234,7 @@ def run_task(
     cells = Path(out).parent
     recs = []
     for e, res in zip(entries, results):
+        write_run(run_dir(cells.parent, e["id"]), res.pop("config_text"), res.pop("history"))
         rec = {"id": e["id"], **e["meta"], **res, **source}
         (cells / f"{e['id']}.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
         recs.append(rec)
@@ -225,10 +263,11 @@ def execute(
     group_size: int = 24,
     lockstep: bool = True,
     on_done: Callable[[dict[str, Any]], None] | None = None,
+    shas: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every run's result by id: reused from ``out/cells`` when it matches (config hash and
-    commit), else run on ``backend`` (``map(tasks)`` of :mod:`fedshield.sweep`)."""
-    from fedshield.provenance import sha256_text
+    commit), else run on ``backend`` (``map(tasks)`` of :mod:`fedshield.sweep`). ``shas``:
+    the runs' config hashes when the caller has them (:func:`config_shas`)."""
     from fedshield.sweep import RunTask
 
     cells = out / CELLS
@@ -236,8 +275,9 @@ def execute(
     source = provenance_now()
     results: dict[str, dict[str, Any]] = {}
     todo = []
+    shas = shas if shas is not None else config_shas(runs)
     for r in runs:
-        rec = reusable(cells / f"{r.id}.json", sha256_text(resolved(r.raw)), source)
+        rec = reusable(cells / f"{r.id}.json", shas[r.id], source)
         if rec is None:
             todo.append(r)
         else:
@@ -257,8 +297,29 @@ def execute(
     return results
 
 
+def config_shas(runs: Sequence[Run]) -> dict[str, str]:
+    """Each run's SHA-256 of its resolved config (what a result file must have been made by)."""
+    from fedshield.provenance import sha256_text
+
+    return {r.id: sha256_text(resolved(r.raw)) for r in runs}
+
+
 def _map(backend: Any, tasks: Sequence[Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     yield from backend.map(tasks)
 
 
-__all__ = ["CELLS", "execute", "group_key", "groups", "reusable", "run_group", "run_task"]
+__all__ = [
+    "CELLS",
+    "CONFIG",
+    "METRICS",
+    "RUNS",
+    "config_shas",
+    "execute",
+    "group_key",
+    "groups",
+    "reusable",
+    "run_dir",
+    "run_group",
+    "run_task",
+    "write_run",
+]

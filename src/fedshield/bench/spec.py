@@ -14,6 +14,7 @@ choice)::
     shares = [0.2, 0.4]                 # Byzantine share w of each cohort
     attack_modes = ["per_round"]        # and/or "fixed"
     val_size = 200                      # validation split carved from the train split
+    eval_every = 1                      # curves: test accuracy / loss / ASR every k rounds
     defenses = ["fedavg", "median", "nnm+krum",
                 {name = "norm_clip", set = ["server.aggregator_args.tau=1.0"]}]
     attacks = ["ipm", "alie", {name = "backdoor", params = {target = 0}}]
@@ -99,6 +100,12 @@ class BenchSpec(_Strict):
     shares: list[float] = Field(min_length=1)
     attack_modes: list[Literal["fixed", "per_round"]] = Field(["per_round"], min_length=1)
     val_size: int = Field(200, ge=1, description="validation split carved from the train split")
+    eval_every: int = Field(
+        1,
+        ge=1,
+        description="test accuracy and loss (and a backdoor's ASR) every k rounds, for each "
+        "run's curves (runs/<run>/metrics.csv); the last round always",
+    )
     heterogeneity: dict[str, list[str]] = {"base": []}
     faults: dict[str, list[str]] = {"none": []}
     defenses: list[DefenseSpec] = Field(min_length=1)
