@@ -81,3 +81,26 @@ def test_without_a_step_bound_uses_the_honest_norm() -> None:
     u = x[~m].mean(dim=0)
     cos = float(out[m][0] @ u) / (float(out[m][0].norm()) * float(u.norm()))
     assert math.isclose(cos, -1.0, rel_tol=1e-12)
+
+
+def test_the_attacked_step_passes_the_step_bound_itself() -> None:
+    """Through StepBound.bound: the median's output (the attackers' row, 6 of 10) as the
+    applied step is not clipped, and the ratio to the radius is the factor."""
+    from fedshield.aggregators.median import coordinate_median
+    from fedshield.core.context import ClientUpdate, RoundContext
+    from fedshield.crossround.base import BoundInput
+
+    g = torch.Generator().manual_seed(1)
+    history = torch.randn(5, 6, generator=g, dtype=torch.float64)
+    bound = build_defense("step_bound", window=5)
+    published = {"step_bound/steps": history, "step_bound/count": torch.tensor(5)}
+    ctx = AttackContext(rule=build_rule("median"), defenses=(bound,), published=published)
+    x, m = _cohort(6)
+    out = attacks.build("opportunist")(x, m, context=ctx)
+    agg = coordinate_median(out)
+    rows = [ClientUpdate(i, out[i], 1, torch.zeros(0)) for i in range(10)]
+    theta = torch.zeros(6, dtype=torch.float64)
+    rctx = RoundContext(6, tuple(range(10)), (), 0, 10, torch.device("cpu"))
+    _, acted = bound.bound(BoundInput(theta, theta + agg, rows, 1.0), published, rctx)
+    assert acted.metrics["defense/step_bound/clipped_blocks"] == 0.0
+    assert acted.metrics["defense/step_bound/ratio"] == pytest.approx(0.99, rel=1e-9)

@@ -133,3 +133,34 @@ def test_huge_finite_rows_give_finite_rows() -> None:
     ctx = AttackContext(defenses=(build_defense("reputation", tau=1e6),))
     out = attacks.build("stealth", h=1.0)(big, m, context=ctx)
     assert torch.isfinite(out).all()
+
+
+def test_the_rows_pass_the_defenses_own_checks() -> None:
+    """Through fedshield.crossround's own code: with 3 of 10 rows the stealth rows are not
+    flagged by reputation (eq. (1) against the median of the cohort), and with 3 or 6 of
+    10 (the median then returns the attackers' row) the step bound clips nothing."""
+    from fedshield.aggregators.median import coordinate_median
+    from fedshield.core.context import ClientUpdate, RoundContext
+    from fedshield.crossround.base import BoundInput
+    from fedshield.crossround.reputation import flags
+
+    g = torch.Generator().manual_seed(0)
+    honest = torch.randn(10, 50, generator=g, dtype=torch.float64) * 0.3 + 0.2
+    history = torch.randn(5, 50, generator=g, dtype=torch.float64) * 0.1 + 0.1
+    rep = build_defense("reputation")
+    bound = build_defense("step_bound", window=5)
+    published = {"step_bound/steps": history.clone(), "step_bound/count": torch.tensor(5)}
+    ctx = AttackContext(defenses=(bound, rep), published=published, lr=1.0)
+    rctx = RoundContext(6, tuple(range(10)), (), 0, 10, torch.device("cpu"))
+    for f in (3, 6):
+        mask = torch.arange(10) < f
+        out = attacks.build("stealth", h=0.99)(honest, mask, context=ctx)
+        agg = coordinate_median(out)
+        if f == 3:
+            assert not flags(out, agg, rep.tau)[mask].any()
+        else:
+            assert torch.equal(agg, out[0])  # the attackers own the median's output
+        rows = [ClientUpdate(i, out[i], 1, torch.zeros(0)) for i in range(10)]
+        theta = torch.zeros(50, dtype=torch.float64)
+        _, acted = bound.bound(BoundInput(theta, theta + agg, rows, 1.0), published, rctx)
+        assert acted.metrics["defense/step_bound/clipped_blocks"] == 0.0
