@@ -124,3 +124,21 @@ def test_quiet_attackers_fuzz() -> None:
     bad = [(c.aggregator, c.defenses, c.attack, c.params, c.scale, c.error)
            for c in cases if not c.finite or c.error or c.rounds != 2]  # fmt: skip
     assert not bad, bad
+
+
+def test_flower_quiet_attackers_fuzz() -> None:
+    """Every Flower-native strategy behind cache + step_bound + reputation, 3 of 10 nodes
+    rewritten by a quiet attack in an AttackedStrategy for 2 rounds, honest replies at 0.1
+    or 1e30: θ finite, nothing raises, every Byzantine reply rewritten, and the stealth
+    rows placed by a radius the strategy published (issue 32). ~12 s of CPU."""
+    from fedshield.testing import flower_fuzz
+
+    bad = []
+    for i, name in enumerate(flower_fuzz.STRATEGIES):
+        for j, (attack, params) in enumerate(flower_fuzz.QUIET):
+            scale = (0.1, 1e30)[(i + j) % 2]
+            c = flower_fuzz.quiet_case(name, attack, params, scale)
+            published = attack != "stealth" or c.source not in (None, "default")
+            if not c.finite or c.error or c.rewritten != 6 or not published:
+                bad.append((name, attack, scale, c.rewritten, c.source, c.error))
+    assert not bad, bad
