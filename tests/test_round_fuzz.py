@@ -97,3 +97,48 @@ def test_flower_transport_fuzz() -> None:
         if c.error or not c.finite and c.robust or c.kept > c.sampled or not c.bounded
     ]
     assert not bad, bad
+
+
+def test_quiet_attackers_fuzz() -> None:
+    """Colluding (stealth), opportunistic and cache-poisoning attackers crafting their rows
+    through the engine's attack path for 2 rounds (the second reads the first's cache, step
+    history and scores), under the round defenses and honest dropout, with honest rows
+    scaled to 1e30, 1e-30 or zero: θ, buffers and server state stay finite and nothing
+    raises (issue 32). ~25 s of CPU: 4 simulators × the 8 attack settings."""
+    from fedshield.testing import quiet_fuzz
+
+    sims = [
+        ("median", (), 0.0),
+        ("median", ("step_bound", "reputation"), 0.3),
+        ("krum", ("cache", "step_bound", "reputation"), 0.0),
+        ("centered_clipping", ("cache", "step_bound"), 0.3),
+    ]
+    cases = []
+    for i, (agg, defenses, dropout) in enumerate(sims):
+        qs = quiet_fuzz.make_sim(agg, defenses, dropout)
+        assert qs is not None, (agg, defenses)
+        for j, (attack, params) in enumerate(quiet_fuzz.ATTACKS):
+            scale = quiet_fuzz.SCALES[(i + j) % len(quiet_fuzz.SCALES)]
+            cases.append(quiet_fuzz.run_case(qs, attack, params, scale, rounds=2))
+    assert {c.scale for c in cases} == set(quiet_fuzz.SCALES)
+    bad = [(c.aggregator, c.defenses, c.attack, c.params, c.scale, c.error)
+           for c in cases if not c.finite or c.error or c.rounds != 2]  # fmt: skip
+    assert not bad, bad
+
+
+def test_flower_quiet_attackers_fuzz() -> None:
+    """Every Flower-native strategy behind cache + step_bound + reputation, 3 of 10 nodes
+    rewritten by a quiet attack in an AttackedStrategy for 2 rounds, honest replies at 0.1
+    or 1e30: θ finite, nothing raises, every Byzantine reply rewritten, and the stealth
+    rows placed by a radius the strategy published (issue 32). ~12 s of CPU."""
+    from fedshield.testing import flower_fuzz
+
+    bad = []
+    for i, name in enumerate(flower_fuzz.STRATEGIES):
+        for j, (attack, params) in enumerate(flower_fuzz.QUIET):
+            scale = (0.1, 1e30)[(i + j) % 2]
+            c = flower_fuzz.quiet_case(name, attack, params, scale)
+            published = attack != "stealth" or c.source not in (None, "default")
+            if not c.finite or c.error or c.rewritten != 6 or not published:
+                bad.append((name, attack, scale, c.rewritten, c.source, c.error))
+    assert not bad, bad

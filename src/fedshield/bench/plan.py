@@ -1,5 +1,5 @@
-"""A bench spec → its runs: one validated config per defense × attack × share ×
-heterogeneity × fault × attack mode × tuning candidate × seed.
+"""A bench spec → its runs: one validated config per defense × attack (× each point of its
+placement ``search``) × share × heterogeneity × fault × attack mode × tuning candidate × seed.
 
 Each run's config is the base config with, in order: the bench's ``set``, the
 heterogeneity and fault overrides, the defense (server algorithm or aggregator, its
@@ -49,13 +49,18 @@ class Run:
     tune: int
     seed: int
     raw: dict[str, Any] = field(compare=False, hash=False, repr=False)
+    #: The attack's placement (index into its ``search`` grid); None: it has no search.
+    placement: int | None = None
+    #: That placement's parameters as text ("h=0.9"; "" without a search).
+    placement_label: str = field(default="", compare=False)
 
     @property
     def id(self) -> str:
         s = self.setting
+        p = "" if self.placement is None else f"__p{self.placement}"
         return (
             f"{self.defense}__{self.attack}__w{s.share:g}__{s.heterogeneity}__{s.fault}__"
-            f"{s.mode}__t{self.tune}__s{self.seed}"
+            f"{s.mode}__t{self.tune}{p}__s{self.seed}"
         )
 
 
@@ -153,8 +158,10 @@ def run_config(
     tune: dict[str, Any],
     seed: int,
     name: str,
+    placement: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The raw config of one run (see the module docstring for the order)."""
+    """The raw config of one run (see the module docstring for the order); ``placement``:
+    the attack parameters of one point of its search grid, over its ``params``."""
     raw = cfgmod.apply_overrides(
         base, [*spec.set, *spec.heterogeneity[s.heterogeneity], *spec.faults[s.fault]]
     )
@@ -167,7 +174,7 @@ def run_config(
     sets += [*d.set, *a.set]
     sets += [f"{k}={json.dumps(v)}" for k, v in tune.items() if k != DECLARED_F]
     raw = cfgmod.apply_overrides(raw, sets)
-    raw["attack"]["params"] = dict(a.params)
+    raw["attack"]["params"] = {**a.params, **(placement or {})}
     rounds = int(raw.get("rounds", 1))
     trigger = backdoor_params(a)
     raw.setdefault("eval", {})
@@ -182,6 +189,35 @@ def run_config(
     raw.setdefault("run", {}).update(threads=1, progress=False)
     raw["name"], raw["seed"] = name, seed
     return raw
+
+
+def points(a: AttackSpec) -> list[tuple[int | None, dict[str, Any]]]:
+    """(placement index, parameters) of each point of the attack's search grid; one
+    (None, {}) without a search."""
+    if not a.search:
+        return [(None, {})]
+    return list(enumerate(a.placements()))
+
+
+def check_search(a: AttackSpec) -> None:
+    """Every ``search`` key is a parameter of the attack and every candidate passes its
+    schema (one ConfigError naming ``bench.attacks[KEY].search.PARAM``)."""
+    from fedshield.attacks import parse
+    from fedshield.attacks.base import ATTACKS
+
+    fields = ATTACKS.entry(a.name).schema.model_fields
+    for key, values in a.search.items():
+        where = f"bench.attacks[{a.key}].search.{key}"
+        if key not in fields:
+            raise ConfigError(
+                f"{where}: not a parameter of attack {a.name!r}{_did_you_mean(key, list(fields))}"
+                f" (its parameters: {', '.join(fields) or 'none'})"
+            )
+        for v in values:
+            try:
+                parse(a.name, {**a.params, key: v}, "attack.params")
+            except ConfigError as err:
+                raise ConfigError(f"{where}: {v!r}: {err}") from None
 
 
 def plan(spec: BenchSpec, where: Path, check: bool = True) -> Plan:
@@ -200,6 +236,7 @@ def plan(spec: BenchSpec, where: Path, check: bool = True) -> Plan:
                 f"bench.attacks[{a.key}]: unknown attack {a.name!r}"
                 f"{_did_you_mean(a.name, ATTACKS.names())} (`fedshield list attacks`)"
             )
+        check_search(a)
     for key in spec.tune:
         if key != DECLARED_F:  # a config key: must exist in the schema
             first = f"{key}={json.dumps(spec.tune[key][0])}"
@@ -219,10 +256,10 @@ def plan(spec: BenchSpec, where: Path, check: bool = True) -> Plan:
         errors: dict[Setting, str] = {}
         for s in settings:
             for ti, tune in enumerate(tunes):
-                for a in spec.attacks:
+                for a, pi, point in [(x, *pp) for x in spec.attacks for pp in points(x)]:
                     for seed in spec.seeds:
-                        run = Run(d.key, a.key, s, ti, seed, {})
-                        raw = run_config(base, spec, d, a, s, tune, seed, run.id)
+                        run = Run(d.key, a.key, s, ti, seed, {}, pi)
+                        raw = run_config(base, spec, d, a, s, tune, seed, run.id, point)
                         cfg = cfgmod.validate(raw, f"bench run {run.id}")
                         # the seed changes no component: one check per seed-less run
                         if check and s not in errors and seed == spec.seeds[0]:
@@ -230,7 +267,8 @@ def plan(spec: BenchSpec, where: Path, check: bool = True) -> Plan:
                                 check_run(cfg, run.id)
                             except ConfigError as err:
                                 errors[s] = str(err)
-                        runs.append(Run(d.key, a.key, s, ti, seed, raw))
+                        label = a.placement_label(pi)
+                        runs.append(Run(d.key, a.key, s, ti, seed, raw, pi, label))
         runs = [r for r in runs if r.defense != d.key or r.setting not in errors]
         if errors and len(errors) == len(settings):  # never runs: the user's error
             raise ConfigError(f"bench.defenses[{d.key}]: {next(iter(errors.values()))}")
@@ -238,4 +276,13 @@ def plan(spec: BenchSpec, where: Path, check: bool = True) -> Plan:
     return Plan(spec, runs, tunes, settings, infeasible)
 
 
-__all__ = ["Plan", "Run", "Setting", "base_config", "plan", "run_config"]
+__all__ = [
+    "Plan",
+    "Run",
+    "Setting",
+    "base_config",
+    "check_search",
+    "plan",
+    "points",
+    "run_config",
+]

@@ -2,8 +2,9 @@
 
 ``<out>/``: ``runs.csv`` (every run: status, test/validation accuracy, ASR, wall time,
 commit, config hash), ``cells.csv`` (defense × attack × setting at the chosen candidate:
-mean, 95 % half-width, min, max over the seeds, diverged seeds), ``worst.csv`` /
-``worst.md`` (each defense's worst case per setting, naming the attack; "diverged" where
+mean, 95 % half-width, min, max over the seeds, diverged seeds, the attacker's best
+placement where it searched one), ``worst.csv`` / ``worst.md`` (each defense's worst case
+per setting, naming the attack and its placement; "diverged" where
 the model was destroyed), ``choice.csv`` (the candidate chosen per defense and setting,
 with its validation worst case), ``asr.csv`` / ``asr.md`` (backdoor attacks), heat maps
 ``heatmap-<defense>.png`` (worst-case accuracy, share × heterogeneity) and ``best.png`` /
@@ -45,7 +46,8 @@ def column(s: Setting, axes: Sequence[str]) -> str:
 
 def worst_text(c: Choice, digits: int = 3) -> str:
     w = c.worst
-    return f"{w.text(digits)} ({w.attack})"
+    placed = f" {w.placement}" if w.placement else ""
+    return f"{w.text(digits)} ({w.attack}{placed})"
 
 
 def _md(header: list[str], rows: list[list[str]]) -> str:
@@ -77,7 +79,7 @@ def write_all(
 
     run_cols = ["id", "defense", "attack", "share", "heterogeneity", "fault", "mode", "tune",
                 "seed", "status", "diverged_round", "test_acc", "val_acc", "backdoor_asr",
-                "wall_s", "commit", "config_sha256"]  # fmt: skip
+                "wall_s", "commit", "config_sha256", "placement"]  # fmt: skip
     rows = [[results[r.id].get(k, "") if k != "id" else r.id for k in run_cols]
             for r in plan.runs if r.id in results]  # fmt: skip
     _write_csv(out / "runs.csv", run_cols, rows)
@@ -96,10 +98,12 @@ def write_all(
                 "" if a.is_diverged else round(min(t), 6),
                 "" if a.is_diverged else round(max(t), 6),
                 round(sum(a.asr) / len(a.asr), 6) if a.asr and not a.is_diverged else "",
+                a.placement,
             ])  # fmt: skip
     _write_csv(out / "cells.csv", ["defense", "attack", "share", "heterogeneity", "fault",
                "mode", "tune", "n_seeds", "diverged_seeds", "test_acc_mean", "test_acc_ci95",
-               "test_acc_min", "test_acc_max", "backdoor_asr_mean"], cell_rows)  # fmt: skip
+               "test_acc_min", "test_acc_max", "backdoor_asr_mean", "placement"],
+               cell_rows)  # fmt: skip
     files["cells"] = out / "cells.csv"
 
     worst_rows, choice_rows = [], []

@@ -245,7 +245,8 @@ def _meta(run: Run) -> dict[str, Any]:
     s = run.setting
     return {"defense": run.defense, "attack": run.attack, "share": s.share,
             "heterogeneity": s.heterogeneity, "fault": s.fault, "mode": s.mode,
-            "tune": run.tune, "seed": run.seed}  # fmt: skip
+            "tune": run.tune, "seed": run.seed,
+            "placement": run.placement_label}  # fmt: skip
 
 
 def groups(runs: Sequence[Run], size: int) -> list[list[Run]]:

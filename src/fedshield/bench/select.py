@@ -9,6 +9,11 @@ worst case is the attack with the lowest mean test accuracy, named. An attack un
 any seed diverged is *diverged* — never a number — and is the worst case before any
 accuracy. (Allouah et al., "Fixing by Mixing", AISTATS 2023 §5; González et al., "ByzFL",
 2025: hyper-parameters chosen on held-out data by the worst case over attacks.)
+
+An attack with a placement ``search`` (SPEC §16: a quiet attacker searches where to put its
+rows against the defense it faces) enters the selection by its best placement on the
+validation split, and its cell is its best placement on test — the lowest mean test
+accuracy, a diverged placement first — with the placement named.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedshield.bench.plan import Plan, Setting
+from fedshield.bench.plan import Plan, Setting, points
+from fedshield.bench.spec import AttackSpec
 
 #: Score of a diverged run in the selection: below every accuracy.
 DIVERGED_SCORE = -1.0
@@ -36,10 +42,19 @@ class AttackCell:
     test: list[float]
     diverged: int
     asr: list[float] = field(default_factory=list)
+    #: The attacker's best placement of its ``search`` grid ("h=0.9"; "" without one) and
+    #: its index (None without one).
+    placement: str = ""
+    placement_index: int | None = None
 
     @property
     def is_diverged(self) -> bool:
         return self.diverged > 0
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        """Lower is worse for the defense: a diverged cell first, then the lowest mean."""
+        return (not self.is_diverged, self.mean)
 
     @property
     def mean(self) -> float:
@@ -72,7 +87,7 @@ class Choice:
     @property
     def worst(self) -> AttackCell:
         """The worst attack: a diverged one first, else the lowest mean test accuracy."""
-        return min(self.cells.values(), key=lambda c: (not c.is_diverged, c.mean))
+        return min(self.cells.values(), key=lambda c: c.rank)
 
     @property
     def worst_score(self) -> float:
@@ -88,13 +103,26 @@ def _score(recs: list[dict[str, Any]]) -> float:
     return statistics.fmean(r["val_acc"] for r in recs)
 
 
+def _cell(a: AttackSpec, recs: list[dict[str, Any]], placement: int | None) -> AttackCell:
+    ok = [r for r in recs if r.get("status") != "diverged" and r.get("test_acc") is not None]
+    return AttackCell(
+        a.key,
+        [r["test_acc"] for r in ok],
+        len(recs) - len(ok),
+        [r["backdoor_asr"] for r in ok if r.get("backdoor_asr") is not None],
+        a.placement_label(placement),
+        placement,
+    )
+
+
 def select(plan: Plan, results: dict[str, dict[str, Any]]) -> list[Choice]:
     """The protocol over every (defense, setting) that ran (see the module docstring)."""
-    by: dict[tuple[str, Setting, int, str], list[dict[str, Any]]] = defaultdict(list)
+    by: dict[tuple[str, Setting, int, str, int | None], list[dict[str, Any]]] = defaultdict(list)
     for run in plan.runs:
         rec = results.get(run.id)
         if rec is not None:
-            by[run.defense, run.setting, run.tune, run.attack].append(rec)
+            by[run.defense, run.setting, run.tune, run.attack, run.placement].append(rec)
+    grids = {a.key: [p for p, _ in points(a)] for a in plan.spec.attacks}
     choices = []
     for d in [x.key for x in plan.spec.defenses]:
         for s in plan.settings:
@@ -102,26 +130,24 @@ def select(plan: Plan, results: dict[str, dict[str, Any]]) -> list[Choice]:
                 continue
             scores = []
             for t in range(len(plan.tune)):
-                per_attack = [by.get((d, s, t, a.key), []) for a in plan.spec.attacks]
+                # the attacker's best placement on validation, per attack
+                per_attack = [
+                    [_score(by[k]) for p in grids[a.key] if (k := (d, s, t, a.key, p)) in by]
+                    for a in plan.spec.attacks
+                ]
                 if all(per_attack):
-                    scores.append((min(_score(r) for r in per_attack), t))
+                    scores.append((min(min(x) for x in per_attack), t))
             if not scores:
                 continue
             best = max(scores, key=lambda x: (x[0], -x[1]))
             cells = {}
             for a in plan.spec.attacks:
-                recs = by[d, s, best[1], a.key]
-                ok = [
-                    r
-                    for r in recs
-                    if r.get("status") != "diverged" and r.get("test_acc") is not None
+                tried = [
+                    _cell(a, by[k], p)
+                    for p in grids[a.key]
+                    if (k := (d, s, best[1], a.key, p)) in by
                 ]
-                cells[a.key] = AttackCell(
-                    a.key,
-                    [r["test_acc"] for r in ok],
-                    len(recs) - len(ok),
-                    [r["backdoor_asr"] for r in ok if r.get("backdoor_asr") is not None],
-                )
+                cells[a.key] = min(tried, key=lambda c: c.rank)  # the attacker's best
             choices.append(Choice(d, s, best[1], best[0], cells))
     return choices
 

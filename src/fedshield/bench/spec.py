@@ -4,7 +4,8 @@ A bench is defenses × attacks × Byzantine shares × heterogeneity × faults ×
 seeds on one base config, with hyper-parameter candidates chosen per defense on a
 validation split (ByzFL's protocol, Allouah et al. 2023 / González et al. 2024: "the
 worst case over the attack set" on held-out data, then test accuracy reported for that
-choice)::
+choice) and each attack's placement ``search`` run in full, a cell reporting the
+attacker's best placement against that defense (SPEC §16)::
 
     name = "my-bench"
     base = "brdrag-digits-cpu"          # a preset, or  file = "my.toml"
@@ -17,7 +18,8 @@ choice)::
     eval_every = 1                      # curves: test accuracy / loss / ASR every k rounds
     defenses = ["fedavg", "median", "nnm+krum",
                 {name = "norm_clip", set = ["server.aggregator_args.tau=1.0"]}]
-    attacks = ["ipm", "alie", {name = "backdoor", params = {target = 0}}]
+    attacks = ["ipm", "alie", {name = "backdoor", params = {target = 0}},
+               {name = "stealth", search = {h = [0.25, 0.5, 0.9, 0.99]}}]
     [heterogeneity]                     # label → overrides (default: the base config)
     "dir0.5" = ["data.beta=0.5"]
     "dir0.1" = ["data.beta=0.1"]
@@ -35,6 +37,7 @@ Every problem is one :class:`~fedshield.errors.ConfigError` naming the key
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 from typing import Any, Literal
 
@@ -78,14 +81,38 @@ class DefenseSpec(_Strict):
 
 
 class AttackSpec(_Strict):
+    """An attack with its parameters; ``search`` (attack parameter → candidates) is its
+    placement grid: every combination runs, and a cell reports the attacker's best — the
+    lowest test accuracy — naming the placement that won (SPEC §16)."""
+
     name: str
     label: str | None = None
     params: dict[str, Any] = {}
     set: list[str] = []
+    search: dict[str, list[Any]] = {}
 
     @property
     def key(self) -> str:
         return self.label or self.name
+
+    @field_validator("search")
+    @classmethod
+    def _search(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in v.items():
+            if not values:
+                raise ValueError(f"search.{key}: needs at least one candidate")
+        return v
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Every combination of the ``search`` grid ([{}] without one)."""
+        keys, grid = list(self.search), itertools.product(*self.search.values())
+        return [dict(zip(keys, vals, strict=True)) for vals in grid]
+
+    def placement_label(self, i: int | None) -> str:
+        """``h=0.9`` for placement ``i`` ("" for an attack without a search)."""
+        if i is None or not self.search:
+            return ""
+        return ",".join(f"{k}={v}" for k, v in self.placements()[i].items())
 
 
 class BenchSpec(_Strict):

@@ -54,13 +54,14 @@ def step_rows(
     rows = []
     for c in chosen.values():
         for a in plan.spec.attacks:
-            runs = [r for r in plan.runs if (r.defense, r.setting, r.tune, r.attack)
-                    == (c.defense, c.setting, c.tune, a.key) and r.id in results]  # fmt: skip
+            cell = c.cells[a.key]  # at the attacker's best placement
+            runs = [r for r in plan.runs if (r.defense, r.setting, r.tune, r.attack,
+                    r.placement) == (c.defense, c.setting, c.tune, a.key,
+                    cell.placement_index) and r.id in results]  # fmt: skip
             if not runs:
                 continue
             ratios = [step_ratio(r, results, clean) for r in runs]
             refs = [results.get(_twin(r, clean), {}).get("step_median") for r in runs]
-            cell = c.cells[a.key]
             s = c.setting
             known = [x for x in ratios if x is not None]
             rows.append([

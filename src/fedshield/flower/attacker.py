@@ -48,7 +48,7 @@ from torch import Tensor
 
 from fedshield import attacks
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
-from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack
+from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack, published_state
 from fedshield.core.context import make_generator
 from fedshield.errors import ConfigError
 from fedshield.flower.byzantine import local_update_attack
@@ -269,10 +269,19 @@ class AttackedStrategy(Strategy):
         gen = make_generator(self.seed, server_round, _FLOWER_ATTACK)
         kwargs: dict[str, Any] = {}
         if self.attack.needs_rule:
+            # what a fedshield strategy publishes about its defenses (SPEC §16)
+            server = getattr(self.strategy, "server", None)
+            defenses = getattr(server, "round_defenses", None)
+            chain = defenses.defenses if defenses is not None else ()
+            state = getattr(self.strategy, "state", None) or {}
             kwargs["context"] = AttackContext(
                 rule=self._rule(),
                 weights=self._weights(ok),
                 reference=self._reference(server_round, start),
+                defenses=chain,
+                published=published_state(chain, state),
+                lr=float(getattr(server, "lr", 1.0)),
+                byzantine_f=getattr(server, "byzantine_f", None),
             )
         forged = self.attack(matrix, mask, generator=gen, **kwargs)
         for i, m in enumerate(ok):

@@ -186,4 +186,87 @@ def run_cases() -> list[FlowerCase]:
     return out
 
 
-__all__ = ["FORGERIES", "STRATEGIES", "FlowerCase", "run_cases"]
+#: Quiet attackers (issue 32) in an :class:`~fedshield.flower.attacker.AttackedStrategy`:
+#: colluding rows at the published radius, an opportunist attacking whenever one attacker
+#: is in, directed rows a cache keeps.
+QUIET: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("stealth", {"h": 1.0}),
+    ("opportunist", {"threshold": 1}),
+    ("cache_poison", {"scale": 1e6}),
+)
+
+
+@dataclass
+class QuietFlowerCase:
+    strategy: str
+    attack: str
+    scale: float
+    finite: bool
+    rewritten: int = 0
+    #: the published radius a stealth attack used last ("step_bound", ...; None: other)
+    source: str | None = None
+    error: str = ""
+
+
+def quiet_case(
+    name: str,
+    attack: str,
+    params: dict[str, Any],
+    scale: float,
+    defenses: tuple[str, ...] = ("cache", "step_bound", "reputation"),
+    rounds: int = 2,
+) -> QuietFlowerCase:
+    """``rounds`` rounds of strategy ``name`` behind ``defenses``, nodes 1–3 Byzantine with
+    ``attack`` rewriting their replies in an ``AttackedStrategy`` (the defenses published in
+    its context), honest replies moving θ by ``scale`` × a seeded normal draw."""
+    from fedshield.crossround import build_round_defenses
+    from fedshield.flower.attacker import AttackedStrategy
+
+    case = QuietFlowerCase(name, attack, scale, True)
+    logging.disable(logging.WARNING)
+    try:
+        set_task_identity()
+        inner = STRATEGIES[name]()
+        inner.server.round_defenses = build_round_defenses(list(defenses), {})  # type: ignore[attr-defined]
+        strategy = AttackedStrategy(inner, attack, params, nodes=(1, 2, 3))
+        arrays = _initial()
+        layout = ModelLayout.of(arrays)
+        nodes = list(range(1, NODES + 1))
+
+        class _Grid:
+            def get_node_ids(self) -> list[int]:
+                return nodes
+
+        for rnd in range(1, rounds + 1):
+            grid: Any = _Grid()
+            sent = list(strategy.configure_train(rnd, arrays, ConfigRecord({}), grid))
+            for i, msg in enumerate(sent):
+                msg.metadata.__dict__["_message_id"] = f"quiet-{rnd}-{i}"
+            replies = [
+                _reply(m, _moved(arrays, 100 * rnd + int(m.metadata.dst_node_id), scale), 20)
+                for m in sent
+            ]
+            new, _ = strategy.aggregate_train(rnd, replies)
+            case.rewritten += strategy.last_byzantine
+            arrays = arrays if new is None else new
+            case.source = getattr(strategy.attack, "last_source", None)
+            case.finite = bool(torch.isfinite(layout.decode(arrays)[0]).all())
+            if not case.finite:
+                break
+    except Exception as err:
+        case.finite = False
+        case.error = f"{type(err).__name__}: {err}"
+    finally:
+        logging.disable(logging.NOTSET)
+    return case
+
+
+__all__ = [
+    "FORGERIES",
+    "QUIET",
+    "STRATEGIES",
+    "FlowerCase",
+    "QuietFlowerCase",
+    "quiet_case",
+    "run_cases",
+]
