@@ -126,7 +126,7 @@ class FedshieldStrategy(Strategy):
             fresh = [n for n in listed if n not in waiting]
             if fresh and len(listed) >= m:  # all at once: one ClientApp start per node
                 ids = grid.push_messages([self._hello(n, m, timeout) for n in fresh])
-                for mid, n in zip(ids, fresh, strict=True):
+                for mid, n in zip(ids, fresh, strict=False):  # None: not pushed
                     if mid:
                         asked[mid] = n
                         pending.add(mid)
