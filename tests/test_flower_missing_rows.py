@@ -111,12 +111,15 @@ def _hello():
     return RecordDict({"fs.hello": ConfigRecord({"num-clients": 4})})
 
 
-def test_a_run_loses_three_clients_and_counts_each_once(tmp_path, caplog):
-    raw = raw_config(rounds=3, server={"clients_per_round": 4, "aggregator": "median"})
+def test_a_round_loses_three_clients_and_counts_each_once(tmp_path, caplog):
+    raw = raw_config(rounds=2, server={"clients_per_round": 4, "aggregator": "median"})
     clean, _, _ = on_flower(raw)
+    grid = LossyGrid(4, dead=(1, 2, 3))
     with caplog.at_level(logging.WARNING, logger="fedshield"):
-        records, summary, _ = on_flower(raw, tmp_path, LossyGrid(4, dead=(1, 2, 3)))
-    assert [r["round"] for r in records] == [1, 2, 3]  # every round ran
+        records, summary, _ = on_flower(raw, tmp_path, grid)
+    # every instruction expires with its round (serve's default round timeout, 3600 s)
+    assert {m.metadata.ttl for m in grid.sent} == {3600.0}
+    assert [r["round"] for r in records] == [1, 2]  # every round ran
     assert "sys/dropped" not in records[0] and records[0]["test_acc"] == clean[0]["test_acc"]
     for r, c in zip(records[1:], clean[1:]):
         assert r["sys/dropped"] == 3 and r["sys/kept"] == 1  # each lost client once
@@ -124,14 +127,14 @@ def test_a_run_loses_three_clients_and_counts_each_once(tmp_path, caplog):
         assert r["sys/f"] == c["sys/f"]  # f of the sampled cohort, not of who answered
     assert summary["status"] == "ok"
     assert summary["dropped"] == {
-        "total": 6,
-        "rounds": 2,
-        "by_client": {"1": 2, "2": 2, "3": 2},
-        "by_reason": {"clientapp_crashed": 2, "no_reply": 2, "node_unavailable": 2},
+        "total": 3,
+        "rounds": 1,
+        "by_client": {"1": 1, "2": 1, "3": 1},
+        "by_reason": {"clientapp_crashed": 1, "no_reply": 1, "node_unavailable": 1},
     }
     assert json.loads((tmp_path / "summary.json").read_text())["dropped"] == summary["dropped"]
     report = (tmp_path / "report.md").read_text()
-    assert "- **dropped**: 6 missing rows in 2 rounds (clientapp_crashed 2" in report
+    assert "- **dropped**: 3 missing rows in 1 rounds (clientapp_crashed 1" in report
     line = next(x for x in caplog.messages if x.startswith("round 2: 3 of 4 sampled"))
     assert "client 1 (node " in line and "node_unavailable" in line
     assert "client 3 (node " in line and "no reply within round-timeout (3600 s)" in line
