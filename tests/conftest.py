@@ -13,7 +13,7 @@ torch.set_num_threads(int(os.environ.get("FEDSHIELD_TEST_THREADS", _DEFAULT_THRE
 # only slow each other down.
 _SERIAL_FILES = {
     "test_flower_sim.py", "test_flower_example.py", "test_ray_sweep.py",
-    "test_flower_deployment.py",
+    "test_flower_deployment.py", "test_flower_deployment_faults.py",
 }  # fmt: skip
 
 

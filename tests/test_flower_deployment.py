@@ -228,41 +228,56 @@ def write_app(app: Path) -> None:
     (app / "pyproject.toml").write_text(text)
 
 
-@pytest.fixture(scope="module")
-def federation(tmp_path_factory):
+def start_secure(fed: Federation, nodes: int = 2, intruders: bool = False) -> None:
+    """The documented secure deployment in ``fed.root``: certificates, one registered key
+    pair per SuperNode, the SuperLink, ``nodes`` SuperNodes (partitions 0..nodes-1); with
+    ``intruders``, two SuperNodes that must be refused try while the real ones register.
+    The caller stops the processes (``fed.stop_all()``), also when this raises."""
     for tool in ("openssl", "ssh-keygen"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
-    fed = Federation(tmp_path_factory.mktemp("deploy"))
+    fed.values["m"] = str(nodes)
     write_app(fed.root / "app")
     home = fed.root / "flwr-home"
     home.mkdir()
     (home / "config.toml").write_text(fed.cmd(CONNECTION))
     for step in CERTS:
         fed.sh(fed.cmd(step))
-    for i in (0, 1):
+    for i in range(nodes):
         fed.sh(fed.cmd(KEYGEN, i=i))
-    fed.sh(fed.cmd(KEYGEN, i=0).replace("keys/supernode0", "keys/intruder"))
-    try:
-        link = fed.start("superlink", fed.cmd(SUPERLINK))
-        wait_for_port(int(fed.values["port"]), link)
-        # The intruders try while the real nodes are registered (they exit on refusal).
+    if intruders:
+        fed.sh(fed.cmd(KEYGEN, i=0).replace("keys/supernode0", "keys/intruder"))
+    link = fed.start("superlink", fed.cmd(SUPERLINK))
+    wait_for_port(int(fed.values["port"]), link)
+    if intruders:  # they exit on refusal
         fed.intruder("no-key", None)
         fed.intruder("intruder", "intruder")
-        registering = [fed.start(f"register{i}", fed.cmd(REGISTER, i=i)) for i in (0, 1)]
-        for proc in registering:
-            assert proc.wait(timeout=120) == 0, fed.logs()
-        for i in (0, 1):
-            fed.supernode(i)
+    registering = [fed.start(f"register{i}", fed.cmd(REGISTER, i=i)) for i in range(nodes)]
+    for proc in registering:
+        assert proc.wait(timeout=120) == 0, fed.logs()
+    for i in range(nodes):
+        fed.supernode(i)
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    fed = Federation(tmp_path_factory.mktemp("deploy"))
+    try:
+        start_secure(fed, nodes=2, intruders=True)
         yield fed
     finally:
         fed.stop_all()
 
 
-def run_experiment(fed: Federation, raw: dict[str, Any], name: str) -> subprocess.Popen:
+def run_experiment(
+    fed: Federation, raw: dict[str, Any], name: str, round_timeout: float | None = None
+) -> subprocess.Popen:
     exp, out = fed.root / f"{name}.toml", fed.root / name
     exp.write_text(config.dump(config.validate(raw)))
-    return fed.start(f"run-{name}", fed.cmd(RUN, exp=exp, out=out))
+    command = fed.cmd(RUN, exp=exp, out=out)
+    if round_timeout is not None:
+        command = command.replace(" out=", f" round-timeout={round_timeout:g} out=")
+    return fed.start(f"run-{name}", command)
 
 
 def finish(fed: Federation, proc: subprocess.Popen, name: str) -> list[dict[str, Any]]:

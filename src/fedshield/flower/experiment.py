@@ -33,12 +33,14 @@ from collections.abc import Callable, Iterable
 from flwr.app import (
     ArrayRecord,
     ConfigRecord,
+    Error,
     Message,
     MessageType,
     MetricRecord,
     MetricRecordValues,
     RecordDict,
 )
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
@@ -46,7 +48,7 @@ from fedshield.core.context import ClientUpdate
 from fedshield.errors import FedshieldError
 from fedshield.flower import codec
 from fedshield.flower.byzantine import local_update_attack, runs_on_client
-from fedshield.flower.replies import match_replies
+from fedshield.flower.replies import MissingRows, match_replies, missing_reason
 from fedshield.sim.engine import RoundPlan, Simulator
 
 log = logging.getLogger("fedshield")
@@ -88,6 +90,9 @@ class FedshieldStrategy(Strategy):
         self._plan: RoundPlan | None = None
         self._sent: list[Message] = []
         self._t0 = 0.0
+        self.timeout = 3600.0  # the round timeout (seconds), set by run()
+        self.missing = MissingRows(self.timeout)
+        self._rows_seen = False  # whether any ClientApp has delivered a row in this session
 
     @property
     def num_rounds(self) -> int:
@@ -99,40 +104,104 @@ class FedshieldStrategy(Strategy):
 
     # -- node discovery ------------------------------------------------------------------
     def connect(self, grid: Grid, timeout: float = 600.0) -> dict[int, int]:
-        """Wait for ``num_clients`` nodes, ask each for its partition id, build the map."""
+        """Ask every listed node for its partition id and build the map, within ``timeout``.
+
+        Nodes are asked as they connect; the map is done when every partition 0..M-1 has a
+        node and every query is answered. A node Flower answers for (its heartbeat expired:
+        a SuperNode killed less than two heartbeats ago is still listed) is left out and
+        named in the log and asked again if it comes back; a node's own refusal (a wrong
+        node config) stops the run."""
         m = self.sim.cfg.data.num_clients
         deadline = time.monotonic() + timeout
-        while len(node_ids := list(grid.get_node_ids())) < m:
-            if time.monotonic() > deadline:
-                raise FlowerRunError(
-                    f"{len(node_ids)} SuperNodes connected after {timeout:.0f}s; the config "
-                    f"needs data.num_clients={m} (one SuperNode per client)"
-                )
-            time.sleep(0.2)
-        hello = ConfigRecord({"num-clients": m})
-        msgs = [
-            Message(RecordDict({codec.HELLO: hello}), dst_node_id=n, message_type=MessageType.QUERY)
-            for n in node_ids
-        ]
-        replies = list(grid.send_and_receive(msgs, timeout=timeout))
+        asked: dict[str, int] = {}  # query message id -> node
+        pending: set[str] = set()
         node_of: dict[int, int] = {}
-        for msg in replies:
-            node = msg.metadata.src_node_id
-            if msg.has_error():
-                raise FlowerRunError(f"node {node} refused the federation: {msg.error.reason}")
-            k = int(msg.content.config_records[codec.NODE]["partition-id"])  # type: ignore[arg-type]
-            if k in node_of:
-                raise FlowerRunError(f"nodes {node_of[k]} and {node} both hold partition-id={k}")
-            node_of[k] = node
-        missing = sorted(set(range(m)) - set(node_of))
-        if missing:
-            raise FlowerRunError(f"no SuperNode answered for partition-id(s) {missing[:10]}")
+        gone: dict[int, str] = {}  # node -> why Flower answered for it
+        while True:
+            listed = [int(n) for n in grid.get_node_ids()]
+            # Ask each node without an answer or a query in flight (a node Flower answered
+            # for is asked again when it is listed again: a restarted SuperNode keeps its id
+            # under node authentication).
+            waiting = {asked[mid] for mid in pending} | set(node_of.values())
+            fresh = [n for n in listed if n not in waiting]
+            if fresh and len(listed) >= m:  # all at once: one ClientApp start per node
+                ids = grid.push_messages([self._hello(n, m, timeout) for n in fresh])
+                for mid, n in zip(ids, fresh, strict=False):  # None: not pushed
+                    if mid:
+                        asked[mid] = n
+                        pending.add(mid)
+            if pending:
+                for msg in grid.pull_messages(sorted(pending)):
+                    mid = msg.metadata.reply_to_message_id
+                    if mid in pending:
+                        pending.discard(mid)
+                        self._hello_reply(asked[mid], msg, node_of, gone)
+            if len(node_of) == m and not pending:
+                break
+            if time.monotonic() > deadline:
+                raise FlowerRunError(self._not_connected(m, timeout, listed, node_of, gone))
+            time.sleep(0.2)
         self.node_of = node_of
         self.client_of = {n: k for k, n in node_of.items()}
         return node_of
 
+    @staticmethod
+    def _hello(node: int, m: int, ttl: float) -> Message:
+        hello = RecordDict({codec.HELLO: ConfigRecord({"num-clients": m})})
+        return Message(hello, dst_node_id=node, message_type=MessageType.QUERY, ttl=ttl)
+
+    @staticmethod
+    def _hello_reply(
+        node: int, msg: Message, node_of: dict[int, int], gone: dict[int, str]
+    ) -> None:
+        """Record ``node``'s answer to the discovery query (``msg``: its reply, or
+        Flower's error for it)."""
+        if msg.has_error():
+            if int(msg.metadata.src_node_id) != SUPERLINK_NODE_ID:  # the node's own refusal
+                raise FlowerRunError(f"node {node} refused the federation: {msg.error.reason}")
+            if node not in gone:  # once per node, however often it is asked again
+                log.warning(
+                    "SuperNode %s was listed but is unavailable (%s: %s); left out",
+                    node, missing_reason(msg.error), msg.error.reason,
+                )  # fmt: skip
+            gone[node] = missing_reason(msg.error)
+            return
+        gone.pop(node, None)
+        if int(msg.metadata.src_node_id) != node:
+            return  # an answer from another node than the one asked: ignored
+        k = int(msg.content.config_records[codec.NODE]["partition-id"])  # type: ignore[arg-type]
+        if k in node_of:
+            raise FlowerRunError(f"nodes {node_of[k]} and {node} both hold partition-id={k}")
+        node_of[k] = node
+
+    @staticmethod
+    def _not_connected(
+        m: int, timeout: float, listed: list[int], node_of: dict[int, int], gone: dict[int, str]
+    ) -> str:
+        alive = [n for n in listed if n not in gone]
+        if len(listed) < m:
+            text = (
+                f"{len(listed)} SuperNodes connected after {timeout:.0f}s; the config needs "
+                f"data.num_clients={m} (one SuperNode per client)"
+            )
+        else:
+            missing = sorted(set(range(m)) - set(node_of))
+            waiting = sorted(set(alive) - set(node_of.values()))
+            text = f"no SuperNode answered for partition-id(s) {missing[:10]} after {timeout:.0f}s"
+            if waiting:
+                text += f"; node(s) {waiting[:10]} did not answer the discovery query"
+        if gone:
+            text += (
+                f"; node(s) {sorted(gone)[:10]} are listed but unavailable (a SuperNode killed "
+                f"less than two heartbeats, 60 s, ago stays listed and refuses a restart)"
+            )
+        return text
+
     def run(self, grid: Grid, timeout: float = 3600.0) -> None:
-        """Discover the nodes, then run the remaining rounds with Flower's ``start`` loop."""
+        """Discover the nodes, then run the remaining rounds with Flower's ``start`` loop;
+        ``timeout`` bounds the discovery and each round's wait for replies, and is the TTL
+        of every instruction (a node that comes back later does not train a past round)."""
+        self.timeout = self.missing.timeout = timeout
         if not self.node_of:
             self.connect(grid, timeout)
         st = self.sim.state
@@ -174,6 +243,7 @@ class FedshieldStrategy(Strategy):
                     dst_node_id=self.node_of[k],
                     message_type=MessageType.TRAIN,
                     group_id=str(rnd),
+                    ttl=self.timeout,
                 )
             )
         self._sent = msgs  # each reply must answer one of these (Flower sets their ids)
@@ -184,12 +254,12 @@ class FedshieldStrategy(Strategy):
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         plan = self._plan
         assert plan is not None and plan.ctx.round == self.round_of(server_round)
-        updates, rejected = self._decode(plan, replies)
+        updates, rejected, dropped = self._decode(plan, replies)
         m = self.sim.end_round(
             plan, updates, apply_update_attack=not self.local_attack, rejected_before=rejected
         )
-        if len(updates) < len(plan.ctx.cohort):
-            m["sys/dropped"] = len(plan.ctx.cohort) - len(updates)
+        if dropped:  # rows that never arrived; rows that arrived and failed are sys/rejected
+            m["sys/dropped"] = dropped
         wall_s = time.perf_counter() - self._t0
         self.sim.record(m, wall_s)
         if self._wall_time:
@@ -206,20 +276,17 @@ class FedshieldStrategy(Strategy):
 
     def _decode(
         self, plan: RoundPlan, replies: Iterable[Message]
-    ) -> tuple[list[ClientUpdate], Counter[str]]:
+    ) -> tuple[list[ClientUpdate], Counter[str], int]:
         """Replies → updates in cohort order, one per sampled node answering its own
         instruction (:func:`~fedshield.flower.replies.match_replies`); a reply that speaks
-        for another client, or cannot be decoded, is rejected and counted. A failing
-        ClientApp fails the run (as it would in the simulator); a node that never answers
-        (timeout) is dropped and counted."""
+        for another client, or cannot be decoded, is rejected and counted. A sampled client
+        whose row never arrives — no reply within the round timeout, its ClientApp crashed or
+        raised, its SuperNode unavailable — is a missing row: logged, counted once (the
+        returned count, ``sys/dropped``) and the round goes on without it, its f still the
+        sampled cohort's. Only a round in which every sampled ClientApp raised before any
+        row ever arrived stops the run: a broken app or setup, not a fault."""
         matched = match_replies(replies, self._sent)
         rejected = matched.rejected
-        for msg in matched.failures:
-            node = msg.metadata.src_node_id
-            raise FlowerRunError(
-                f"round {plan.ctx.round}: client {self.client_of.get(node, -1)} (node {node}) "
-                f"failed: {msg.error.reason}"
-            )
         by_client: dict[int, ClientUpdate] = {}
         for msg in matched.replies:
             node = msg.metadata.src_node_id
@@ -235,10 +302,26 @@ class FedshieldStrategy(Strategy):
                 rejected["wrong_client"] += 1
                 continue
             by_client[k] = u
-        missing = [k for k in plan.ctx.cohort if k not in by_client]
-        if missing:
-            log.warning("round %d: no valid reply from client(s) %s", plan.ctx.round, missing)
-        return [by_client[k] for k in plan.ctx.cohort if k in by_client], rejected
+        missing = {self.client_of[n]: (n, why) for n, why in matched.missing.items()}
+        self._stop_if_broken(plan, matched.failures, missing)
+        self._rows_seen |= bool(by_client)
+        self.missing.record(plan.ctx.round, len(plan.ctx.cohort), missing)
+        updates = [by_client[k] for k in plan.ctx.cohort if k in by_client]
+        return updates, rejected, len(missing)
+
+    def _stop_if_broken(
+        self, plan: RoundPlan, failures: dict[int, Error], missing: dict[int, tuple[int, str]]
+    ) -> None:
+        raised = [k for k, (_, why) in missing.items() if why == "clientapp_error"]
+        if self._rows_seen or not raised or len(raised) < len(plan.ctx.cohort):
+            return
+        k = min(raised)
+        node = missing[k][0]
+        raise FlowerRunError(
+            f"round {plan.ctx.round}: client {k} (node {node}) failed: {failures[node].reason} "
+            f"(every sampled ClientApp raised and no row has arrived yet: a broken app or "
+            f"setup, not a fault)"
+        )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -16,6 +16,7 @@ from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 
@@ -42,6 +43,7 @@ class LocalGrid(Grid):
             cfg = {"partition-id": i, "num-partitions": num_nodes, **(node_config or {})}
             self.contexts[node_id] = Context(0, node_id, cfg, RecordDict(), {})
         self.sent: list[Message] = []  # every instruction, for inspection
+        self._replies: dict[str, Message] = {}  # pushed, not yet pulled (instruction id →)
 
     def restart(self, node_id: int | None = None) -> None:
         """A SuperNode restart (all nodes when ``node_id`` is None): the node's Context,
@@ -57,17 +59,27 @@ class LocalGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        replies = []
+        return self.pull_messages(self.push_messages(messages))
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Run each message's ClientApp now; the reply waits for :meth:`pull_messages`."""
+        ids = []
         for msg in messages:
             # An id per instruction, as Flower's grids assign on push: a reply carries it as
             # reply_to_message_id, which the strategies check (fedshield.flower.replies).
-            msg.metadata.__dict__["_message_id"] = f"local-{len(self.sent)}"
+            mid = f"local-{len(self.sent)}"
+            msg.metadata.__dict__["_message_id"] = mid
             self.sent.append(msg)
+            ids.append(mid)
             try:
-                replies.append(self.app(msg, self.contexts[msg.metadata.dst_node_id]))
+                self._replies[mid] = self.app(msg, self.contexts[msg.metadata.dst_node_id])
             except Exception as err:  # a SuperNode answers a raising ClientApp with an error
-                replies.append(Message(Error(code=0, reason=repr(err)), reply_to=msg))
-        return replies
+                error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=repr(err))
+                self._replies[mid] = Message(error, reply_to=msg)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     # The rest of Grid's interface is not needed in process.
     def set_run(self, run: Any) -> None:
@@ -79,12 +91,6 @@ class LocalGrid(Grid):
 
     def create_message(self, *args: Any, **kwargs: Any) -> Message:
         raise NotImplementedError("build Message objects directly")
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("use send_and_receive")
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError("use send_and_receive")
 
 
 def set_task_identity() -> None:

@@ -8,10 +8,13 @@
 * ``overrides``: ``KEY=VALUE`` items separated by spaces, as ``fedshield run --set``;
 * ``out``: output directory on the SuperLink host (default ``runs/<name>-flower``);
 * ``resume``: continue the run in ``out`` from its checkpoint;
-* ``round-timeout``: seconds to wait for a round's replies (default 3600).
+* ``round-timeout``: seconds to wait for a round's replies (default 3600); a sampled client
+  whose row has not arrived by then is a missing row (``sys/dropped``), as is one whose
+  SuperNode or ClientApp Flower reports lost.
 
 Outputs are the simulator's: ``config.toml``, ``metrics.jsonl``, ``timing.jsonl``,
-``checkpoint.pt``, ``summary.json``, plots and ``report.md``.
+``checkpoint.pt``, ``summary.json`` (with ``dropped``: the missing rows by client and
+reason), plots and ``report.md``.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def serve(
     sim.start()  # the run's callbacks (loggers, privacy accounting), as Simulator.run does
     t0 = time.perf_counter()
     strategy.run(grid, timeout=round_timeout)
-    return sim.finish(time.perf_counter() - t0)
+    return sim.finish(time.perf_counter() - t0, {"dropped": strategy.missing.summary()})
 
 
 def log_rounds(total: int) -> RoundCallback:

@@ -517,10 +517,12 @@ class Simulator:
             payload["attack"] = self.comp.attack.state_dict()
         save_checkpoint(self.out / "checkpoint.pt", payload)
 
-    def finish(self, wall_s: float) -> dict[str, Any]:
+    def finish(self, wall_s: float, more: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the summary, plots and report; ``more``: a backend's own summary entries
+        (the Flower strategy's missing rows)."""
         from fedshield.provenance import run_provenance
 
-        extra: dict[str, Any] = {"wall_s_this_session": wall_s}
+        extra: dict[str, Any] = {"wall_s_this_session": wall_s, **(more or {})}
         # commit, config hash, and on CPU the kernels (a re-run on the same ones is exact)
         extra["provenance"] = run_provenance(self.config_text, self.device.type)
         if self.comp.budget is not None:  # f under sampling, groups a minority may own

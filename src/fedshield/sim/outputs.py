@@ -188,6 +188,14 @@ def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
     if summary.get("faults"):  # [faults]: what the clients' availability and deadlines did
         text = ", ".join(f"{k} {v:.4g}" for k, v in summary["faults"].items())
         lines.append(f"- **faults**: {text}")
+    dropped = summary.get("dropped")
+    if dropped and dropped.get("total"):  # Flower: sampled clients whose row never arrived
+        why = ", ".join(f"{k} {v}" for k, v in dropped["by_reason"].items())
+        who = ", ".join(f"client {k} ×{v}" for k, v in dropped["by_client"].items())
+        lines.append(
+            f"- **dropped**: {dropped['total']} missing rows in {dropped['rounds']} rounds "
+            f"({why}; {who})"
+        )
     lines += [
         "",
         "![accuracy](test_acc.png)",
