@@ -21,7 +21,10 @@ The search stops after ``_MAX_NODES`` nodes (an adversarial geometry at large f)
 then degrades to the greedy approximation (repeatedly drop the endpoint of the current
 diameter whose removal leaves the smaller diameter), says so in ``agg/exact = 0`` and logs
 it once. Distances come from the float64 Gram pass with cancellation repair
-(``_ops.pairwise_sq_dists``); weights play no part; rows holding NaN/Inf are dropped first
+(``_ops.pairwise_sq_dists``); distances within their round-off (a relative 2^-26) of a
+smaller one are made equal to it first (``_ops.snap_ties``), so exact ties — 4.000000000000001
+against 4.0 for two pairs both 2 apart — go to the first subset as in ByzFL, not to
+whichever the Gram pass rounded down. Weights play no part; rows holding NaN/Inf are dropped first
 (``agg/nonfinite``), S is then the number of finite rows.
 """
 
@@ -33,7 +36,7 @@ import torch
 from torch import Tensor
 
 from fedshield.aggregators._majority import HonestMajorityRule
-from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists
+from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists, snap_ties
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Diagnostics,
@@ -162,6 +165,7 @@ class MDA(HonestMajorityRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: the first subset wins ties
         s = keep.numel()
         dropped = updates.shape[0] - s
         require_finite_rows("mda", s, dropped)

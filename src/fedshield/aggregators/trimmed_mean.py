@@ -10,12 +10,11 @@ kept values is taken in float64, so huge finite values cannot overflow it.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import W, column_blocks, to_dtype
-from fedshield.aggregators._select import partitioned, selectable, selection_blocks
+from fedshield.aggregators._ops import W, to_dtype
+from fedshield.aggregators._select import window_mean
 from fedshield.aggregators.base import (
     AGGREGATORS,
     ByzantineCountRule,
@@ -40,18 +39,7 @@ def trimmed_mean(updates: Tensor, f: int) -> Tensor:
     if f == 0:
         w = torch.full((s,), 1.0 / s, dtype=W, device=updates.device)
         return weighted_mean(updates, w, uniform=True, owner="trimmed_mean")[0]
-    # A full sort, not (sum − top f − bottom f): that subtraction cancels catastrophically
-    # when one Byzantine value is huge, which is exactly the case the rule exists for.
-    out = torch.empty(updates.shape[1], dtype=W, device=updates.device)
-    # CPU: select the kept ranks instead of sorting (._select); both order NaN last
-    fast = selectable(updates)
-    for blk in selection_blocks(updates) if fast else column_blocks(updates):
-        if fast:
-            kept = partitioned(updates[:, blk], [f, s - f - 1])[f : s - f]
-            out[blk] = torch.from_numpy(kept.mean(axis=0, dtype=np.float64))
-        else:
-            out[blk] = torch.sort(updates[:, blk], dim=0).values[f : s - f].to(W).mean(dim=0)
-    return to_dtype(out, updates.dtype)
+    return to_dtype(window_mean(updates, s - 2 * f, start=f), updates.dtype)
 
 
 @AGGREGATORS.register("trimmed_mean", tags=["robust", "reference_free", "min_clients"])
