@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import pairwise_sq_dists, to_dtype
+from fedshield.aggregators._ops import pairwise_sq_dists, snap_ties, to_dtype
 from fedshield.aggregators._select import window_mean
 from fedshield.aggregators.base import (
     AGGREGATORS,
@@ -82,6 +82,7 @@ class Bulyan(ByzantineCountRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         n = keep.numel()
         dropped = updates.shape[0] - n
         require_finite_rows("bulyan", n, dropped)

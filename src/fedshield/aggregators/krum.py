@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists
+from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists, snap_ties
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
@@ -84,6 +84,7 @@ class Krum(ByzantineCountRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # a selection rule: weights play no part
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         dropped = updates.shape[0] - keep.numel()
         require_finite_rows("krum", keep.numel(), dropped)
         f = self.f_for(keep.numel())
@@ -132,6 +133,7 @@ class MultiKrum(ByzantineCountRule):
     ) -> tuple[Tensor, Diagnostics]:
         w = normalised_weights(updates, weights)
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         s = keep.numel()
         dropped = updates.shape[0] - s
         require_finite_rows("multikrum", s, dropped)
