@@ -204,3 +204,40 @@ def test_the_readme_python_api_section_runs_as_printed(tmp_path, monkeypatch) ->
     lines = (tmp_path / "runs" / "api-demo" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [1, 2, 3, 4, 5]
     assert json.loads(lines[-1])["test_acc"] == history[-1]["test_acc"]
+
+
+# -- the docs' enumerations and counts against the registries (issue 33) ------------------
+_WORDS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+
+
+def _registered(kind: str) -> set[str]:
+    from fedshield import cli
+
+    return set(cli._registries()[kind].package_names())  # not test plugins
+
+
+def test_config_help_lists_every_registered_member() -> None:
+    from fedshield.config import ServerConfig
+
+    for field, kind in (
+        ("round_defenses", "round-defenses"),
+        ("pre_aggregators", "pre-aggregators"),
+    ):
+        desc = ServerConfig.model_fields[field].description or ""
+        listed = set(desc.split("(", 1)[1].split(";", 1)[0].replace(" ", "").split(","))
+        assert listed == _registered(kind), (field, listed)
+
+
+def test_readme_config_comments_and_counts_match_the_registries() -> None:
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index('aggregator = "mean"') : text.index("e.g. { f = 2 }")]
+    assert _registered("aggregators") <= set(re.findall(r"[a-z_]+", block))
+    defenses = text[text.index("# round_defenses = ") : text.index("# pre_aggregators = ")]
+    assert _registered("round-defenses") <= set(re.findall(r"[a-z_]+", defenses))
+    n = re.search(r"\b(\w+) routing policies", text)
+    assert n and _WORDS[n.group(1)] == len(_registered("routing-policies"))
+    for doc in ("README.md", "docs/bench.md"):
+        for m in re.finditer(r"\bthe (\d+) attacks\b", (ROOT / doc).read_text()):
+            assert int(m.group(1)) == len(_registered("attacks")), doc
