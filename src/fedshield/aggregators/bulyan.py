@@ -36,7 +36,6 @@ from fedshield.aggregators.base import (
     dropped_note,
     f_field,
     normalised_weights,
-    require_finite_rows,
 )
 from fedshield.core.params import Params
 
@@ -85,9 +84,7 @@ class Bulyan(ByzantineCountRule):
         d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         n = keep.numel()
         dropped = updates.shape[0] - n
-        require_finite_rows("bulyan", n, dropped)
-        f = self.f_for(n)
-        self.check_f(f, n, dropped)
+        f = self.checked_f(n, dropped)
         theta = n - 2 * f
         chosen = keep[torch.tensor(krum_selection(d2, f, theta), device=keep.device)]
         out = window_mean(updates[chosen], theta - 2 * f)

@@ -31,14 +31,12 @@ import math
 
 import numpy as np
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._majority import HonestMajorityRule
 from fedshield.aggregators._ops import combine_rows
-from fedshield.aggregators._spectral import RobustGram, random_unit
+from fedshield.aggregators._spectral import PowerMethodParams, RobustGram, random_unit
 from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_field, normalised_weights
-from fedshield.core.params import Params
 
 #: Steps before the filter stops (keeping the best μ_c so far, ``agg/stalled``). τ_max is
 #: taken over every row, as in ByzFL, so a step need not zero a weight: once the extreme rows
@@ -50,19 +48,11 @@ from fedshield.core.params import Params
 _MAX_STEPS = 100_000
 
 
-class CAFParams(Params):
+class CAFParams(PowerMethodParams):
     f: int | None = f_field(
         "number of Byzantine rows tolerated: the filter stops once the weights sum to "
         "S − 2f (needs 2f < S)"
     )
-    power_iters: int | None = Field(
-        None,
-        ge=1,
-        le=1000,
-        description="unset: exact top eigenpairs (the paper); k: k power-method steps from "
-        "a random start, ByzFL's estimator (it uses 1)",
-    )
-    seed: int = Field(0, ge=0, description="seed of the power method's random starts")
 
 
 def _centred(g: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -142,9 +132,7 @@ class CAF(HonestMajorityRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         rg = RobustGram("caf", updates)
-        s = rg.keep.numel()
-        f = self.f_for(s)
-        self.check_f(f, s, rg.dropped)
+        f = self.checked_f(rg.keep.numel(), rg.dropped)
         a, diag = caf_weights(rg, f, self.power_iters, self.seed)
         coef = torch.zeros(updates.shape[0], dtype=a.dtype, device=a.device)
         coef[rg.keep] = a

@@ -35,7 +35,6 @@ from fedshield.aggregators.base import (
     Diagnostics,
     f_field,
     normalised_weights,
-    require_finite_rows,
 )
 from fedshield.core.params import Params
 
@@ -110,9 +109,7 @@ class DnC(HonestMajorityRule):
         rows = ok.nonzero().squeeze(1)
         s = rows.numel()
         dropped = updates.shape[0] - s
-        require_finite_rows("dnc", s, dropped)
-        f = self.f_for(s)
-        self.check_f(f, s, dropped)
+        f = self.checked_f(s, dropped)
         removed = min(int(self.c * f), s - 1)
         gen = input_generator(self.seed, sq, "dnc")
         kept, fell_back = dnc_keep(updates, rows, removed, self.niters, self.sub_dim, gen)

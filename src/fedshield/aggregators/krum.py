@@ -86,9 +86,7 @@ class Krum(ByzantineCountRule):
         d2, keep = pairwise_sq_dists(updates)
         d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         dropped = updates.shape[0] - keep.numel()
-        require_finite_rows("krum", keep.numel(), dropped)
-        f = self.f_for(keep.numel())
-        self.check_f(f, keep.numel(), dropped)
+        f = self.checked_f(keep.numel(), dropped)
         best = int(keep[krum_scores(d2, f).argmin()])
         # clone: returning a view would let a caller write into its own input matrix
         return updates[best].clone(), {"agg/selected": float(best), "agg/nonfinite": float(dropped)}

@@ -40,11 +40,9 @@ from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists, snap_tie
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Diagnostics,
-    f_field,
+    f_params,
     normalised_weights,
-    require_finite_rows,
 )
-from fedshield.core.params import Params
 
 log = logging.getLogger("fedshield")
 
@@ -52,11 +50,12 @@ log = logging.getLogger("fedshield")
 _MAX_NODES = 200_000
 
 
-class MDAParams(Params):
-    f: int | None = f_field(
-        "number of Byzantine rows tolerated: the mean of the S − f rows of smallest "
-        "diameter (needs 2f < S)"
-    )
+MDAParams = f_params(
+    "MDAParams",
+    "number of Byzantine rows tolerated: the mean of the S − f rows of smallest "
+    "diameter (needs 2f < S)",
+    __name__,
+)
 
 
 class _Budget(Exception):
@@ -168,9 +167,7 @@ class MDA(HonestMajorityRule):
         d2 = snap_ties(d2)  # equal distances compare equal: the first subset wins ties
         s = keep.numel()
         dropped = updates.shape[0] - s
-        require_finite_rows("mda", s, dropped)
-        f = self.f_for(s)
-        self.check_f(f, s, dropped)
+        f = self.checked_f(s, dropped)
         exact = True
         try:
             chosen = mda_subset(d2, f)

@@ -23,16 +23,15 @@ from torch import Tensor
 from fedshield.aggregators._majority import HonestMajorityRule
 from fedshield.aggregators._ops import to_dtype
 from fedshield.aggregators._select import window_mean
-from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_field, normalised_weights
+from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_params, normalised_weights
 from fedshield.aggregators.median import finite_rows
-from fedshield.core.params import Params
 
-
-class MeaMedParams(Params):
-    f: int | None = f_field(
-        "number of Byzantine rows tolerated: each coordinate averages the S − f values "
-        "closest to its median (needs 2f < S)"
-    )
+MeaMedParams = f_params(
+    "MeaMedParams",
+    "number of Byzantine rows tolerated: each coordinate averages the S − f values "
+    "closest to its median (needs 2f < S)",
+    __name__,
+)
 
 
 @AGGREGATORS.register("meamed", tags=["robust", "reference_free", "min_clients"])
@@ -46,7 +45,6 @@ class MeaMed(HonestMajorityRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         x, dropped = finite_rows("meamed", updates)
-        f = self.f_for(x.shape[0])
-        self.check_f(f, x.shape[0], dropped)
+        f = self.checked_f(x.shape[0], dropped)
         out = window_mean(x, x.shape[0] - f)
         return to_dtype(out, updates.dtype), {"agg/nonfinite": float(dropped)}

@@ -34,9 +34,8 @@ from torch import Tensor
 
 from fedshield.aggregators._majority import HonestMajorityRule
 from fedshield.aggregators._ops import combine_rows
-from fedshield.aggregators._spectral import RobustGram, random_unit
+from fedshield.aggregators._spectral import PowerMethodParams, RobustGram, random_unit
 from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_field, normalised_weights
-from fedshield.core.params import Params
 
 log = logging.getLogger("fedshield")
 
@@ -44,19 +43,11 @@ log = logging.getLogger("fedshield")
 _CHUNK = 4096
 
 
-class SMEAParams(Params):
+class SMEAParams(PowerMethodParams):
     f: int | None = f_field(
         "number of Byzantine rows tolerated: the mean of the S − f rows whose covariance "
         "has the smallest top eigenvalue (needs 2f < S)"
     )
-    power_iters: int | None = Field(
-        None,
-        ge=1,
-        le=1000,
-        description="unset: exact eigenvalues (the paper); k: k power-method steps from a "
-        "random start per subset, ByzFL's estimator (it uses 1)",
-    )
-    seed: int = Field(0, ge=0, description="seed of the power method's random starts")
     max_subsets: int = Field(
         100_000,
         ge=1,
@@ -153,8 +144,7 @@ class SMEA(HonestMajorityRule):
         normalised_weights(updates, weights)  # weights play no part
         rg = RobustGram("smea", updates)
         s = rg.keep.numel()
-        f = self.f_for(s)
-        self.check_f(f, s, rg.dropped)
+        f = self.checked_f(s, rg.dropped)
         exact = math.comb(s, f) <= self.max_subsets
         if not exact:
             chosen, lam = spectral_filter(rg.g, f)

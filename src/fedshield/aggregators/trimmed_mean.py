@@ -13,14 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fedshield.aggregators._majority import HonestMajorityRule
 from fedshield.aggregators._ops import W, to_dtype
 from fedshield.aggregators._select import window_mean
 from fedshield.aggregators.base import (
     AGGREGATORS,
-    ByzantineCountRule,
-    ConfigError,
     Diagnostics,
-    dropped_note,
     f_field,
     normalised_weights,
 )
@@ -43,28 +41,15 @@ def trimmed_mean(updates: Tensor, f: int) -> Tensor:
 
 
 @AGGREGATORS.register("trimmed_mean", tags=["robust", "reference_free", "min_clients"])
-class TrimmedMean(ByzantineCountRule):
+class TrimmedMean(HonestMajorityRule):
     """Coordinate-wise trimmed mean (Yin 2018): drop the f largest and f smallest values."""
 
     params_schema = TrimmedMeanParams
-
-    @staticmethod
-    def largest_f(num_rows: int) -> int | None:
-        return (num_rows - 1) // 2 if num_rows >= 1 else None
-
-    def check_f(self, f: int, num_rows: int, dropped: int = 0) -> None:
-        if 2 * f >= num_rows:
-            after = dropped_note(dropped)
-            raise ConfigError(
-                f"trimmed_mean: f={f} trims 2f = {2 * f} values per coordinate, "
-                f"which needs more than 2f rows per round, got S={num_rows}{after}"
-            )
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)
         x, dropped = finite_rows("trimmed_mean", updates)
-        f = self.f_for(x.shape[0])
-        self.check_f(f, x.shape[0], dropped)
+        f = self.checked_f(x.shape[0], dropped)
         return trimmed_mean(x, f), {"agg/nonfinite": float(dropped)}
