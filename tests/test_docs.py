@@ -288,3 +288,39 @@ def test_a_verdict_per_budget_and_curves_from_the_per_run_budget_file(tmp_path) 
     assert by_variant["a"][1] == (20, pytest.approx(0.70333333), 0.69, 0.72, 3)
     with pytest.raises(SystemExit, match="no column nope"):
         curves.main([str(src), "--metrics", "nope", "--out", str(png)])
+
+# -- the docs' enumerations and counts against the registries (issue 33) ------------------
+_WORDS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+
+
+def _registered(kind: str) -> set[str]:
+    from fedshield import cli
+
+    return set(cli._registries()[kind].package_names())  # not test plugins
+
+
+def test_config_help_lists_every_registered_member() -> None:
+    from fedshield.config import ServerConfig
+
+    for field, kind in (
+        ("round_defenses", "round-defenses"),
+        ("pre_aggregators", "pre-aggregators"),
+    ):
+        desc = ServerConfig.model_fields[field].description or ""
+        listed = set(desc.split("(", 1)[1].split(";", 1)[0].replace(" ", "").split(","))
+        assert listed == _registered(kind), (field, listed)
+
+
+def test_readme_config_comments_and_counts_match_the_registries() -> None:
+    import re
+
+    text = (ROOT / "docs" / "usage.md").read_text()  # the config reference (issue 34)
+    block = text[text.index('aggregator = "mean"') : text.index("e.g. { f = 2 }")]
+    assert _registered("aggregators") <= set(re.findall(r"[a-z_]+", block))
+    defenses = text[text.index("# round_defenses = ") : text.index("# pre_aggregators = ")]
+    assert _registered("round-defenses") <= set(re.findall(r"[a-z_]+", defenses))
+    n = re.search(r"\b(\w+) routing policies", (ROOT / "README.md").read_text())
+    assert n and _WORDS[n.group(1)] == len(_registered("routing-policies"))
+    for doc in ("README.md", "docs/bench.md"):
+        for m in re.finditer(r"\bthe (\d+) attacks\b", (ROOT / doc).read_text()):
+            assert int(m.group(1)) == len(_registered("attacks")), doc

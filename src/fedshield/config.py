@@ -101,7 +101,7 @@ class ServerConfig(Section):
     pre_aggregators: list[str] = Field(
         [],
         description="pre-aggregators run on the updates before the rule, in order "
-        "(nnm, bucketing, arc, clip; `fedshield list pre-aggregators`)",
+        "(arc, bucketing, clip, nnm; `fedshield list pre-aggregators`)",
     )
     pre_aggregator_args: dict[str, dict[str, Any]] = Field(
         {}, description="parameters per pre-aggregator, e.g. {nnm = {f = 2}}"
@@ -109,8 +109,8 @@ class ServerConfig(Section):
     # None when unset: a resolved config without them dumps (and hashes) as before.
     round_defenses: list[str] | None = Field(
         None,
-        description="defenses across rounds, in order (cache, step_bound; `fedshield list "
-        "round-defenses`); unset: none",
+        description="defenses across rounds, in order (cache, reputation, step_bound; "
+        "`fedshield list round-defenses`); unset: none",
     )
     round_defense_args: dict[str, dict[str, Any]] | None = Field(
         None, description="parameters per round defense, e.g. {step_bound = {kappa = 3.0}}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -236,6 +236,24 @@ class Registry(Generic[T]):
         given = {k: v for k, v in params.items() if v is not None}
         p = entry.parse(given, where or f"{self.kind} {name!r}")
         return entry.obj(*args, **p.kwargs())  # type: ignore[operator]
+
+    def build_listed(
+        self, names: Sequence[str], args: dict[str, dict[str, Any]] | None, key: str, where: str
+    ) -> list[Any]:
+        """The entries ``names`` of the config list ``key`` (e.g. ``server.pre_aggregators``),
+        in order, each built with its parameters from ``args[name]`` validated by its schema
+        (errors name ``where.name.key``). An ``args`` entry for a name not listed is a
+        :class:`ConfigError`. (The pre-aggregator chain and the round defenses.)"""
+        args = args or {}
+        unknown = sorted(set(args) - set(names))
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}: not in {key} {list(names)}")
+        out = []
+        for i, name in enumerate(names):
+            entry = self.entry(name, f"{key}[{i}]")
+            params = entry.parse(args.get(name, {}), f"{where}.{name}")
+            out.append(entry.obj(**params.kwargs()))  # type: ignore[operator]
+        return out
 
     def names(self) -> list[str]:
         return sorted(self._entries)

@@ -1,4 +1,5 @@
-"""Rules that tolerate f Byzantine rows out of S when 2f < S (MDA, MeaMed, MoNNA, CAF, SMEA).
+"""Rules that tolerate f Byzantine rows out of S when 2f < S (Trimmed Mean, MDA, MeaMed, MoNNA,
+CAF, SMEA, DnC).
 
 ByzFL 0.0.11 states each of them with this one condition (``2f ≥ n`` raises); the largest
 feasible f on S rows is therefore ⌊(S − 1)/2⌋ (the default when f is left unset, see

@@ -410,7 +410,30 @@ def pairwise_sq_dists(x: Tensor) -> tuple[Tensor, Tensor]:
     return d2, keep
 
 
+#: Relative round-off of a distance from ``pairwise_sq_dists``: a pair is recomputed unless
+#: D² ≥ 2^-20 (G_ii + G_jj), so the Gram pass's error (a few ε·(G_ii + G_jj), ε = 2^-52)
+#: is at most ~2^-32 of D²; 2^-26 leaves a factor 64 for the summation over d.
+DIST_RTOL = 2.0**-26
+
+
+def snap_ties(values: Tensor, rtol: float = DIST_RTOL, atol: float = 0.0) -> Tensor:
+    """``values`` (≥ 0) with every value within ``rtol`` (relative) + ``atol`` above a
+    smaller one replaced by it, in ascending order (each group takes its smallest value;
+    groups do not chain past the tolerance of their first value). Scores equal in exact
+    arithmetic — distances between duplicated rows, integer grids — then compare equal, so
+    the rules' documented tie rule (first index, first subset) decides, not round-off."""
+    uniq, inverse = torch.unique(values, return_inverse=True)
+    reps = uniq.clone()
+    first = float(uniq[0]) if uniq.numel() else 0.0
+    for k, v in enumerate(uniq.tolist()):
+        if v > first * (1.0 + rtol) + atol:
+            first = v
+        reps[k] = first
+    return reps[inverse]
+
+
 __all__ = [
+    "DIST_RTOL",
     "RefGeometry",
     "W",
     "centered_gram",
@@ -425,6 +448,7 @@ __all__ = [
     "row_norms",
     "row_sq_norms",
     "safe_div",
+    "snap_ties",
     "sq_dists_from_gram",
     "to_dtype",
     "weighted_median",

@@ -1,5 +1,6 @@
 """Column-wise order statistics by selection (``numpy.partition``), for Median and
-Trimmed Mean on CPU.
+Trimmed Mean on CPU, and the one window mean of the trimmed rules (Trimmed Mean, MeaMed,
+Bulyan's second step).
 
 A full sort of each coordinate's S values does more than either rule needs: the median
 needs the one or two middle values, the trimmed mean the multiset between the f-th and the
@@ -18,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+
+from fedshield.aggregators._ops import W, column_blocks
 
 
 def selectable(x: Tensor) -> bool:
@@ -46,4 +49,58 @@ def partitioned(x: Tensor, ranks: list[int]) -> np.ndarray:
     return np.partition(x.detach().numpy(), sorted(set(ranks)), axis=0)
 
 
-__all__ = ["partitioned", "selectable", "selection_blocks"]
+def closest_window_start(s: Tensor, size: int) -> Tensor:
+    """Per column of the sorted ``[n, b]`` float64 block ``s``, the first start k of a window
+    ``s[k : k + size]`` holding ``size`` values closest to the column's median (the mean of
+    the two middle values for even n).
+
+    Distances to the median fall then rise along a sorted column, so such a set of values is
+    a window, and a window is one exactly when its farthest value is no farther than the
+    nearest value outside it: max(δ_k, δ_{k+size−1}) ≤ min(δ_{k−1}, δ_{k+size}). (The
+    smallest *largest* distance alone is not enough: on [−1, −1, 0, 0, 1] with size 3 the
+    window [−1, −1, 0] ties with [−1, 0, 0] but drops a 0.) On ties the lowest window wins;
+    ByzFL's ``argpartition`` is arbitrary there, so any tied window is a valid answer.
+    Computed distances keep both monotone runs (rounding is monotone), so a window passes
+    the test in floating point too.
+    """
+    n = s.shape[0]
+    mid = n // 2
+    med = s[mid] if n % 2 else 0.5 * (s[mid - 1] + s[mid])
+    dist = (s - med).abs()
+    far = dist.new_full((1, s.shape[1]), torch.inf)
+    inner = torch.maximum(dist[: n - size + 1], dist[size - 1 :])
+    outer = torch.minimum(torch.cat([far, dist[: n - size]]), torch.cat([dist[size:], far]))
+    return (inner <= outer).to(torch.int8).argmax(dim=0)  # the first valid start
+
+
+def window_mean(x: Tensor, size: int, start: int | None = None) -> Tensor:
+    """``[d]`` float64: per column of ``x`` ([n, d], finite), the mean of ``size``
+    consecutive values of the sorted column — from rank ``start`` on (the trimmed mean:
+    start = f, size = n − 2f), or, with ``start`` None, the ``size`` values closest to the
+    column's median (:func:`closest_window_start`: MeaMed, Bulyan).
+
+    A fixed window on CPU selects its ranks (:func:`partitioned`) instead of sorting. The
+    mean is a float64 sum of the kept values, not (sum − dropped values): that subtraction
+    cancels catastrophically when one Byzantine value is huge, the case the rules exist for.
+    """
+    out = torch.empty(x.shape[1], dtype=W, device=x.device)
+    if start is not None and selectable(x):
+        for blk in selection_blocks(x):
+            kept = partitioned(x[:, blk], [start, start + size - 1])[start : start + size]
+            out[blk] = torch.from_numpy(kept.mean(axis=0, dtype=np.float64))
+        return out
+    span = torch.arange(size, device=x.device)[:, None]
+    for blk in column_blocks(x):
+        s = torch.sort(x[:, blk], dim=0).values.to(W)
+        first = closest_window_start(s, size) if start is None else torch.full_like(s[0], start)
+        out[blk] = torch.gather(s, 0, first.long()[None, :] + span).mean(dim=0)
+    return out
+
+
+__all__ = [
+    "closest_window_start",
+    "partitioned",
+    "selectable",
+    "selection_blocks",
+    "window_mean",
+]

@@ -15,11 +15,26 @@ rows' Gram entries (their spread, ~1) would then be lost to cancellation in entr
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import W, _block, centered_gram, column_blocks, row_sq_norms
 from fedshield.aggregators.base import require_finite_rows
 from fedshield.aggregators.median import coordinate_median
+from fedshield.core.params import Params
+
+
+class PowerMethodParams(Params):
+    """The eigen-solver fields of CAF and SMEA."""
+
+    power_iters: int | None = Field(
+        None,
+        ge=1,
+        le=1000,
+        description="unset: exact eigenvalues (the paper); k: k power-method steps from a "
+        "random start per eigenpair, ByzFL's estimator (it uses 1)",
+    )
+    seed: int = Field(0, ge=0, description="seed of the power method's random starts")
 
 
 class RobustGram:
@@ -60,4 +75,4 @@ def random_unit(gen: torch.Generator, d: int, device: torch.device) -> Tensor:
     return (v / v.norm()).to(device)
 
 
-__all__ = ["RobustGram", "centred", "random_unit"]
+__all__ = ["PowerMethodParams", "RobustGram", "centred", "random_unit"]

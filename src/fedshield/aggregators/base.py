@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from pydantic import Field
+from pydantic import Field, create_model
 from torch import Tensor
 
 from fedshield.aggregators._ops import W, all_finite
@@ -136,6 +136,12 @@ def f_field(what: str) -> Any:
     return Field(None, ge=0, description=f"{what}; {F_DERIVED}")
 
 
+def f_params(name: str, what: str, module: str) -> type[Params]:
+    """The schema of a rule whose one field is its Byzantine count f (:func:`f_field`)."""
+    fields: Any = {"f": (int | None, f_field(what))}
+    return create_model(name, __base__=Params, __module__=module, **fields)
+
+
 class ByzantineCountRule(Aggregator):
     """A rule that tolerates ``f`` Byzantine rows (Krum, Multi-Krum, Trimmed Mean, Bulyan).
 
@@ -169,6 +175,14 @@ class ByzantineCountRule(Aggregator):
             return self.f
         largest = self.largest_f(num_rows)
         return 0 if largest is None else largest
+
+    def checked_f(self, num_rows: int, dropped: int) -> int:
+        """The f for a round of ``num_rows`` finite rows (``dropped`` non-finite ones left
+        out): refuses a round without finite rows, or an f the rows cannot carry."""
+        require_finite_rows(self._name, num_rows, dropped)
+        f = self.f_for(num_rows)
+        self.check_f(f, num_rows, dropped)
+        return f
 
     def _reduced(self, num_rows: int) -> Aggregator | None:
         largest = self.largest_f(num_rows)

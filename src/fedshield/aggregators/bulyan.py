@@ -15,8 +15,9 @@ exactly), which makes Bulyan, unlike the other rules, depend on the row order.
 
 The S² distances are computed once (the float64 Gram pass with cancellation repair of
 ``_ops.pairwise_sq_dists``); each Krum round only re-reads that matrix. In step 2 the β
-values closest to the median are a window of the sorted column, found by comparing the
-2f + 1 windows' extreme distances; the window mean is taken in float64. Rows holding
+values closest to the median are a window of the sorted column
+(:func:`~fedshield.aggregators._select.window_mean`; on ties the lowest window); the window
+mean is taken in float64. Rows holding
 NaN/Inf are dropped first (``agg/nonfinite``).
 """
 
@@ -25,7 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import W, column_blocks, pairwise_sq_dists, to_dtype
+from fedshield.aggregators._ops import pairwise_sq_dists, snap_ties, to_dtype
+from fedshield.aggregators._select import window_mean
 from fedshield.aggregators.base import (
     AGGREGATORS,
     ByzantineCountRule,
@@ -34,7 +36,6 @@ from fedshield.aggregators.base import (
     dropped_note,
     f_field,
     normalised_weights,
-    require_finite_rows,
 )
 from fedshield.core.params import Params
 
@@ -55,23 +56,6 @@ def krum_selection(d2: Tensor, f: int, count: int) -> list[int]:
         scores = sub.topk(k, dim=1, largest=False).values.sum(1) if k > 0 else sub[:, 0] * 0
         chosen.append(remaining.pop(int(scores.argmin())))
     return chosen
-
-
-def closest_to_median_mean(rows: Tensor, beta: int) -> Tensor:
-    """Per coordinate, the mean of the ``beta`` values of ``rows`` closest to their median."""
-    theta = rows.shape[0]
-    out = torch.empty(rows.shape[1], dtype=W, device=rows.device)
-    span = torch.arange(beta, device=rows.device)[:, None]
-    for blk in column_blocks(rows):
-        s = torch.sort(rows[:, blk], dim=0).values.to(W)
-        mid = theta // 2
-        med = s[mid] if theta % 2 else 0.5 * (s[mid - 1] + s[mid])
-        # The β values closest to med are a window s[k : k + β] of the sorted column; the
-        # right window has the smallest largest distance max(med − s_k, s_{k+β−1} − med).
-        worst = torch.maximum(med - s[: theta - beta + 1], s[beta - 1 :] - med)
-        start = worst.argmin(dim=0)
-        out[blk] = torch.gather(s, 0, start[None, :] + span).mean(dim=0)
-    return out
 
 
 @AGGREGATORS.register("bulyan", tags=["robust", "reference_free", "min_clients"])
@@ -97,14 +81,13 @@ class Bulyan(ByzantineCountRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         n = keep.numel()
         dropped = updates.shape[0] - n
-        require_finite_rows("bulyan", n, dropped)
-        f = self.f_for(n)
-        self.check_f(f, n, dropped)
+        f = self.checked_f(n, dropped)
         theta = n - 2 * f
         chosen = keep[torch.tensor(krum_selection(d2, f, theta), device=keep.device)]
-        out = closest_to_median_mean(updates[chosen], theta - 2 * f)
+        out = window_mean(updates[chosen], theta - 2 * f)
         return to_dtype(out, updates.dtype), {
             "agg/num_selected": float(theta),
             "agg/nonfinite": float(dropped),

@@ -4,7 +4,10 @@ Algorithm 3).
 Repeat ``niters`` times: draw ``sub_dim`` coordinates at random (all of them when d ≤
 ``sub_dim``), centre the rows' sub-vectors on their mean μ, take the top right singular
 vector v of the centred [S, b] matrix, score every row by s_i = ⟨x_i − μ, v⟩², and keep the
-S − ⌊c·f⌋ rows with the lowest scores. The rows kept in every iteration (the intersection,
+S − ⌊c·f⌋ rows with the lowest scores (scores equal up to round-off, 2^-26 of the largest,
+tie, and ties keep the lower index: the copies of a duplicated row are treated alike in
+every draw, so the intersection drops one copy where Blades' union drops one, not both).
+The rows kept in every iteration (the intersection,
 as in the paper; Blades takes the union) are averaged. Defaults: Blades' ``sub_dim =
 10000``, ``niters = 5``, ``c = 1``; f as the other Byzantine-count rules (2f < S).
 
@@ -25,14 +28,13 @@ from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._majority import HonestMajorityRule
-from fedshield.aggregators._ops import W, combine_rows, row_sq_norms
+from fedshield.aggregators._ops import DIST_RTOL, W, combine_rows, row_sq_norms, snap_ties
 from fedshield.aggregators._seeding import input_generator
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Diagnostics,
     f_field,
     normalised_weights,
-    require_finite_rows,
 )
 from fedshield.core.params import Params
 
@@ -64,6 +66,9 @@ def dnc_keep(
         centred = sub - sub.mean(dim=0)
         evals, evecs = torch.linalg.eigh(centred @ centred.T)
         scores = evals[-1].clamp_min(0.0) * evecs[:, -1].square()
+        # equal scores (duplicated rows) tie exactly, so the stable sort drops the later copy
+        # in every draw: round-off must not drop one copy here and the other there
+        scores = snap_ties(scores, atol=DIST_RTOL * float(scores.max()))
         last = torch.zeros_like(good)
         last[scores.argsort(stable=True)[: s - removed]] = True
         good &= last
@@ -104,9 +109,7 @@ class DnC(HonestMajorityRule):
         rows = ok.nonzero().squeeze(1)
         s = rows.numel()
         dropped = updates.shape[0] - s
-        require_finite_rows("dnc", s, dropped)
-        f = self.f_for(s)
-        self.check_f(f, s, dropped)
+        f = self.checked_f(s, dropped)
         removed = min(int(self.c * f), s - 1)
         gen = input_generator(self.seed, sq, "dnc")
         kept, fell_back = dnc_keep(updates, rows, removed, self.niters, self.sub_dim, gen)

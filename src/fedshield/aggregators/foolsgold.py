@@ -5,7 +5,8 @@ Sybils pushing one poisoned objective send updates more alike than honest client
 their own data do, so FoolsGold lowers the weight of every client in proportion to its
 largest cosine similarity to another:
 
-1. cs_ij = cos(h_i, h_j) for i ≠ j; v_i = max_j cs_ij;
+1. cs = cos(h_i, h_j) − I (the authors' ``cosine_similarity(...) − np.eye(n)``: a diagonal
+   of 0, so v_i = max_j cs_ij ≥ 0 and a row anti-aligned with every other has v_i = 0);
 2. pardoning: cs_ij ← cs_ij · v_i / v_j where v_i < v_j (an honest client that merely
    resembles a sybil is not punished as one);
 3. α_i = clip(1 − max_j cs_ij, 0, 1), α ← α / max α, α_i = 0.99 where it is 1;
@@ -41,7 +42,9 @@ def foolsgold_weights(cos_dist: Tensor) -> Tensor:
     k = cos_dist.shape[0]
     if k < 2:
         return torch.ones(k, dtype=W, device=cos_dist.device)
-    cs = (1.0 - cos_dist).fill_diagonal_(-torch.inf)  # i ≠ j only
+    # cos − I as the authors' code: a diagonal of 0, not −inf, so v ≥ 0 and pardoning
+    # (cs · v_i / v_j) cannot flip the sign of an anti-aligned row's negative cosines
+    cs = (1.0 - cos_dist).fill_diagonal_(0.0)
     v = cs.max(dim=1).values
     pardon = v[:, None] < v[None, :]
     ratio = v[:, None] / torch.where(pardon, v[None, :], 1.0)

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists
+from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists, snap_ties
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Aggregator,
@@ -84,10 +84,9 @@ class Krum(ByzantineCountRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # a selection rule: weights play no part
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         dropped = updates.shape[0] - keep.numel()
-        require_finite_rows("krum", keep.numel(), dropped)
-        f = self.f_for(keep.numel())
-        self.check_f(f, keep.numel(), dropped)
+        f = self.checked_f(keep.numel(), dropped)
         best = int(keep[krum_scores(d2, f).argmin()])
         # clone: returning a view would let a caller write into its own input matrix
         return updates[best].clone(), {"agg/selected": float(best), "agg/nonfinite": float(dropped)}
@@ -132,6 +131,7 @@ class MultiKrum(ByzantineCountRule):
     ) -> tuple[Tensor, Diagnostics]:
         w = normalised_weights(updates, weights)
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: ties go to the first row
         s = keep.numel()
         dropped = updates.shape[0] - s
         require_finite_rows("multikrum", s, dropped)

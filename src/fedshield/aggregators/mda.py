@@ -21,7 +21,10 @@ The search stops after ``_MAX_NODES`` nodes (an adversarial geometry at large f)
 then degrades to the greedy approximation (repeatedly drop the endpoint of the current
 diameter whose removal leaves the smaller diameter), says so in ``agg/exact = 0`` and logs
 it once. Distances come from the float64 Gram pass with cancellation repair
-(``_ops.pairwise_sq_dists``); weights play no part; rows holding NaN/Inf are dropped first
+(``_ops.pairwise_sq_dists``); distances within their round-off (a relative 2^-26) of a
+smaller one are made equal to it first (``_ops.snap_ties``), so exact ties — 4.000000000000001
+against 4.0 for two pairs both 2 apart — go to the first subset as in ByzFL, not to
+whichever the Gram pass rounded down. Weights play no part; rows holding NaN/Inf are dropped first
 (``agg/nonfinite``), S is then the number of finite rows.
 """
 
@@ -33,15 +36,13 @@ import torch
 from torch import Tensor
 
 from fedshield.aggregators._majority import HonestMajorityRule
-from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists
+from fedshield.aggregators._ops import combine_rows, pairwise_sq_dists, snap_ties
 from fedshield.aggregators.base import (
     AGGREGATORS,
     Diagnostics,
-    f_field,
+    f_params,
     normalised_weights,
-    require_finite_rows,
 )
-from fedshield.core.params import Params
 
 log = logging.getLogger("fedshield")
 
@@ -49,11 +50,12 @@ log = logging.getLogger("fedshield")
 _MAX_NODES = 200_000
 
 
-class MDAParams(Params):
-    f: int | None = f_field(
-        "number of Byzantine rows tolerated: the mean of the S − f rows of smallest "
-        "diameter (needs 2f < S)"
-    )
+MDAParams = f_params(
+    "MDAParams",
+    "number of Byzantine rows tolerated: the mean of the S − f rows of smallest "
+    "diameter (needs 2f < S)",
+    __name__,
+)
 
 
 class _Budget(Exception):
@@ -162,11 +164,10 @@ class MDA(HonestMajorityRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         d2, keep = pairwise_sq_dists(updates)
+        d2 = snap_ties(d2)  # equal distances compare equal: the first subset wins ties
         s = keep.numel()
         dropped = updates.shape[0] - s
-        require_finite_rows("mda", s, dropped)
-        f = self.f_for(s)
-        self.check_f(f, s, dropped)
+        f = self.checked_f(s, dropped)
         exact = True
         try:
             chosen = mda_subset(d2, f)

@@ -8,8 +8,10 @@ of the two middle values for even S, ``torch.quantile(q=0.5)`` as ByzFL):
     |[x_{π_k(1)}]_k − med_k| ≤ … ≤ |[x_{π_k(S)}]_k − med_k|.
 
 Needs 2f < S (ByzFL's condition). The S − f values closest to the median are a window of
-the sorted column (Bulyan's second step, :func:`~fedshield.aggregators.bulyan.
-closest_to_median_mean`), averaged in float64. Weights play no part (an order statistic).
+the sorted column (Bulyan's second step, :func:`~fedshield.aggregators._select.
+window_mean`), averaged in float64; where several windows tie (duplicated values at equal
+distance on both sides) the lowest is taken — ByzFL's ``argpartition`` picks any, and every
+tied window is a valid answer. Weights play no part (an order statistic).
 Rows holding NaN/Inf are dropped first (``agg/nonfinite``); S is then the number of finite
 rows.
 """
@@ -20,17 +22,16 @@ from torch import Tensor
 
 from fedshield.aggregators._majority import HonestMajorityRule
 from fedshield.aggregators._ops import to_dtype
-from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_field, normalised_weights
-from fedshield.aggregators.bulyan import closest_to_median_mean
+from fedshield.aggregators._select import window_mean
+from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_params, normalised_weights
 from fedshield.aggregators.median import finite_rows
-from fedshield.core.params import Params
 
-
-class MeaMedParams(Params):
-    f: int | None = f_field(
-        "number of Byzantine rows tolerated: each coordinate averages the S − f values "
-        "closest to its median (needs 2f < S)"
-    )
+MeaMedParams = f_params(
+    "MeaMedParams",
+    "number of Byzantine rows tolerated: each coordinate averages the S − f values "
+    "closest to its median (needs 2f < S)",
+    __name__,
+)
 
 
 @AGGREGATORS.register("meamed", tags=["robust", "reference_free", "min_clients"])
@@ -44,7 +45,6 @@ class MeaMed(HonestMajorityRule):
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)  # weights play no part
         x, dropped = finite_rows("meamed", updates)
-        f = self.f_for(x.shape[0])
-        self.check_f(f, x.shape[0], dropped)
-        out = closest_to_median_mean(x, x.shape[0] - f)
+        f = self.checked_f(x.shape[0], dropped)
+        out = window_mean(x, x.shape[0] - f)
         return to_dtype(out, updates.dtype), {"agg/nonfinite": float(dropped)}

@@ -24,18 +24,16 @@ from fedshield.aggregators.base import (
     AGGREGATORS,
     Diagnostics,
     check_reference,
-    f_field,
+    f_params,
     normalised_weights,
-    require_finite_rows,
 )
-from fedshield.core.params import Params
 
-
-class MoNNAParams(Params):
-    f: int | None = f_field(
-        "number of Byzantine rows tolerated: the mean of the S − f rows nearest to the "
-        "reference (needs 2f < S)"
-    )
+MoNNAParams = f_params(
+    "MoNNAParams",
+    "number of Byzantine rows tolerated: the mean of the S − f rows nearest to the "
+    "reference (needs 2f < S)",
+    __name__,
+)
 
 
 @AGGREGATORS.register("monna", tags=["robust", "needs_reference", "min_clients"])
@@ -54,9 +52,7 @@ class MoNNA(HonestMajorityRule):
         ok = torch.isfinite(dist)
         s = int(ok.sum())
         dropped = updates.shape[0] - s
-        require_finite_rows("monna", s, dropped)
-        f = self.f_for(s)
-        self.check_f(f, s, dropped)
+        f = self.checked_f(s, dropped)
         # stable sort: equal distances keep the lower index first
         order = torch.where(ok, dist, torch.inf).sort(stable=True).indices[: s - f]
         chosen = torch.zeros_like(ok).index_fill_(0, order, True)

@@ -4,7 +4,9 @@
 
 SMEA_f = mean of K*,  K* ∈ argmin_{|K| = S − f} λ_max(Σ_K),  Σ_K the empirical covariance of
 the rows in K; ties go to the lexicographically first K (ByzFL keeps the first strict
-minimum of ``itertools.combinations``). Needs 2f < S.
+minimum of ``itertools.combinations``; here eigenvalues within round-off of the minimum
+count as ties, :func:`smea_exact`). Needs 2f < S. ``agg/eigenvalue`` is λ_max(Σ_K*) of the
+chosen subset (Σ_K normalised by |K|).
 
 **Eigenvalues.** ``power_iters`` unset (the paper): exact, λ_max(Σ_K) from the |K| × |K|
 centred Gram matrix J G_K J of the subset (:mod:`fedshield.aggregators._spectral`), batched
@@ -32,9 +34,8 @@ from torch import Tensor
 
 from fedshield.aggregators._majority import HonestMajorityRule
 from fedshield.aggregators._ops import combine_rows
-from fedshield.aggregators._spectral import RobustGram, random_unit
+from fedshield.aggregators._spectral import PowerMethodParams, RobustGram, random_unit
 from fedshield.aggregators.base import AGGREGATORS, Diagnostics, f_field, normalised_weights
-from fedshield.core.params import Params
 
 log = logging.getLogger("fedshield")
 
@@ -42,19 +43,11 @@ log = logging.getLogger("fedshield")
 _CHUNK = 4096
 
 
-class SMEAParams(Params):
+class SMEAParams(PowerMethodParams):
     f: int | None = f_field(
         "number of Byzantine rows tolerated: the mean of the S − f rows whose covariance "
         "has the smallest top eigenvalue (needs 2f < S)"
     )
-    power_iters: int | None = Field(
-        None,
-        ge=1,
-        le=1000,
-        description="unset: exact eigenvalues (the paper); k: k power-method steps from a "
-        "random start per subset, ByzFL's estimator (it uses 1)",
-    )
-    seed: int = Field(0, ge=0, description="seed of the power method's random starts")
     max_subsets: int = Field(
         100_000,
         ge=1,
@@ -70,17 +63,23 @@ def _centre_batch(gs: Tensor) -> Tensor:
 
 
 def smea_exact(g: Tensor, m: int) -> tuple[list[int], float]:
-    """The first subset of ``m`` rows with the smallest λ_max of J G_K J, and that λ."""
-    best_lam, best = math.inf, list(range(m))
-    combos = itertools.combinations(range(g.shape[0]), m)
-    while chunk := list(itertools.islice(combos, _CHUNK)):
-        idx = torch.tensor(chunk, device=g.device)
+    """The first subset of ``m`` rows with the smallest λ_max of J G_K J, and that λ.
+
+    Eigenvalues equal in exact arithmetic (duplicated rows, integer grids) come out of
+    ``eigvalsh`` a few ulps apart, in either order: values within the solver's backward
+    error, 8·m·ε·max_i G_ii, of the minimum count as ties, so the lexicographically first
+    subset wins as in ByzFL (which compares exact-enough power estimates in order).
+    """
+    lams: list[Tensor] = []
+    combos = list(itertools.combinations(range(g.shape[0]), m))
+    for lo in range(0, len(combos), _CHUNK):
+        idx = torch.tensor(combos[lo : lo + _CHUNK], device=g.device)
         gs = g[idx[:, :, None], idx[:, None, :]]
-        lam = torch.linalg.eigvalsh(_centre_batch(gs))[:, -1]
-        i = int(lam.argmin())  # the first minimum in the chunk
-        if float(lam[i]) < best_lam:
-            best_lam, best = float(lam[i]), list(chunk[i])
-    return best, best_lam
+        lams.append(torch.linalg.eigvalsh(_centre_batch(gs))[:, -1])
+    lam = torch.cat(lams)
+    tol = 8 * m * torch.finfo(g.dtype).eps * float(g.diagonal().abs().max())
+    i = int((lam <= lam.min() + tol).to(torch.int8).argmax())  # the first near-minimum
+    return list(combos[i]), float(lam[i])
 
 
 def smea_power(rg: RobustGram, m: int, iters: int, seed: int) -> tuple[list[int], float]:
@@ -145,8 +144,7 @@ class SMEA(HonestMajorityRule):
         normalised_weights(updates, weights)  # weights play no part
         rg = RobustGram("smea", updates)
         s = rg.keep.numel()
-        f = self.f_for(s)
-        self.check_f(f, s, rg.dropped)
+        f = self.checked_f(s, rg.dropped)
         exact = math.comb(s, f) <= self.max_subsets
         if not exact:
             chosen, lam = spectral_filter(rg.g, f)
@@ -174,7 +172,7 @@ class SMEA(HonestMajorityRule):
         out = combine_rows(coef, updates, skip=skip)
         return out, {
             "agg/num_selected": float(len(chosen)),
-            "agg/eigenvalue": lam,
+            "agg/eigenvalue": lam / len(chosen),  # λ_max(Σ_K): J G_K J is |K|·Σ_K
             "agg/exact": float(exact),
             "agg/nonfinite": float(rg.dropped),
         }

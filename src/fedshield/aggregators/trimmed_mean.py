@@ -10,18 +10,15 @@ kept values is taken in float64, so huge finite values cannot overflow it.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from fedshield.aggregators._ops import W, column_blocks, to_dtype
-from fedshield.aggregators._select import partitioned, selectable, selection_blocks
+from fedshield.aggregators._majority import HonestMajorityRule
+from fedshield.aggregators._ops import W, to_dtype
+from fedshield.aggregators._select import window_mean
 from fedshield.aggregators.base import (
     AGGREGATORS,
-    ByzantineCountRule,
-    ConfigError,
     Diagnostics,
-    dropped_note,
     f_field,
     normalised_weights,
 )
@@ -40,43 +37,19 @@ def trimmed_mean(updates: Tensor, f: int) -> Tensor:
     if f == 0:
         w = torch.full((s,), 1.0 / s, dtype=W, device=updates.device)
         return weighted_mean(updates, w, uniform=True, owner="trimmed_mean")[0]
-    # A full sort, not (sum − top f − bottom f): that subtraction cancels catastrophically
-    # when one Byzantine value is huge, which is exactly the case the rule exists for.
-    out = torch.empty(updates.shape[1], dtype=W, device=updates.device)
-    # CPU: select the kept ranks instead of sorting (._select); both order NaN last
-    fast = selectable(updates)
-    for blk in selection_blocks(updates) if fast else column_blocks(updates):
-        if fast:
-            kept = partitioned(updates[:, blk], [f, s - f - 1])[f : s - f]
-            out[blk] = torch.from_numpy(kept.mean(axis=0, dtype=np.float64))
-        else:
-            out[blk] = torch.sort(updates[:, blk], dim=0).values[f : s - f].to(W).mean(dim=0)
-    return to_dtype(out, updates.dtype)
+    return to_dtype(window_mean(updates, s - 2 * f, start=f), updates.dtype)
 
 
 @AGGREGATORS.register("trimmed_mean", tags=["robust", "reference_free", "min_clients"])
-class TrimmedMean(ByzantineCountRule):
+class TrimmedMean(HonestMajorityRule):
     """Coordinate-wise trimmed mean (Yin 2018): drop the f largest and f smallest values."""
 
     params_schema = TrimmedMeanParams
-
-    @staticmethod
-    def largest_f(num_rows: int) -> int | None:
-        return (num_rows - 1) // 2 if num_rows >= 1 else None
-
-    def check_f(self, f: int, num_rows: int, dropped: int = 0) -> None:
-        if 2 * f >= num_rows:
-            after = dropped_note(dropped)
-            raise ConfigError(
-                f"trimmed_mean: f={f} trims 2f = {2 * f} values per coordinate, "
-                f"which needs more than 2f rows per round, got S={num_rows}{after}"
-            )
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None
     ) -> tuple[Tensor, Diagnostics]:
         normalised_weights(updates, weights)
         x, dropped = finite_rows("trimmed_mean", updates)
-        f = self.f_for(x.shape[0])
-        self.check_f(f, x.shape[0], dropped)
+        f = self.checked_f(x.shape[0], dropped)
         return trimmed_mean(x, f), {"agg/nonfinite": float(dropped)}

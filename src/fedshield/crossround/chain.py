@@ -90,21 +90,11 @@ def build_round_defenses(
     validated by each schema (errors name ``where.name.key``); None when ``names`` is
     empty. A name given twice, or an ``args`` entry for a name not in ``names``, is a
     :class:`ConfigError`."""
-    args = args or {}
-    unknown = sorted(set(args) - set(names))
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: not in server.round_defenses {list(names)}")
     twice = sorted({n for n in names if list(names).count(n) > 1})
     if twice:
         raise ConfigError(f"server.round_defenses: {twice[0]!r} is listed twice")
-    if not names:
-        return None
-    out = []
-    for i, name in enumerate(names):
-        entry = ROUND_DEFENSES.entry(name, f"server.round_defenses[{i}]")
-        params = entry.parse(args.get(name, {}), f"{where}.{name}")
-        out.append(entry.obj(**params.kwargs()))
-    return RoundDefenses(out)
+    out = ROUND_DEFENSES.build_listed(names, args, "server.round_defenses", where)
+    return RoundDefenses(out) if out else None
 
 
 def check_compatible(

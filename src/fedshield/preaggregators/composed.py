@@ -162,18 +162,8 @@ def compose(
     is a :class:`ConfigError`."""
     from fedshield.preaggregators.base import PRE_AGGREGATORS
 
-    args = args or {}
-    unknown = sorted(set(args) - set(names))
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: not in server.pre_aggregators {list(names)}")
-    if not names:
-        return rule
-    pre = []
-    for i, name in enumerate(names):
-        entry = PRE_AGGREGATORS.entry(name, f"server.pre_aggregators[{i}]")
-        params = entry.parse(args.get(name, {}), f"{where}.{name}")
-        pre.append(entry.obj(**params.kwargs()))
-    return ComposedRule(pre, rule, seed)
+    pre = PRE_AGGREGATORS.build_listed(names, args, "server.pre_aggregators", where)
+    return ComposedRule(pre, rule, seed) if pre else rule
 
 
 __all__ = ["ComposedRule", "compose", "round_generator"]
