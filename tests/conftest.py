@@ -58,3 +58,13 @@ def small_cfg():
         "checkpoint": {"every": 1},
         "run": {"progress": False},
     }
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for tests of tiny tensors (two threads spin against each other on
+    a loaded machine: a 2 s test took 8 minutes)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

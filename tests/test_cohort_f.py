@@ -353,12 +353,14 @@ def test_a_count_rule_gets_the_quantile_f_in_fixed_mode(small_cfg: dict) -> None
 
 
 def test_a_minority_owned_class_is_stated_at_build_time(small_cfg: dict, caplog) -> None:
-    """FedCART: a class held by few clients can be half attackers under the run's f: a
-    warning per class and ``byzantine.groups`` in the statement (never silent)."""
+    """FedCART: a class held by few clients can be half attackers under the run's f: one
+    warning naming the classes and ``byzantine.groups`` in the statement (never silent);
+    with no attack configured and no f stated nothing can own a class: nothing is said."""
     from fedshield.sim.builder import state_groups
 
     raw = copy.deepcopy(small_cfg)
     raw["server"]["aggregator"] = "median"
+    raw["attack"] = {"name": "sign_flip", "fraction": 0.2}
     cfg = cfgmod.validate(raw)
     comp = build_components(cfg)
 
@@ -382,22 +384,30 @@ def test_a_minority_owned_class_is_stated_at_build_time(small_cfg: dict, caplog)
     groups = {g["group"]: g for g in comp.budget.groups}
     assert set(groups) == {"class 2"} and groups["class 2"]["holders"] == 1
     assert "may own" in groups["class 2"]["does"]
-    assert any("class 2" in r.getMessage() for r in caplog.records)
+    assert sum("class 2" in r.getMessage() for r in caplog.records) == 1
+    raw.pop("attack")
+    honest_cfg = cfgmod.validate(raw)
+    honest = build_components(honest_cfg)
+    honest.client = _Client()  # type: ignore[assignment]
+    state_groups(honest_cfg, honest, torch.nn.Linear(2, 3), clients, 3)  # type: ignore[arg-type]
+    assert honest.budget is not None and honest.budget.groups == []
 
 
-def test_a_minority_owned_depth_tier_is_stated_at_build_time(caplog) -> None:
+def test_a_minority_owned_depth_tier_is_refused_only_when_attacked(caplog) -> None:
+    """No attack and no stated f: nothing can own a tier, nothing is said; with the attack
+    configured, median cannot hold the deep tiers: refused (tests/test_majorities.py)."""
     from fedshield.testing import fuzz
 
     raw = fuzz.base_config("fedavg", "median", masks=True)
     raw["client"]["params"]["depths"] = [1, 2, 3, 4]
     raw["model"]["params"]["depth"] = 4
-    cfg = cfgmod.validate(raw)
     with caplog.at_level(logging.WARNING, logger="fedshield"):
-        exp = build(cfg)
-    groups = exp.components.budget.groups  # type: ignore[union-attr]
-    assert groups and all("per-block bound" in g["does"] for g in groups)
-    assert all(2 * g["attackers"] >= min(g["holders"], 10) for g in groups)
-    assert any("coverage group" in r.getMessage() for r in caplog.records)
+        exp = build(cfgmod.validate(raw))
+    assert exp.components.budget.groups == []  # type: ignore[union-attr]
+    assert not any("coverage group" in r.getMessage() for r in caplog.records)
+    raw["attack"] = {"name": "sign_flip", "fraction": 0.2}
+    with pytest.raises(ConfigError, match="coverage group"):
+        build(cfgmod.validate(raw))
 
 
 def test_a_flower_strategy_without_f_uses_the_breakdown_on_the_sampled_nodes() -> None:

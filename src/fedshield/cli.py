@@ -84,7 +84,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     # Components first (schemas, sizes), then the run directory (a run already there, a
     # corrupt or different checkpoint), which writes the config back: errors before data.
-    check_inputs(cfg, target, args.resume)
+    components = check_inputs(cfg, target, args.resume)
     if not args.quiet:
         print_start(cfg, target, args.resume, args.backend)
     if args.backend == "flower":  # same config on Flower's simulation engine (Ray)
@@ -98,12 +98,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         show = not (quiet or done)
         with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=show) as bar:
             summary = run_simulation(
-                cfg, out, args.resume, on_round=bar.on_round, quiet=quiet, verbose=verbose
+                cfg, out, args.resume, on_round=bar.on_round, quiet=quiet, verbose=verbose,
+                components=components,
             )
         summary["out"] = str(out)
         print_summaries([summary])
         return _exit_status(summary)
-    summary = run_config(cfg, _out_dir(args.out, cfg.name, args.resume), args.resume, args.quiet)
+    out = _out_dir(args.out, cfg.name, args.resume)
+    summary = run_config(cfg, out, args.resume, args.quiet, components)
     print_summaries([summary])
     return _exit_status(summary)
 
@@ -136,11 +138,14 @@ def print_start(cfg: Any, out: Path, resume: bool, backend: str) -> None:
     )
 
 
-def run_config(cfg: Any, out: Path, resume: bool = False, quiet: bool = False) -> dict[str, Any]:
-    """Build and run one experiment with a progress bar (see :func:`fedshield.runner.run`)."""
+def run_config(
+    cfg: Any, out: Path, resume: bool = False, quiet: bool = False, components: Any = None
+) -> dict[str, Any]:
+    """Build and run one experiment with a progress bar (see :func:`fedshield.runner.run`;
+    ``components``: those :func:`~fedshield.runner.check_inputs` built for it)."""
     from fedshield.runner import run
 
-    return run(cfg, out, resume=resume, quiet=quiet, console=console)
+    return run(cfg, out, resume=resume, quiet=quiet, console=console, components=components)
 
 
 def print_summaries(summaries: list[dict[str, Any]], where: bool = True) -> None:

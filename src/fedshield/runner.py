@@ -79,14 +79,18 @@ def run(
     quiet: bool = False,
     console: Console | None = None,
     callbacks: list[Any] | None = None,
+    components: Any = None,
 ) -> RunResult:
     """Build and run one experiment (``out=None``: in memory, no files); returns its
     summary with the per-round history (:class:`RunResult`). Bad input is a
-    :class:`~fedshield.errors.FedshieldError` raised before any data is loaded."""
+    :class:`~fedshield.errors.FedshieldError` raised before any data is loaded.
+    ``components``: what :func:`check_inputs` returned for this ``cfg`` and ``out`` (the
+    CLI checks first), so they are built — and the run's statement logged — once."""
     from fedshield.sim.builder import build
     from fedshield.sim.engine import Simulator
 
-    components = check_inputs(cfg, out, resume)
+    if components is None:
+        components = check_inputs(cfg, out, resume)
     set_threads(cfg)
     sim = Simulator(build(cfg, components), out, resume=resume)
     show = cfg.run.progress and not quiet

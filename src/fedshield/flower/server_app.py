@@ -63,9 +63,12 @@ def settings_from_run_config(run_config: UserConfig) -> ServerSettings:
     )
 
 
-def prepare(cfg: ExperimentConfig, out: Path | None, resume: bool = False) -> Simulator:
+def prepare(
+    cfg: ExperimentConfig, out: Path | None, resume: bool = False, components: Any = None
+) -> Simulator:
     """Build the server side (data, model, components, output dir) before any node is
-    contacted, so a bad config or an occupied ``out`` fails in seconds."""
+    contacted, so a bad config or an occupied ``out`` fails in seconds; ``components``:
+    those the caller's checks built for ``cfg`` (not built again)."""
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     injected = response_models(cfg)
@@ -74,7 +77,7 @@ def prepare(cfg: ExperimentConfig, out: Path | None, resume: bool = False) -> Si
             f"faults.models: {', '.join(injected)} inject in-process dropouts; on Flower the "
             f"nodes' real missing replies are the dropouts (availability models apply)"
         )
-    return Simulator(build(cfg), out, resume=resume)
+    return Simulator(build(cfg, components), out, resume=resume)
 
 
 def serve(

@@ -74,13 +74,15 @@ def run_many(
     client_gpus: float | None = None,
     ray_cpus: int | None = None,
     verbose: bool = False,
+    components: Any = None,
 ) -> list[dict[str, Any]]:
     """Run several experiments, one after the other, in ONE Flower simulation session
     (one Ray start, one federation of ``data.num_clients`` virtual SuperNodes; every config
     must have the same ``data.num_clients``). Returns the summaries in order.
 
     ``client_cpus`` / ``client_gpus`` / ``ray_cpus``: Ray resources (see
-    :func:`backend_config`); ``verbose`` keeps Flower's INFO log (default: warnings only).
+    :func:`backend_config`); ``verbose`` keeps Flower's INFO log (default: warnings only);
+    ``components``: the first run's, already built by the caller's checks (built once).
     """
     if not runs:
         return []
@@ -89,7 +91,7 @@ def run_many(
         raise ConfigError(f"run_many needs one federation size, got data.num_clients={sizes}")
     for cfg, _ in runs[1:]:  # fail on a bad config before Ray starts, not mid-session
         build_components(cfg)
-    first = prepare(runs[0][0], _path(runs[0][1]), resume)
+    first = prepare(runs[0][0], _path(runs[0][1]), resume, components)
     callback = on_round if on_round is not None else (None if quiet else _print_round)
     summaries: list[dict[str, Any]] = []
     server_app = ServerApp()

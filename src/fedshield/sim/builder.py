@@ -23,12 +23,8 @@ from fedshield.data import TensorData, carve, load_dataset, make_long_tail, part
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.registry import Entry
-from fedshield.sim.byzantine_budget import (
-    ByzantineBudget,
-    group_statements,
-    run_budget,
-    warn_groups,
-)
+from fedshield.sim.byzantine_budget import ByzantineBudget, run_budget
+from fedshield.sim.majorities import state_groups
 from fedshield.sim.state import Components, Experiment
 
 log = logging.getLogger("fedshield")
@@ -178,6 +174,9 @@ def state_budget(cfg: ExperimentConfig, rule: Aggregator) -> ByzantineBudget:
             "size or a larger server.clients_per_round"
         )
     line = budget.line(repr(rule))
+    if budget.p_exceeds > 0:  # what acts on the rounds the rule cannot defend alone
+        names = cfg.server.round_defenses
+        line += f"; server.round_defenses={names}" if names else "; no server.round_defenses"
     (log.warning if budget.p_exceeds >= 0.01 else log.info)(line)
     return budget
 
@@ -254,6 +253,8 @@ def build_components(cfg: ExperimentConfig) -> Components:
         params=entries["server"].parse(s.params, "server.params"),
     )
     server.byzantine_f = budget.f if budget.mode != "none" else None  # none: its breakdown
+    if getattr(client.params, "proto_views", None) == "sum" and hasattr(server, "proto_bias_max"):
+        server.proto_bias_max = 2.0  # FedCART: summed views double an honest bias entry
     if s.round_defenses or s.round_defense_args:  # cached rows, step bound (crossround)
         from fedshield.crossround import build_round_defenses, check_compatible
 
@@ -334,64 +335,6 @@ def check_coverage(
                 f"{cfg.data.num_clients} clients (client.params sets the depth/width tiers); "
                 f"use fewer Byzantine slots (f), deeper tiers or another rule"
             )
-
-
-def state_groups(
-    cfg: ExperimentConfig,
-    comp: Components,
-    model: nn.Module,
-    clients: list[TensorData],
-    num_classes: int,
-) -> None:
-    """Say at build time, per coverage group (depth/width tiers) and per FedCART class, where
-    the holders can be half attackers under the run's f, and what the run does there
-    (:func:`fedshield.sim.byzantine_budget.group_statements`); kept in the run's statement
-    (summary.json ``byzantine.groups``)."""
-    from fedshield.algorithms.server.aggregation import bounded_by_rows, coverage_groups
-    from fedshield.registry import tags_of
-
-    budget, rule = comp.budget, comp.aggregator
-    uploads = tags_of(comp.client).get("uploads", frozenset())
-    if budget is None or not ({"mask", "prototypes"} & uploads):
-        return
-    m = cfg.data.num_clients
-    statements = []
-    if "mask" in uploads:
-        masks = [
-            comp.client.expected_mask(k, model, clients[k].class_counts(num_classes))
-            for k in range(m)
-        ]
-        if any(x is not None for x in masks):
-            d = sum(p.numel() for p in model.parameters())
-            full = torch.ones(d, dtype=torch.bool, device=next(model.parameters()).device)
-            groups = coverage_groups(torch.stack([full if x is None else x for x in masks]))
-            named = [
-                (f"coverage group of {int(c.numel())} parameters", [int(r) for r in rows])
-                for rows, c in groups
-                if rows.numel() < m  # the shared block: the round step's own f check
-            ]
-            does = (
-                "the per-block bound caps each step's size, not its direction (no cross-round "
-                "defense configured)"
-                if bounded_by_rows(rule)
-                else "no defense (the rule is not robust)"
-            )
-            statements += group_statements(named, budget, rule, does)
-    if "prototypes" in uploads:
-        counts = [clients[k].class_counts(num_classes) for k in range(m)]
-        named = [
-            (f"class {c}", [k for k in range(m) if int(counts[k][c]) > 0])
-            for c in range(num_classes)
-        ]
-        does = (
-            "the class prototype is the rule's output on its holders, which they may own "
-            "(no cross-round defense configured)"
-            if "robust" in tags_of(rule)
-            else "no defense (the rule is not robust)"
-        )
-        statements += group_statements(named, budget, rule, does)
-    warn_groups("byzantine budget:", statements)
-    budget.groups = statements
 
 
 def choose_byzantine(cfg: ExperimentConfig) -> tuple[int, ...]:

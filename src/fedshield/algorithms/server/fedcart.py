@@ -5,7 +5,11 @@ composition is a feature), and the clients' gradient prototypes class by class t
 same rule (:func:`aggregate_prototypes`; SPEC §12): under a non-robust rule the
 count-weighted mean
 
-    ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c}     (clients holding class c).
+    ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c}     (clients holding class c),
+
+every holder's row first held to what an honest prototype can be
+(:mod:`~fedshield.algorithms.server.prototype_bound`; issue 32: a class of two holders, one
+sending its row × 1e30, had a prototype of 1.9e29 under every rule).
 
 ``post_step`` (the CART step, on the aggregated flat vector):
 
@@ -60,6 +64,7 @@ from fedshield.algorithms.server.base import (
     State,
 )
 from fedshield.algorithms.server.fedavg import FedAvg
+from fedshield.algorithms.server.prototype_bound import bound_prototypes
 from fedshield.config import MAX_EPOCHS, MAX_STEPS
 from fedshield.core.context import ClientUpdate, Payload, RoundContext, make_generator
 from fedshield.core.params import Params
@@ -209,6 +214,9 @@ def aggregate_prototypes(
     rule: Aggregator | None = None,
     shape: tuple[int, int] | None = None,
     weighting: Literal["class_counts", "client_samples"] = "class_counts",
+    num_features: int | None = None,
+    bias_max: float = 1.0,
+    stats: dict[str, float] | None = None,
 ) -> tuple[Tensor, Tensor] | None:
     """(ḡ [C, P], Σ_k n_{k,c} [C]) over the updates that carry prototypes, or None.
 
@@ -224,7 +232,11 @@ def aggregate_prototypes(
     then weighs as much as its head classes'. A class nobody holds gets a zero row and a
     zero total. Rows whose shape is not ``shape``
     ([C, C·D + C]; unset: the shape most rows have) or that hold non-finite values are left
-    out."""
+    out. With ``num_features`` D given (the server's head), every holder's row is first held
+    to what an honest prototype can be
+    (:func:`~fedshield.algorithms.server.prototype_bound.bound_prototypes`, ``bias_max``
+    its v), so no holder — not even half of a class's two — sets a prototype beyond honest
+    scale; ``stats["cart/bounded_rows"]`` counts the rows that bound changed."""
     rows = [u for u in updates if PROTOTYPES in u.extras]
     if not rows:
         return None
@@ -239,6 +251,10 @@ def aggregate_prototypes(
         return None
     counts = torch.stack([u.extras[COUNTS] for u in rows]).clamp_min(0.0)  # [K, C]
     protos = torch.stack([u.extras[PROTOTYPES] for u in rows])  # [K, C, P]
+    if num_features is not None:
+        protos, changed = bound_prototypes(protos, counts > 0, num_features, bias_max)
+        if stats is not None:
+            stats["cart/bounded_rows"] = float(changed)
     if weighting == "client_samples":  # N_k: the client's whole sample count, every class
         sizes = counts.sum(1, keepdim=True).expand_as(counts)
     else:
@@ -356,6 +372,10 @@ class FedCARTServer(FedAvg):
 
     params_schema = FedCARTServerParams
     params: FedCARTServerParams
+    #: v, the largest size of an honest prototype's bias entry: 1 for the clients' default
+    #: ``proto_views = "mean"``, 2 for ``"sum"`` (set at build time from the client's
+    #: parameters; :mod:`~fedshield.algorithms.server.prototype_bound`).
+    proto_bias_max: float = 1.0
 
     @property
     def p(self) -> FedCARTServerParams:
@@ -397,11 +417,16 @@ class FedCARTServer(FedAvg):
             new["head_shape"] = head_shape
         c, d = (int(v) for v in new["head_shape"].tolist())
         shape = (c, c * d + c)
+        stats: dict[str, float] = {}
         agg = (
-            aggregate_prototypes(updates, self.aggregator, shape, self.p.proto_weighting)
+            aggregate_prototypes(
+                updates, self.aggregator, shape, self.p.proto_weighting,
+                num_features=d, bias_max=self.proto_bias_max, stats=stats,
+            )  # fmt: skip
             if self.p.cart
             else None
         )
+        step.metrics.update(stats)
         if agg is not None:
             mean, total = agg
             seen = total > 0
