@@ -48,7 +48,7 @@ FAULTS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "dropout 0.3": {"models": ["dropout"], "params": {"dropout": {"p": 0.3}}},
     "dropout 0.6": {"models": ["dropout"], "params": {"dropout": {"p": 0.6}}},
-    "deadline 0.5": {
+    "deadline 0.5 drop": {
         "models": ["deadline"],
         "params": {"deadline": {"deadline": 0.5, "late": "drop"}},
     },
@@ -61,8 +61,11 @@ SETTINGS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "over_select": ({"over_select": "auto"}, {}),
     "fill": ({"round_defenses": ["fill"]}, {"invite": "population"}),
     "both": ({"over_select": "auto", "round_defenses": ["fill"]}, {"invite": "population"}),
-    "fill+step_bound": ({"round_defenses": ["fill", "step_bound"]}, {"invite": "population"}),
-    "step_bound": ({"round_defenses": ["step_bound"]}, {}),
+    "step_bound+reputation": ({"round_defenses": ["step_bound", "reputation"]}, {}),
+    "fill+step_bound+reputation": (
+        {"round_defenses": ["fill", "step_bound", "reputation"]},
+        {"invite": "population"},
+    ),
 }
 
 
@@ -101,8 +104,9 @@ def main() -> None:
         f"digits mlp64 M=50 S=10 dirichlet 0.5, {args.rule}, fixed mode, seed {args.seed}, "
         f"{args.rounds} rounds, commit {commit or '?'}"
     )
+    width = max(19, *(len(s) for s in args.settings))
     head = f"{'attack':<6} {'faults':<17} {'no faults':>9} " + " ".join(
-        f"{s + ' acc/skip':>19}" for s in args.settings
+        f"{s:>{width}}" for s in args.settings
     )
     print(head)
     print("-" * len(head))
@@ -116,12 +120,13 @@ def main() -> None:
                 r = one(args.rule, faults, s, attacked, args.seed, args.rounds)
                 cells.append(f"{r['acc']:6.3f} {r['skipped']:3d} ({r['share']:.2f})")
             print(
-                f"{which:<6} {faults:<17} {ref['acc']:9.3f} " + " ".join(f"{c:>19}" for c in cells),
+                f"{which:<6} {faults:<17} {ref['acc']:9.3f} "
+                + " ".join(f"{c:>{width}}" for c in cells),
                 flush=True,
             )
     print(
-        f"({time.perf_counter() - start:.0f} s; acc: final test accuracy; skip: rounds θ "
-        "was kept; (x): the largest Byzantine share of the rows the rule saw in any round)"
+        f"({time.perf_counter() - start:.0f} s; each cell: final test accuracy, rounds θ was "
+        "kept (skipped), (the largest Byzantine share of the rows the rule saw in a round))"
     )
 
 

@@ -255,7 +255,12 @@ E2E = {
 
 
 def _acc(faults: dict | None = None, attack: dict | None = None, **server) -> tuple[float, int]:
+    """Final accuracy and rounds skipped of :data:`E2E` with ``server`` keys (``rounds``,
+    ``eval`` and ``model`` replace the run's own)."""
     raw = copy.deepcopy(E2E)
+    for top in ("rounds", "eval", "model"):
+        if top in server:
+            raw[top] = server.pop(top)
     raw["server"].update(server)
     if faults is not None:
         raw["faults"] = faults
@@ -267,9 +272,26 @@ def _acc(faults: dict | None = None, attack: dict | None = None, **server) -> tu
 
 def test_clean_median_with_30_percent_dropout_keeps_training() -> None:
     """Issue 32: 30 % honest dropout used to skip most rounds (0.492 vs 0.903). With
-    ``over_select = "auto"`` no round is skipped and the run ends within 5 points of the
-    same run without faults."""
+    ``over_select = "auto"`` no round is skipped and the run ends no more than 5 points
+    below the same run without faults (it may end above: ~14 rows reach the rule, not 10)."""
     ref, _ = _acc()
     acc, skipped = _acc({"models": ["dropout"], "params": {"dropout": {"p": 0.3}}},
                         over_select="auto")  # fmt: skip
-    assert skipped == 0 and abs(acc - ref) <= 0.05, (acc, ref)
+    assert skipped == 0 and acc >= ref - 0.05, (acc, ref)
+
+
+@pytest.mark.slow
+def test_attacked_run_with_availability_half_ends_near_its_clean_twin(caplog) -> None:
+    """Issue 32: availability 0.5 with 30 % fixed attackers always online (Median 0.636 vs
+    0.894 clean): the statement now says the attackers hold at least half the arriving rows
+    in about half the rounds; with the round defenses it then recommends (step_bound,
+    reputation) the 30-round run ends within 10 points of its clean twin."""
+    faults = {"models": ["availability"], "params": {"availability": {"p": 0.5}}}
+    attack = {"name": "noise", "params": {"sigma": 100.0}, "fraction": 0.3, "mode": "fixed"}
+    long = {"rounds": 30, "eval": {"every": 30}, "model": {"name": "mlp", "params": {"hidden": 64}}}
+    with caplog.at_level(logging.INFO, logger="fedshield"):
+        acc, _ = _acc(faults, attack, round_defenses=["step_bound", "reputation"], **long)
+    line = next(r.getMessage() for r in caplog.records if "liveness" in r.getMessage())
+    assert "at least half of them with P=0.544" in line
+    clean, _ = _acc(faults, None, round_defenses=["step_bound", "reputation"], **long)
+    assert acc >= clean - 0.10, (acc, clean)

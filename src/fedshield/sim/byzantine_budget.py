@@ -159,6 +159,9 @@ class ByzantineBudget:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["p_at_least"] = {str(k): v for k, v in self.p_at_least.items()}
+        for key in ("invited", "arrival"):  # only where over-selection or [faults] set them
+            if not out[key]:
+                del out[key]
         return out
 
 
