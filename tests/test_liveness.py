@@ -239,6 +239,26 @@ def test_fill_never_fills_a_client_rejected_this_round_or_never_seen() -> None:
     assert float(params.abs().max()) == pytest.approx(0.02)
 
 
+def test_resume_with_fill_equals_the_uninterrupted_run(tmp_path) -> None:
+    """The fill cache lives in the server state: a run resumed after round 3 fills the same
+    rows as the uninterrupted one (metrics.jsonl byte-equal)."""
+    raw = {
+        "name": "t", "seed": 3, "rounds": 6,
+        "data": {"dataset": "digits", "num_clients": 10, "partition": "iid"},
+        "model": {"name": "mlp", "params": {"hidden": 8}},
+        "client": {"lr": 0.1, "batch_size": 16, "local_steps": 2},
+        "server": {"aggregator": "median", "clients_per_round": 5, "round_defenses": ["fill"]},
+        "faults": {"models": ["dropout"], "params": {"dropout": {"p": 0.4}}},
+        "eval": {"every": 1}, "checkpoint": {"every": 1}, "run": {"progress": False},
+    }  # fmt: skip
+    run(validate(raw), tmp_path / "full", quiet=True)
+    run(validate(dict(raw, rounds=3)), tmp_path / "resumed", quiet=True)
+    run(validate(raw), tmp_path / "resumed", resume=True, quiet=True)
+    full = (tmp_path / "full" / "metrics.jsonl").read_text()
+    assert full == (tmp_path / "resumed" / "metrics.jsonl").read_text()
+    assert '"defense/fill/filled"' in full
+
+
 # -- the issue's reproducers, end to end ---------------------------------------------------------
 
 E2E = {

@@ -215,7 +215,9 @@ def server_round_step(
     try:
         if defenses is not None:  # cached rows, step bound: around update and post_step
             p, b, st = start.params, start.buffers, start.state
-            step = defenses.step(server, p, b, st, kept, ctx, services, fresh, filled)
+            # This round's own uploads are the first len(fresh) rows (fill appends after).
+            own = kept[: len(fresh)] if len(kept) > len(fresh) else None
+            step = defenses.step(server, p, b, st, kept, ctx, services, own, filled)
         else:
             step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
             step = server.post_step(step, ctx, services)
