@@ -26,7 +26,7 @@ from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.integrity import UploadSpec
 from fedshield.crossround import build_round_defenses
 from fedshield.errors import ConfigError
-from fedshield.faults import FAULT_MODELS, FaultEnv
+from fedshield.faults import FAULT_MODELS, FaultEnv, RoundFaults
 from fedshield.faults.plan import FaultPlan
 from fedshield.runner import run
 from fedshield.sim.arrivals import Arrival, arrival_law
@@ -52,6 +52,43 @@ def test_population_invitation_keeps_the_hypergeometric_share() -> None:
     assert pop.p_byzantine_above(4) == pytest.approx(0.12490, abs=1e-4)
     online = arrival_law(population=50, invited=10, attackers=15, arrival=Arrival(online=0.5))
     assert online.p_byzantine_above(4) > 0.5
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("availability", {"p": 0.3}),
+        ("diurnal", {"mean": 0.8, "amplitude": 0.4, "period": 10.0, "phase_spread": 1.0}),
+        ("dropout", {"p": 0.45}),
+        ("deadline", {"deadline": 0.8, "speed_sigma": 0.5, "jitter": 0.3, "late": "drop"}),
+        ("deadline", {"deadline": 0.1, "speed_sigma": 1.0, "late": "partial"}),
+    ],
+)
+def test_each_fault_models_rate_is_what_it_does(name: str, params: dict) -> None:
+    """The statement's rate of each model equals the share of clients it lets through over
+    200 rounds of 400 clients (4 binomial standard deviations); the diurnal rate is the
+    cycle average of the *clipped* sinusoid: 0.8 ± 0.4 clips where sin > 1/2, a third of the
+    cycle, so it is 0.8 − (0.4·√3 − 0.2·2π/3) / 2π = 0.7564, not 0.8."""
+    env = FaultEnv(seed=4, num_clients=400, full_steps=lambda k: 10)
+    m = FAULT_MODELS.build(name, **params)
+    m.prepare(env)
+    rate = m.rate(env)
+    assert rate is not None
+    passed = total = 0
+    for rnd in range(1, 201):
+        if m.stage == "availability":
+            passed += int(m.available(rnd, env).sum())
+        else:
+            out = RoundFaults(400, tuple(range(400)))
+            m.respond(rnd, env, out)
+            passed += len(out.answering())
+        total += 400
+    # Per-run speeds make clients' fates correlated across rounds: the tolerance is the
+    # binomial one of the 400 clients, not of all client-rounds.
+    assert abs(passed / total - rate) <= 4 * math.sqrt(rate * (1 - rate) / 400) + 1e-9
+    if name == "diurnal":
+        exact = 0.8 - (0.4 * math.sqrt(3) - 0.2 * 2 * math.pi / 3) / (2 * math.pi)
+        assert rate == pytest.approx(exact, abs=1e-5)
 
 
 def _monte_carlo(plan: FaultPlan, byz: set[int], invited: int, rounds: int) -> np.ndarray:
