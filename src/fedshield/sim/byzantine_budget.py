@@ -118,10 +118,13 @@ class ByzantineBudget:
             return f"byzantine budget: no attack configured; {who} (its breakdown on S)"
         if self.mode == "per_round":
             return f"byzantine budget: per_round, exactly {self.attackers} per cohort; {who}"
+        law = f"Hypergeometric({self.population}, {self.attackers}, {self.asked})"
+        if self.arrival is not None:  # drawn from the clients online: the liveness line's law
+            law = f"their law under [faults] (S'={self.asked} invited, see liveness)"
         return (
             f"byzantine budget: fixed, {self.attackers} of M={self.population} Byzantine, "
-            f"attackers per cohort ~ Hypergeometric({self.population}, {self.attackers}, "
-            f"{self.cohort}) with quantile {self.f_quantile} = {self.quantile_f}; {who} "
+            f"attackers per cohort ~ {law} with quantile {self.f_quantile} = "
+            f"{self.quantile_f}; {who} "
             f"(breakdown {self.breakdown}); P(a cohort holds more than f) = "
             f"{self.p_exceeds:.4g}: those rounds the rule cannot defend on its own"
         )
