@@ -201,11 +201,16 @@ def test_one_warning_line_when_a_tenth_of_rounds_would_be_skipped(caplog) -> Non
 @pytest.mark.parametrize(
     ("server", "key"),
     [({"over_select": 0.5}, "over_select"), ({"over_select": "more"}, "over_select"),
-     ({"round_defenses": ["fill", "cache"]}, "'fill' and 'cache'")],
+     ({"round_defenses": ["fill", "cache"]}, "'fill' and 'cache'"),
+     ({"round_defenses": ["fill"], "attack": "per_round"}, "per_round")],
 )  # fmt: skip
 def test_bad_liveness_config_names_the_key(server, key) -> None:
+    mode = server.pop("attack", None)
+    raw = _raw(**server)
+    if mode is not None:
+        raw["attack"] = {"name": "noise", "fraction": 0.3, "mode": mode}
     with pytest.raises((ConfigError, ValueError), match=key):
-        build_components(validate(_raw(**server)))
+        build_components(validate(raw))
 
 
 # -- filling a short round from cached rows -----------------------------------------------------

@@ -17,7 +17,9 @@ most the attackers of the invited cohort — the f the rule already outvotes —
 faults: an attacker who silences k honest clients of the cohort hands the rule their
 cached honest rows, and training stops for no k while the silenced clients have a row in
 the cache. A client whose upload the checks rejected this round is not filled in (the
-round's f was lowered for it), and a client never seen has no row. Unlike ``cache``, rows
+round's f was lowered for it), and a client never seen has no row. (Under ``attack.mode =
+"per_round"`` a cached row may come from a round its client attacked in, so the builder
+refuses the pair.) Unlike ``cache``, rows
 of clients that were not invited never reach the rule: the share it faces is the invited
 cohort's, stated at build time, not the population's. Cached rows are stale (a client's
 latest upload is some rounds old); fresh rows always come first.

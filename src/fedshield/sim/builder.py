@@ -304,6 +304,15 @@ def build_components(cfg: ExperimentConfig) -> Components:
             check_compatible(
                 defenses, uploads, cfg.privacy is not None and cfg.privacy.central is not None
             )
+            a = cfg.attack
+            if "fill" in (s.round_defenses or []) and a.name != "none" and a.mode == "per_round":
+                # A client's cached row may be from a round it attacked in: a filled row
+                # could add a Byzantine row beyond this round's ⌊fraction·S⌋.
+                raise ConfigError(
+                    "server.round_defenses: 'fill' lends cached rows, and under "
+                    "attack.mode='per_round' a client's cached row may be from a round it "
+                    "attacked in; use attack.mode='fixed' or another defense"
+                )
             server.round_defenses = defenses
 
     attack = None
