@@ -186,8 +186,8 @@ def _raw(**server) -> dict:
 def test_one_warning_line_when_a_tenth_of_rounds_would_be_skipped(caplog) -> None:
     with caplog.at_level(logging.INFO, logger="fedshield"):
         build_components(validate(_raw()))
-    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and "liveness" in
-              r.getMessage()]  # fmt: skip
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and
+              r.getMessage().startswith("liveness:")]  # fmt: skip
     assert len(warned) == 1
     msg = warned[0].getMessage()
     assert "P(a round is skipped) = 0.851" in msg and "server.over_select" in msg
@@ -353,7 +353,7 @@ def test_attacked_run_with_availability_half_ends_near_its_clean_twin(caplog) ->
     long = {"rounds": 30, "eval": {"every": 30}, "model": {"name": "mlp", "params": {"hidden": 64}}}
     with caplog.at_level(logging.INFO, logger="fedshield"):
         acc, _ = _acc(faults, attack, round_defenses=["step_bound", "reputation"], **long)
-    line = next(r.getMessage() for r in caplog.records if "liveness" in r.getMessage())
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("liveness:"))
     assert "at least half of them with P=0.544" in line
     clean, _ = _acc(faults, None, round_defenses=["step_bound", "reputation"], **long)
     assert acc >= clean - 0.10, (acc, clean)
