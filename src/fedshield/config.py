@@ -136,6 +136,20 @@ class ServerConfig(Section):
         description="under a robust rule, a client's sample count (its weight) is capped at "
         "count_cap x the cohort's median count, whatever trust_counts says",
     )
+    # None when unset: a resolved config without it dumps (and hashes) as before.
+    over_select: float | Literal["auto"] | None = Field(
+        None,
+        description="invite ceil(over_select x S) clients a round so that enough rows arrive "
+        "under [faults]; auto: the least S' whose P(round skipped or outvoted) is within 0.01 "
+        "of the best (docs/faults.md, liveness); unset: S",
+    )
+
+    @field_validator("over_select")
+    @classmethod
+    def _over_select(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, float | int) and not 1.0 <= float(v) <= 100.0:
+            raise ValueError(f"over_select={v}: a factor in [1, 100], or \"auto\"")
+        return v
 
 
 class AttackConfig(Section):
@@ -276,6 +290,13 @@ class FaultsConfig(Section):
         False,
         description="Byzantine clients fault like the others; default false: they are "
         "always online and always answer (the worst case)",
+    )
+    # None when unset: a resolved config without it dumps (and hashes) as before.
+    invite: Literal["online", "population"] | None = Field(
+        None,
+        description="online (unset): the cohort is drawn from the clients online; population: "
+        "from all M, an offline invitee being a missing row (the cohort's attacker share "
+        "stays the population's; pair with server.round_defenses = [\"fill\"])",
     )
 
 

@@ -10,6 +10,7 @@ how they wrap the round step). Configured as ``server.round_defenses = ["cache",
 name        what it does                                                memory
 ==========  ==========================================================  ============
 cache       the rule sees every client's latest screened upload          O(M·d)
+fill        a short round gets the invited silent clients' cached rows   O(M·d)
 step_bound  each block's step ≤ κ × median of the last k applied steps   O(k·d)
 reputation  clients repeatedly far from the aggregate are suspended       O(M)
 ==========  ==========================================================  ============

@@ -8,6 +8,8 @@ who choose that block's direction every round. A **round defense** remembers wha
 rounds saw and acts on the round step of :func:`fedshield.algorithms.server.step.server_round_step`
 at two points:
 
+* :meth:`RoundDefense.complete`: before the round step decides whether the rule has
+  enough rows for the cohort's f — rows for invited clients that sent nothing (``fill``);
 * :meth:`RoundDefense.rows` (and :meth:`RoundDefense.rule`): before the server's update —
   which rows the rule sees (cached aggregation: every client's latest screened upload, not
   only this cohort's) and with which f;
@@ -77,6 +79,20 @@ class RoundDefense(Configured):
     def state_keys(self) -> tuple[str, ...]:
         """Every server-state key this defense may write (:attr:`state_parts`)."""
         return tuple(self.key(p) for p in self.state_parts)
+
+    def complete(
+        self,
+        kept: list[ClientUpdate],
+        state: State,
+        ctx: RoundContext,
+        needed: int | None,
+        sent: set[int],
+    ) -> tuple[list[ClientUpdate], Acted]:
+        """Rows for a round that kept fewer than ``needed`` (the rows the rule needs for the
+        cohort's f; None: no number suffices); ``sent``: the clients whose uploads were
+        admitted this round, kept or rejected. Default: ``kept``. Its state entries are
+        kept even when the round is then skipped."""
+        return kept, Acted()
 
     def rows(
         self, kept: list[ClientUpdate], state: State, ctx: RoundContext

@@ -151,6 +151,38 @@ def scaled_f(f: int, num_rows: int, cohort: int, largest: int | None) -> int:
     return out if largest is None else max(0, min(out, largest))
 
 
+def load_table(
+    defense: RoundDefense, state: State, kept: list[ClientUpdate], capacity: int
+) -> tuple[Table, Acted]:
+    """``defense``'s stored table of at least ``capacity`` slots; a fresh one (said once,
+    ``defense/<name>/reset``) when the stored fields are missing or malformed."""
+    like, buffers = kept[0].delta, kept[0].buffers
+    fresh = Table.empty(capacity, like, buffers)
+    stored = {f: state.get(defense.key(f)) for f in Table.FIELDS}
+    if all(v is None for v in stored.values()):
+        return fresh, Acted()
+    if any(v is None for v in stored.values()):
+        return fresh, reset_note(defense.name, "(missing fields)")
+    t = Table(**{f: v.to(like.device) for f, v in stored.items() if v is not None})
+    c, d, b = t.ids.shape[0] if t.ids.dim() == 1 else -1, like.numel(), buffers.numel()
+    shapes = {
+        "ids": ((c,), torch.int64),
+        "rounds": ((c,), torch.int64),
+        "counts": ((c,), torch.int64),
+        "rows": ((c, d), like.dtype),
+        "masks": ((c, d), torch.bool),
+        "has_mask": ((c,), torch.bool),
+        "buffers": ((c, b), buffers.dtype),
+    }
+    for f, (shape, dtype) in shapes.items():
+        v = getattr(t, f)
+        if c < 0 or tuple(v.shape) != shape or v.dtype != dtype:
+            return fresh, reset_note(defense.name, f"{f}")
+    if bool((t.counts < 0).any()) or bool((t.ids < -1).any()):
+        return fresh, reset_note(defense.name, "(negative counts or ids)")
+    return t.grown(capacity), Acted()
+
+
 @ROUND_DEFENSES.register("cache", tags=["memory=M*d", "changes_rows", "caches_uploads"])
 class CachedAggregation(RoundDefense):
     """Cached aggregation (D-Byz-SGDM-style): the rule sees every client's latest screened
@@ -164,31 +196,7 @@ class CachedAggregation(RoundDefense):
     max_age: int | None
 
     def _table(self, state: State, kept: list[ClientUpdate], capacity: int) -> tuple[Table, Acted]:
-        like, buffers = kept[0].delta, kept[0].buffers
-        fresh = Table.empty(capacity, like, buffers)
-        stored = {f: state.get(self.key(f)) for f in Table.FIELDS}
-        if all(v is None for v in stored.values()):
-            return fresh, Acted()
-        if any(v is None for v in stored.values()):
-            return fresh, reset_note(self.name, "(missing fields)")
-        t = Table(**{f: v.to(like.device) for f, v in stored.items() if v is not None})
-        c, d, b = t.ids.shape[0] if t.ids.dim() == 1 else -1, like.numel(), buffers.numel()
-        shapes = {
-            "ids": ((c,), torch.int64),
-            "rounds": ((c,), torch.int64),
-            "counts": ((c,), torch.int64),
-            "rows": ((c, d), like.dtype),
-            "masks": ((c, d), torch.bool),
-            "has_mask": ((c,), torch.bool),
-            "buffers": ((c, b), buffers.dtype),
-        }
-        for f, (shape, dtype) in shapes.items():
-            v = getattr(t, f)
-            if c < 0 or tuple(v.shape) != shape or v.dtype != dtype:
-                return fresh, reset_note(self.name, f"{f}")
-        if bool((t.counts < 0).any()) or bool((t.ids < -1).any()):
-            return fresh, reset_note(self.name, "(negative counts or ids)")
-        return t.grown(capacity), Acted()
+        return load_table(self, state, kept, capacity)
 
     def rows(
         self, kept: list[ClientUpdate], state: State, ctx: RoundContext
@@ -217,4 +225,4 @@ class CachedAggregation(RoundDefense):
         return rule if new == f else rule.replace(f=new)
 
 
-__all__ = ["CachedAggregation", "Table", "cached_rows", "scaled_f"]
+__all__ = ["CachedAggregation", "Table", "cached_rows", "load_table", "scaled_f"]

@@ -5,6 +5,7 @@
 :class:`RoundDefenses` to the server algorithm; the round step
 (:func:`fedshield.algorithms.server.step.server_round_step`) then runs
 
+    kept = d_n.complete ∘ … ∘ d_1.complete (kept)   short rounds filled (before the f check)
     rows = d_n.rows ∘ … ∘ d_1.rows (kept)      the rows the rule sees
     θ'   = server.update, server.post_step     on those rows (f scaled by each d.rule)
     θ''  = d_1.bound ∘ … ∘ d_n.bound (θ')      the step applied
@@ -43,6 +44,24 @@ class RoundDefenses:
     def state_keys(self) -> tuple[str, ...]:
         return tuple(k for d in self.defenses for k in d.state_keys())
 
+    def complete(
+        self,
+        kept: list[ClientUpdate],
+        state: State,
+        ctx: RoundContext,
+        needed: int | None,
+        sent: set[int],
+    ) -> tuple[list[ClientUpdate], State, dict[str, float]]:
+        """Each defense's :meth:`~fedshield.crossround.base.RoundDefense.complete` in order:
+        the rows, the state entries they wrote and their metrics."""
+        new: State = {}
+        metrics: dict[str, float] = {}
+        for d in self.defenses:
+            kept, acted = d.complete(kept, state, ctx, needed, sent)
+            new |= acted.state
+            metrics |= acted.metrics
+        return kept, new, metrics
+
     def step(
         self,
         server: ServerAlgorithm,
@@ -52,10 +71,15 @@ class RoundDefenses:
         kept: list[ClientUpdate],
         ctx: RoundContext,
         services: ServerServices,
+        judged: list[ClientUpdate] | None = None,
+        written: State | None = None,
     ) -> ServerStep:
-        """``server.update`` then ``server.post_step`` behind the defenses."""
+        """``server.update`` then ``server.post_step`` behind the defenses. ``judged``: this
+        round's own screened uploads (default ``kept``; rows :meth:`complete` added are not
+        this round's); ``written``: state entries :meth:`complete` already wrote."""
+        judged = kept if judged is None else judged
         own = {k: v for k, v in state.items() if not self.owns(k)}
-        new: State = {}
+        new: State = dict(written or {})
         metrics: dict[str, float] = {}
         rows = kept
         for d in self.defenses:
@@ -73,7 +97,7 @@ class RoundDefenses:
         step = run.post_step(step, ctx, services)
         after = step.params
         for d in self.defenses:
-            seen = BoundInput(params, after, rows, server.lr, kept)
+            seen = BoundInput(params, after, rows, server.lr, judged)
             after, acted = d.bound(seen, state, ctx)
             new |= acted.state
             metrics |= acted.metrics
@@ -108,6 +132,12 @@ def check_compatible(
     from fedshield.registry import tags_of
 
     extras = sorted(client_uploads - {"mask"})
+    names = [d.name for d in defenses.defenses]
+    if "fill" in names and "cache" in names:
+        raise ConfigError(
+            "server.round_defenses: 'fill' and 'cache' together: cache already hands the "
+            "rule every client's latest row; keep one of them"
+        )
     for d in defenses.defenses:
         if central_dp:
             raise ConfigError(

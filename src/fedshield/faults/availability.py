@@ -27,3 +27,6 @@ class Availability(FaultModel):
 
     def available(self, rnd: int, env: FaultEnv) -> np.ndarray:
         return uniforms(env, rnd, self.name) < self.p
+
+    def rate(self, env: FaultEnv) -> float | None:
+        return self.p

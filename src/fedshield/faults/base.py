@@ -56,18 +56,22 @@ class RoundFaults:
     exempt: frozenset[int] = frozenset()
     dropped: set[int] = field(default_factory=set)
     late: set[int] = field(default_factory=set)
+    #: invited while offline (``faults.invite = "population"``): a missing row
+    offline: set[int] = field(default_factory=set)
     steps: dict[int, int] = field(default_factory=dict)
 
     def answers(self, k: int) -> bool:
         """Whether client ``k``'s upload reaches the server this round."""
-        return k not in self.dropped and (k not in self.late or k in self.steps)
+        if k in self.offline or k in self.dropped:
+            return False
+        return k not in self.late or k in self.steps
 
     def answering(self) -> tuple[int, ...]:
         return tuple(k for k in self.sampled if self.answers(k))
 
     def pending(self) -> list[int]:
         """Sampled clients a response model may still fault: not exempt, not yet faulted."""
-        gone = self.dropped | self.late
+        gone = self.dropped | self.late | self.offline
         return [k for k in self.sampled if k not in self.exempt and k not in gone]
 
     def local_steps(self, k: int, full: int) -> int:
@@ -81,7 +85,7 @@ class RoundFaults:
             "faults/dropped": float(len(self.dropped)),
             "faults/late": float(len(self.late)),
             "faults/partial": float(len(self.steps)),
-        }
+        } | ({"faults/offline": float(len(self.offline))} if self.offline else {})
 
 
 class FaultModel(Configured):
@@ -107,6 +111,13 @@ class FaultModel(Configured):
     def respond(self, rnd: int, env: FaultEnv, out: RoundFaults) -> None:
         """Fault some of ``out.pending()`` in place (add to ``dropped``, ``late``, ``steps``)."""
         raise NotImplementedError
+
+    def rate(self, env: FaultEnv) -> float | None:
+        """The long-run probability that a client passes this model in a round: online
+        (availability) or answering once sampled (response), for the build-time statement
+        (:mod:`fedshield.sim.arrivals`); None when the model cannot say (the statement then
+        assumes 1 and says so). Called after :meth:`prepare`."""
+        return None
 
 
 FAULT_MODELS: Registry[type[FaultModel]] = Registry("fault model")

@@ -101,3 +101,20 @@ class Deadline(FaultModel):
             done = completed_steps(env.full_steps(k), time, self.budget)
             if self.late == "partial" and done >= 1:
                 out.steps[k] = done
+
+    def rate(self, env: FaultEnv) -> float | None:
+        """The mean over the M clients of P(client k answers): its speed s_k must reach
+        c_k·U_k / D (``late = "drop"``) or c_k / D (``"partial"``, at least one step), the
+        per-round factor exp(jitter·z) being lognormal: Φ((ln s_k − ln need_k) / jitter)."""
+        need = np.array(
+            [
+                self.cost(k, env) * (env.full_steps(k) if self.late == "drop" else 1)
+                for k in range(env.num_clients)
+            ],
+            dtype=float,
+        ) / max(self.budget, 1e-300)
+        gap = np.log(self._speed) - np.log(need)
+        if self.jitter == 0:
+            return float((gap >= 0).mean())
+        z = gap / (self.jitter * math.sqrt(2.0))
+        return float(np.mean([0.5 * (1.0 + math.erf(v)) for v in z]))

@@ -53,3 +53,8 @@ class Diurnal(FaultModel):
     def available(self, rnd: int, env: FaultEnv) -> np.ndarray:
         p = diurnal_probability(rnd, self.mean, self.amplitude, self.period, self.phases(env))
         return uniforms(env, rnd, self.name) < p
+
+    def rate(self, env: FaultEnv) -> float | None:
+        """p_k(t) averaged over one cycle (the clip makes it differ from ``mean``)."""
+        grid = np.linspace(0.0, 1.0, 1024, endpoint=False)
+        return float(diurnal_probability(0, self.mean, self.amplitude, 1.0, grid).mean())

@@ -27,3 +27,6 @@ class Dropout(FaultModel):
     def respond(self, rnd: int, env: FaultEnv, out: RoundFaults) -> None:
         u = uniforms(env, rnd, self.name)
         out.dropped.update(k for k in out.pending() if u[k] < self.p)
+
+    def rate(self, env: FaultEnv) -> float | None:
+        return 1.0 - self.p

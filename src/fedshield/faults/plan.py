@@ -5,7 +5,9 @@ checked against the registry, trace files read), :meth:`FaultPlan.cohort` sample
 round's cohort from the available clients and :meth:`FaultPlan.outcome` decides the
 response faults of the sampled ones. Attackers always answer unless
 ``faults.attackers_fail`` (the worst case: a Byzantine client is never the one that
-drops)."""
+drops). With ``faults.invite = "population"`` the cohort is drawn from all M clients and an
+offline invitee is a missing row (``faults/offline``), so the attackers' share of the invited
+cohort is the population's even though attackers are always online (issue 32)."""
 
 from __future__ import annotations
 
@@ -56,11 +58,13 @@ class FaultPlan:
         env: FaultEnv,
         exempt: Sequence[int] = (),
         attackers_fail: bool = False,
+        invite: str = "online",
     ) -> None:
         self.models = models
         self.env = env
         self.exempt = frozenset(exempt)
         self.attackers_fail = attackers_fail
+        self.invite = invite
         for m in models:
             m.prepare(env)
         self._warned_short = False
@@ -77,7 +81,13 @@ class FaultPlan:
 
     def cohort(self, rnd: int, per_round: int) -> tuple[tuple[int, ...], int]:
         """(the sampled cohort, the number of clients online): S of the available clients
-        from the cohort stream, or all of them when fewer than S are online (logged)."""
+        from the cohort stream, or all of them when fewer than S are online (logged); with
+        ``invite = "population"`` S of all M (offline ones answer nothing, :meth:`outcome`)."""
+        if self.invite == "population":
+            everyone = tuple(range(self.env.num_clients))
+            return sample_available(self.env.seed, rnd, everyone, per_round), len(
+                self.available(rnd)
+            )
         pool = self.available(rnd)
         if len(pool) < per_round:
             level = logging.INFO if self._warned_short else logging.WARNING
@@ -99,6 +109,9 @@ class FaultPlan:
         unless ``attackers_fail``)."""
         exempt = frozenset() if self.attackers_fail else frozenset(byzantine) | self.exempt
         out = RoundFaults(available, cohort, exempt & set(cohort))
+        if self.invite == "population":  # invited while offline: a missing row
+            online = set(self.available(rnd))
+            out.offline = {k for k in cohort if k not in online and k not in out.exempt}
         for m in self.models:
             if m.stage == "response":
                 m.respond(rnd, self.env, out)
@@ -113,7 +126,8 @@ def build_plan(faults: Any, env: FaultEnv, fixed_attackers: Sequence[int] = ()) 
             raise ConfigError(f"faults.params.{key}: no such fault model in faults.models")
         return None
     models = build_models(faults.models, faults.params)
-    return FaultPlan(models, env, fixed_attackers, faults.attackers_fail)
+    invite = getattr(faults, "invite", None) or "online"
+    return FaultPlan(models, env, fixed_attackers, faults.attackers_fail, invite)
 
 
 __all__ = ["FaultPlan", "build_models", "build_plan"]

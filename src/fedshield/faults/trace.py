@@ -89,3 +89,7 @@ class Trace(FaultModel):
 
     def available(self, rnd: int, env: FaultEnv) -> np.ndarray:
         return self._trace[:, (rnd - 1) % self._trace.shape[1]].copy()
+
+    def rate(self, env: FaultEnv) -> float | None:
+        """The share of ones in the trace (online client-rounds over all)."""
+        return float(self._trace.mean())

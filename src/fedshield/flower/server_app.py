@@ -77,6 +77,11 @@ def prepare(
             f"faults.models: {', '.join(injected)} inject in-process dropouts; on Flower the "
             f"nodes' real missing replies are the dropouts (availability models apply)"
         )
+    if cfg.faults is not None and cfg.faults.invite == "population":
+        raise ConfigError(
+            "faults.invite='population' marks simulated offline invitees; on Flower a node "
+            "that is offline is one that does not answer (leave faults.invite unset)"
+        )
     return Simulator(build(cfg, components), out, resume=resume)
 
 

@@ -7,6 +7,7 @@ aggregator feasibility), so a bad config fails in milliseconds with the key it c
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from fedshield.data import TensorData, carve, load_dataset, make_long_tail, part
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.registry import Entry
-from fedshield.sim.byzantine_budget import ByzantineBudget, run_budget
+from fedshield.sim.byzantine_budget import SKIP_WARN, ByzantineBudget, auto_invited, run_budget
 from fedshield.sim.majorities import state_groups
 from fedshield.sim.state import Components, Experiment
 
@@ -115,7 +116,7 @@ def _check_tags(
 
 
 def derive_byzantine_count(
-    rule: Aggregator, entry: Entry[Any], cfg: ExperimentConfig
+    rule: Aggregator, entry: Entry[Any], cfg: ExperimentConfig, invited: int | None = None
 ) -> Aggregator:
     """A rule whose schema has a Byzantine count ``f`` left unset gets it from the attack
     budget (:func:`fedshield.sim.byzantine_budget.run_budget`): per_round, the exact count
@@ -126,7 +127,7 @@ def derive_byzantine_count(
         return rule
     if cfg.attack.name == "none" or cfg.attack.fraction <= 0:
         return rule
-    budget = _budget(rule, cfg)
+    budget = _budget(rule, cfg, invited)
     wanted = budget.attackers if budget.mode == "per_round" else budget.quantile_f
     f = budget.f
     if f is None:
@@ -145,25 +146,50 @@ def derive_byzantine_count(
     return rule.replace(f=f)
 
 
-def _budget(rule: Aggregator, cfg: ExperimentConfig) -> ByzantineBudget:
+def _budget_args(cfg: ExperimentConfig) -> dict[str, Any]:
+    from fedshield.sim.faults import arrival_of
+
     a = cfg.attack
-    return run_budget(
-        rule,
-        mode=a.mode,
-        fraction=a.fraction,
-        population=cfg.data.num_clients,
-        cohort=cfg.server.clients_per_round,
-        f_quantile=a.f_quantile,
-        attacked=a.name != "none",
-    )
+    return {
+        "mode": a.mode,
+        "fraction": a.fraction,
+        "population": cfg.data.num_clients,
+        "cohort": cfg.server.clients_per_round,
+        "f_quantile": a.f_quantile,
+        "attacked": a.name != "none",
+        "arrival": arrival_of(cfg),
+    }
 
 
-def state_budget(cfg: ExperimentConfig, rule: Aggregator) -> ByzantineBudget:
+def invited_count(cfg: ExperimentConfig, rule: Aggregator) -> int:
+    """S': the clients invited per round (``server.over_select``; issue 32): S unset,
+    ⌈factor·S⌉ (at most M) for a number, the statement's choice for ``"auto"``
+    (:func:`fedshield.sim.byzantine_budget.auto_invited`; S without [faults])."""
+    s, m, over = cfg.server.clients_per_round, cfg.data.num_clients, cfg.server.over_select
+    if over is None:
+        return s
+    if over != "auto":
+        return min(m, math.ceil(float(over) * s - 1e-9))
+    args = _budget_args(cfg)
+    if args["arrival"] is None:
+        return s
+    return auto_invited(rule, **args)
+
+
+def _budget(rule: Aggregator, cfg: ExperimentConfig, invited: int | None = None) -> ByzantineBudget:
+    return run_budget(rule, **_budget_args(cfg), invited=invited)
+
+
+def state_budget(
+    cfg: ExperimentConfig, rule: Aggregator, invited: int | None = None
+) -> ByzantineBudget:
     """The run's Byzantine statement (logged) for the built rule; refuses a rule that
     cannot outvote that f on the sampled cohort even when every client answers (a rule
-    behind Bucketing: f attackers spoil up to f of the ⌈S/s⌉ buckets)."""
-    budget = _budget(rule, cfg)
-    s = cfg.server.clients_per_round
+    behind Bucketing: f attackers spoil up to f of the ⌈S/s⌉ buckets). Under [faults] the
+    liveness line too: who arrives, the expected share of skipped rounds (a warning above
+    a tenth)."""
+    budget = _budget(rule, cfg, invited)
+    s = budget.asked
     need = rows_needed(rule, budget.f)
     if need is None or need > s:
         pre = ", ".join(cfg.server.pre_aggregators) or "none"
@@ -178,6 +204,11 @@ def state_budget(cfg: ExperimentConfig, rule: Aggregator) -> ByzantineBudget:
         names = cfg.server.round_defenses
         line += f"; server.round_defenses={names}" if names else "; no server.round_defenses"
     (log.warning if budget.p_exceeds >= 0.01 else log.info)(line)
+    fills = "fill" in (cfg.server.round_defenses or [])
+    live = budget.liveness_line(repr(rule), fills)
+    if live is not None and budget.arrival is not None:
+        skips = budget.arrival["p_skip"] > SKIP_WARN and not fills
+        (log.warning if skips else log.info)(live)
     return budget
 
 
@@ -231,8 +262,14 @@ def build_components(cfg: ExperimentConfig) -> Components:
         s.aggregator = server_cls.default_aggregator
     entries["aggregator"] = AGGREGATORS.entry(s.aggregator, "server.aggregator")
     agg_args = entries["aggregator"].parse(s.aggregator_args, "server.aggregator_args")
+    probe = entries["aggregator"].obj(**agg_args.kwargs())
+    if s.pre_aggregators or s.pre_aggregator_args:  # the rows the rule needs behind them
+        from fedshield.preaggregators import compose
+
+        probe = compose(s.pre_aggregators, s.pre_aggregator_args, probe, cfg.seed)
+    invited = invited_count(cfg, probe)
     aggregator = derive_byzantine_count(
-        entries["aggregator"].obj(**agg_args.kwargs()), entries["aggregator"], cfg
+        entries["aggregator"].obj(**agg_args.kwargs()), entries["aggregator"], cfg, invited
     )
     if s.pre_aggregators or s.pre_aggregator_args:  # NNM, Bucketing, ... in front of the rule
         from fedshield.preaggregators import compose
@@ -245,14 +282,16 @@ def build_components(cfg: ExperimentConfig) -> Components:
     _check_tags(cfg, entries, tags)
     if meta is not None:
         client.check_model(meta)  # tiers and exit layout against the model, before data
-    budget = state_budget(cfg, aggregator)
+    budget = state_budget(cfg, aggregator, invited)
     server = server_cls(
         aggregator,
         lr=s.lr,
         weighting=s.weighting,
         params=entries["server"].parse(s.params, "server.params"),
     )
-    server.byzantine_f = budget.f if budget.mode != "none" else None  # none: its breakdown
+    # No attack: its breakdown on S (not on S' invited: over-selection must not ask the rule
+    # for every invited row); the round step caps it by the breakdown on the cohort asked.
+    server.byzantine_f = budget.f
     if getattr(client.params, "proto_views", None) == "sum" and hasattr(server, "proto_bias_max"):
         server.proto_bias_max = 2.0  # FedCART: summed views double an honest bias entry
     if s.round_defenses or s.round_defense_args:  # cached rows, step bound (crossround)
@@ -264,6 +303,15 @@ def build_components(cfg: ExperimentConfig) -> Components:
             check_compatible(
                 defenses, uploads, cfg.privacy is not None and cfg.privacy.central is not None
             )
+            a = cfg.attack
+            if "fill" in (s.round_defenses or []) and a.name != "none" and a.mode == "per_round":
+                # A client's cached row may be from a round it attacked in: a filled row
+                # could add a Byzantine row beyond this round's ⌊fraction·S⌋.
+                raise ConfigError(
+                    "server.round_defenses: 'fill' lends cached rows, and under "
+                    "attack.mode='per_round' a client's cached row may be from a round it "
+                    "attacked in; use attack.mode='fixed' or another defense"
+                )
             server.round_defenses = defenses
 
     attack = None

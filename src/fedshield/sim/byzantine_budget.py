@@ -20,6 +20,15 @@ half of the holders a cohort samples (2·min(f, h) ≥ min(h, S)), with what the
 there: a root-reference rule bounds it, the per-block bound caps each step's size (not its
 direction), or nothing does.
 
+**Rows that arrive** (issue 32, :mod:`fedshield.sim.arrivals`). Under ``[faults]`` the
+law of X is the one of the *invited* cohort (S' = S, or more with ``server.over_select``)
+under the fault model — attackers always online are over-represented when the cohort is
+drawn from the clients online — and the statement adds the attackers' expected share of
+the rows that arrive, P(they are at least half of them), and P(fewer rows arrive than the
+rule needs for f): the expected share of skipped rounds, with one warning line when it is
+above a tenth. ``server.over_select = "auto"`` invites the smallest S' ≥ S whose
+P(round skipped or its rule outvoted) is within 0.01 of the least over S' ≤ min(M, 4S).
+
 Everything is a log line at build time and the ``byzantine`` field of summary.json.
 """
 
@@ -30,13 +39,25 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fedshield.algorithms.server.cohort import breakdown_f, configured_f, needs_honest_majority
+from fedshield.algorithms.server.cohort import (
+    breakdown_f,
+    configured_f,
+    needs_honest_majority,
+    rows_needed,
+)
 from fedshield.registry import tags_of
+from fedshield.sim.arrivals import Arrival, ArrivalLaw, arrival_law
 
 log = logging.getLogger("fedshield")
 
 #: Default quantile of the attackers per cohort that a fixed-mode run gives its rule as f.
 F_QUANTILE = 0.99
+
+#: A config that skips more than this share of its rounds is warned about (once).
+SKIP_WARN = 0.1
+
+#: ``over_select = "auto"``: S' within this of the least P(skipped or outvoted).
+AUTO_SLACK = 0.01
 
 
 def hypergeom_pmf(population: int, attackers: int, cohort: int) -> list[float]:
@@ -78,26 +99,72 @@ class ByzantineBudget:
     p_exceeds: float = 0.0  #: P(X > f): rounds the rule cannot defend alone
     p_at_least: dict[int, float] = field(default_factory=dict)  #: P(X ≥ k), k = 1..S
     groups: list[dict[str, Any]] = field(default_factory=list)
+    invited: int = 0  #: S' ≥ S clients asked per round (0: S)
+    #: under [faults]: a, r, invite; the attackers' share of arriving rows, P(≥ half),
+    #: P(fewer rows arrive than the rule needs) = the expected share of skipped rounds
+    arrival: dict[str, Any] | None = None
+
+    @property
+    def asked(self) -> int:
+        return self.invited or self.cohort
 
     def line(self, rule: str) -> str:
         who = f"{rule}: f={self.f} of S={self.cohort}"
+        if self.asked != self.cohort:
+            who += f" (S'={self.asked} invited)"
         if self.f is None:
             who = f"{rule}: needs no Byzantine count (bounded by a reference or radius)"
         if self.mode == "none":
             return f"byzantine budget: no attack configured; {who} (its breakdown on S)"
         if self.mode == "per_round":
             return f"byzantine budget: per_round, exactly {self.attackers} per cohort; {who}"
+        law = f"Hypergeometric({self.population}, {self.attackers}, {self.asked})"
+        if self.arrival is not None:  # drawn from the clients online: the liveness line's law
+            law = f"their law under [faults] (S'={self.asked} invited, see liveness)"
         return (
             f"byzantine budget: fixed, {self.attackers} of M={self.population} Byzantine, "
-            f"attackers per cohort ~ Hypergeometric({self.population}, {self.attackers}, "
-            f"{self.cohort}) with quantile {self.f_quantile} = {self.quantile_f}; {who} "
+            f"attackers per cohort ~ {law} with quantile {self.f_quantile} = "
+            f"{self.quantile_f}; {who} "
             f"(breakdown {self.breakdown}); P(a cohort holds more than f) = "
             f"{self.p_exceeds:.4g}: those rounds the rule cannot defend on its own"
         )
 
+    def liveness_line(self, rule: str, fills: bool = False) -> str | None:
+        """The [faults] statement (None without faults): who arrives and how many rounds
+        are expected to be skipped; mentions the keys that keep rounds going."""
+        a = self.arrival
+        if a is None:
+            return None
+        need = "any row" if a["rows_needed"] == 1 else f"{a['rows_needed']} rows"
+        out = (
+            f"liveness: under [faults] honest clients are online with p={a['online']:.3g} and "
+            f"answer with p={a['answer']:.3g} (invited from the {a['invite']} clients, "
+            f"S'={self.asked})"
+        )
+        if self.mode != "none":
+            out += (
+                f"; the attackers' expected share of the rows that arrive is "
+                f"{a['share']:.3g}, at least half of them with P={a['p_half']:.3g}"
+            )
+        out += (
+            f"; {rule} needs {need}: P(a round is skipped) = {a['p_skip']:.3g}"
+            + (" while the fill cache is empty" if fills else "")
+        )
+        if a["unknown"]:
+            out += f" (no rate for {', '.join(a['unknown'])}: taken as 1)"
+        if a["p_skip"] > SKIP_WARN and not fills:
+            out += (
+                "; about that share of rounds will keep θ: set server.over_select = \"auto\" "
+                "or server.round_defenses = [\"fill\"] (docs/faults.md, liveness)"
+            )
+        return out
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["p_at_least"] = {str(k): v for k, v in self.p_at_least.items()}
+        for key in ("invited", "arrival"):  # only where over-selection or [faults] set them
+            if not out[key]:
+                del out[key]
         return out
 
 
@@ -115,26 +182,81 @@ def run_budget(
     cohort: int,
     f_quantile: float = F_QUANTILE,
     attacked: bool = True,
+    arrival: Arrival | None = None,
+    invited: int | None = None,
 ) -> ByzantineBudget:
-    """The statement for ``rule`` on cohorts of ``cohort`` of ``population`` clients."""
+    """The statement for ``rule`` on cohorts of ``cohort`` of ``population`` clients, of
+    which ``invited`` (default ``cohort``) are asked, under the faults of ``arrival``."""
+    budget, law = _budget_and_law(
+        rule, mode, fraction, population, cohort, f_quantile, attacked, arrival, invited
+    )
+    if law is not None and arrival is not None:
+        need = rows_needed(rule, budget.f) or budget.asked + 1
+        budget.arrival = {
+            "online": arrival.online,
+            "answer": arrival.answer,
+            "invite": arrival.invite,
+            "unknown": list(arrival.unknown),
+            "rows_needed": need,
+            "share": law.share(),
+            "p_half": law.p_half(),
+            "p_skip": law.p_rows_below(need),
+        }
+    return budget
+
+
+def _budget_and_law(
+    rule: Any,
+    mode: str,
+    fraction: float,
+    population: int,
+    cohort: int,
+    f_quantile: float,
+    attacked: bool,
+    arrival: Arrival | None,
+    invited: int | None,
+) -> tuple[ByzantineBudget, ArrivalLaw | None]:
+    asked = min(population, max(cohort, invited or cohort))
+    extra = asked if asked != cohort else 0  # ByzantineBudget.invited
     majority = needs_honest_majority(rule)
-    breakdown = breakdown_f(rule, cohort) if majority else None
     own = configured_f(rule)
     if not attacked or fraction <= 0:
+        # No attack: the rule outvotes its breakdown on the S rows it is meant to get
+        # (not on S': over-selection must not ask it for every invited row).
+        breakdown = breakdown_f(rule, cohort) if majority else None
         f = (own if own is not None else breakdown) if majority else None
-        return ByzantineBudget("none", cohort, population, None, f, breakdown)
+        law = None
+        if arrival is not None:
+            law = arrival_law(population=population, invited=asked, arrival=arrival)
+        return ByzantineBudget("none", cohort, population, None, f, breakdown, invited=extra), law
+    breakdown = breakdown_f(rule, asked) if majority else None
     if mode == "per_round":
-        count = per_round_count(fraction, cohort)
+        count = per_round_count(fraction, asked)
         f = (own if own is not None else _capped(count, breakdown)) if majority else None
+        law = None
+        if arrival is not None:
+            law = arrival_law(
+                population=population, invited=asked, arrival=arrival, per_round_fraction=fraction
+            )
         exceeds = 1.0 if f is not None and count > f else 0.0
+        if law is not None and f is not None:
+            exceeds = law.p_byzantine_above(f)
         return ByzantineBudget(
-            "per_round", cohort, population, count, f, breakdown, p_exceeds=exceeds
-        )
+            "per_round", cohort, population, count, f, breakdown, p_exceeds=exceeds, invited=extra
+        ), law
     a = int(round(fraction * population))
-    pmf = hypergeom_pmf(population, a, cohort)
+    law = None
+    if arrival is None:
+        pmf = hypergeom_pmf(population, a, asked)
+    else:
+        law = arrival_law(population=population, invited=asked, arrival=arrival, attackers=a)
+        pmf = [float(p) for p in law.invited_attackers]
     q = quantile(pmf, f_quantile)
     f = (own if own is not None else _capped(q, breakdown)) if majority else None
-    return ByzantineBudget(
+    exceeds = 0.0
+    if f is not None:
+        exceeds = tail(pmf, f) if law is None else law.p_byzantine_above(f)
+    budget = ByzantineBudget(
         "fixed",
         cohort,
         population,
@@ -143,9 +265,49 @@ def run_budget(
         breakdown,
         f_quantile,
         q,
-        tail(pmf, f) if f is not None else 0.0,
-        {k: tail(pmf, k - 1) for k in range(1, cohort + 1)},
+        exceeds,
+        {k: tail(pmf, k - 1) for k in range(1, len(pmf))},
+        invited=extra,
     )
+    return budget, law
+
+
+def auto_invited(
+    rule: Any,
+    *,
+    mode: str,
+    fraction: float,
+    population: int,
+    cohort: int,
+    f_quantile: float = F_QUANTILE,
+    attacked: bool = True,
+    arrival: Arrival,
+) -> int:
+    """``server.over_select = "auto"``: the smallest S' in [S, min(M, 4S)] whose
+    P(a round is skipped or its rule outvoted) — P(n < rows needed for f(S')) ∪ P(B > f(S'))
+    — is within :data:`AUTO_SLACK` of the least over that range (module docstring)."""
+    top = min(population, 4 * cohort)
+    if arrival.lossless or top <= cohort:
+        return cohort
+    stride = max(1, math.ceil((top - cohort + 1) / 64))
+    fails: list[tuple[int, float]] = []
+    for s in range(cohort, top + 1, stride):
+        budget, law = _budget_and_law(
+            rule, mode, fraction, population, cohort, f_quantile, attacked, arrival, s
+        )
+        assert law is not None  # arrival is given
+        need = rows_needed(rule, budget.f)
+        if need is None:
+            p = 1.0
+        elif budget.f is None:  # a rule that needs no count fails only on no row
+            p = law.p_rows_below(need)
+        else:
+            p = law.p_fails(budget.f, need)
+        fails.append((s, p))
+        if p <= 1e-3:  # nothing larger can be meaningfully better
+            break
+    best = min(p for _, p in fails)
+    return next(s for s, p in fails if p <= best + AUTO_SLACK)
 
 
 def _capped(f: int, breakdown: int | None) -> int:
@@ -196,8 +358,11 @@ def warn_groups(kind: str, statements: list[dict[str, Any]]) -> None:
 
 
 __all__ = [
+    "AUTO_SLACK",
     "F_QUANTILE",
+    "SKIP_WARN",
     "ByzantineBudget",
+    "auto_invited",
     "group_statements",
     "hypergeom_pmf",
     "per_round_count",

@@ -220,11 +220,13 @@ class Simulator:
     def begin_round(self, rnd: int) -> RoundPlan:
         """Cohort S^t, Byzantine subset A^t and the broadcast payload of round ``rnd``."""
         cfg = self.cfg
+        budget = self.comp.budget  # S' invited (server.over_select), else S
+        s = budget.asked if budget is not None else cfg.server.clients_per_round
         if self.faults is None:
-            m, s = cfg.data.num_clients, cfg.server.clients_per_round
+            m = cfg.data.num_clients
             cohort, online = sample_cohort(cfg.seed, rnd, m, s), m
         else:  # sampled from the clients online this round
-            cohort, online = self.faults.cohort(rnd, cfg.server.clients_per_round)
+            cohort, online = self.faults.cohort(rnd, s)
         byz = self._byzantine(rnd, cohort)
         ctx = RoundContext(rnd, cohort, byz, cfg.seed, cfg.data.num_clients, self.device)
         st = self.state

@@ -20,6 +20,7 @@ from fedshield.errors import ConfigError
 from fedshield.faults.base import FaultEnv
 from fedshield.faults.plan import FaultPlan, build_models, build_plan
 from fedshield.registry import tags_of
+from fedshield.sim.arrivals import Arrival
 from fedshield.sim.state import Experiment, RoundPlan
 
 
@@ -38,6 +39,34 @@ def check_faults(cfg: ExperimentConfig) -> None:
             f"[privacy.central]'s accountant assumes each client is sampled with q = S/M; "
             f"remove the availability model or the central DP section"
         )
+
+
+def arrival_of(cfg: ExperimentConfig) -> Arrival | None:
+    """What ``[faults]`` does to a round, for the build-time statement
+    (:mod:`fedshield.sim.arrivals`): the product of the availability models' rates (a) and
+    of the response models' (r), every client taking ``client.local_steps`` (1 when set in
+    epochs) at full cost; None without fault models."""
+    if cfg.faults is None or not cfg.faults.models:
+        return None
+    steps = cfg.client.local_steps or 1
+    env = FaultEnv(cfg.seed, cfg.data.num_clients, full_steps=lambda k: steps)
+    plan = build_plan(cfg.faults, env)
+    assert plan is not None  # models are listed
+    rates = {"availability": 1.0, "response": 1.0}
+    unknown = []
+    for m in plan.models:
+        r = m.rate(env)
+        if r is None:
+            unknown.append(m.name)
+        else:
+            rates[m.stage] *= min(max(float(r), 0.0), 1.0)
+    return Arrival(
+        rates["availability"],
+        rates["response"],
+        cfg.faults.invite or "online",
+        cfg.faults.attackers_fail,
+        tuple(unknown),
+    )
 
 
 def response_models(cfg: ExperimentConfig) -> list[str]:
@@ -128,8 +157,9 @@ def fault_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
         "mean_available": sum(r.get("faults/available", 0.0) for r in records) / len(records),
         "mean_sampled": sum(r.get("faults/sampled", 0.0) for r in records) / len(records),
     }
-    for key in ("dropped", "late", "partial"):
-        out[key] = float(sum(r.get(f"faults/{key}", 0.0) for r in records))
+    for key in ("dropped", "late", "partial", "offline"):
+        if key != "offline" or any("faults/offline" in r for r in records):
+            out[key] = float(sum(r.get(f"faults/{key}", 0.0) for r in records))
     shares = [r["byz/share_kept"] for r in records if "byz/share_kept" in r]
     if shares:
         out["max_byz_share_kept"] = max(shares)
@@ -137,6 +167,7 @@ def fault_summary(records: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 __all__ = [
+    "arrival_of",
     "build_faults",
     "capped_steps",
     "check_faults",

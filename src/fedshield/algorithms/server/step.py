@@ -22,7 +22,9 @@ uploads, so a check added here holds on every path:
    (:func:`~fedshield.algorithms.server.cohort.cap_for_f`). Kept uploads whose counts
    are all 0 are weighted uniformly (``sys/zero_counts``) instead of aborting the round.
    f is the sampled cohort's (:mod:`fedshield.algorithms.server.cohort`): when fewer rows
-   are kept than the rule needs to outvote it, θ is not moved (``sys/skipped/too_few``).
+   are kept than the rule needs to outvote it, a ``fill`` round defense first lends the
+   rule the cached rows of invited clients that sent nothing (:mod:`fedshield.crossround.
+   fill`), and with still too few θ is not moved (``sys/skipped/too_few``).
 4. **Step**: the server algorithm's ``update`` then ``post_step`` (behind the round
    defenses of ``server.round_defenses``, :mod:`fedshield.crossround`). A rule that raises on
    this round's rows (a reference that cannot be formed, weights that cannot be
@@ -185,6 +187,14 @@ def server_round_step(
         server.aggregator, len(ctx.cohort), getattr(server, "byzantine_f", None), known_bad
     )
     metrics |= budget.metrics()
+    defenses = getattr(server, "round_defenses", None)  # fedshield.crossround
+    filled: dict[str, Tensor] = {}
+    fresh = kept
+    if defenses is not None and kept:  # a short round completed from cached rows (fill)
+        sent = {u.client_id for u in admitted}
+        kept, filled, notes = defenses.complete(kept, start.state, ctx, budget.needed, sent)
+        metrics |= notes
+        out.state = start.state | filled
     if uniform_counts:
         kept = [replace(u, num_examples=1) for u in kept]
     elif kept:
@@ -195,7 +205,6 @@ def server_round_step(
         log.warning("round %d: no valid upload; θ unchanged", ctx.round)
         metrics["sys/skipped"] = 1.0
         return out
-    defenses = getattr(server, "round_defenses", None)  # fedshield.crossround
     # Also with a cache: in early rounds the cache holds few honest rows (attackers always
     # answer), so the fresh rows, not the cached ones, decide whether f can be outvoted.
     if budget.too_few(len(kept)):
@@ -206,7 +215,9 @@ def server_round_step(
     try:
         if defenses is not None:  # cached rows, step bound: around update and post_step
             p, b, st = start.params, start.buffers, start.state
-            step = defenses.step(server, p, b, st, kept, ctx, services)
+            # This round's own uploads are the first len(fresh) rows (fill appends after).
+            own = kept[: len(fresh)] if len(kept) > len(fresh) else None
+            step = defenses.step(server, p, b, st, kept, ctx, services, own, filled)
         else:
             step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
             step = server.post_step(step, ctx, services)
