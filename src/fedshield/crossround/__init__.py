@@ -12,6 +12,9 @@ name        what it does                                                memory
 cache       the rule sees every client's latest screened upload          O(M·d)
 step_bound  each block's step ≤ κ × median of the last k applied steps   O(k·d)
 reputation  clients repeatedly far from the aggregate are suspended       O(M)
+collusion   near-identical rows of different clients are dropped;       O(M)
+            repeat senders suspended
+momentum    the rule sees each client's momentum β·m + (1 − β)·g         O(M·d)
 ==========  ==========================================================  ============
 """
 
