@@ -50,6 +50,15 @@ def test_identical_quiet_rows_are_flagged_and_honest_rows_are_not():
     assert near_duplicates(rows, 0.1).tolist() == [False] * 4 + [True] * 6
 
 
+def test_far_outliers_do_not_make_honest_rows_look_near_identical():
+    """Noise rows (σ = 100) inflate the pairwise median; each row's own norm caps the scale,
+    so the honest rows are not flagged, whether the outliers are 3 or 6 of 10."""
+    g = torch.Generator().manual_seed(1)
+    honest, noise = honest_rows(7), 100.0 * torch.randn(6, 16, generator=g)
+    assert not near_duplicates(torch.cat([honest, noise[:3]]), 0.1).any()
+    assert not near_duplicates(torch.cat([honest[:4], noise]), 0.1).any()
+
+
 def test_near_duplicates_needs_three_rows_and_a_spread():
     x = torch.ones(2, 4)
     assert not near_duplicates(x, 0.5).any()
@@ -131,6 +140,33 @@ def test_collusion_through_the_chain_runs_the_rule_with_the_lowered_f():
     out = defenses.step(Server(), torch.zeros(16), torch.zeros(0), {}, kept, ctx(1, ()), None)
     assert seen == [(7, 0)]  # trimmed mean of 7 rows with f = 3 − 3: the honest mean
     torch.testing.assert_close(out.params, honest.mean(0), rtol=1e-5, atol=1e-5)
+
+
+# --- direction consistency ---------------------------------------------------------------
+
+
+def test_consistency_flags_offsets_against_the_applied_step_and_suspends_on_the_second():
+    from fedshield.crossround.consistency import against_step
+
+    honest = honest_rows(7)
+    x = hug(honest)
+    rows = torch.cat([honest, x.expand(3, -1)])
+    step = rows.median(dim=0).values  # what a median applies: pulled, still the honest side
+    flags = against_step(rows, step, 0.65)
+    assert flags[7:].all() and not flags[:7].any()
+    # cos of the offset (−1, 0) from the median (1, 0) with the step (1, 0) is −1 < −γ
+    two = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, -1.0], [1.0, 0.0]])
+    assert against_step(two, torch.tensor([1.0, 0.0]), 0.65).tolist() == [True, False, False, False]
+    con = build("consistency")  # γ = 0.65, λ = 0.8, threshold 1.5
+    state: dict = {}
+    kept = [upload(k, r) for k, r in enumerate(rows)]
+    c = ctx(1, tuple(range(10)))
+    for _ in range(2):  # 1, then 1.8 ≥ 1.5
+        _, acted = con.bound(BoundInput(torch.zeros(16), step, kept, 1.0, kept), state, c)
+        state = {**state, **acted.state}
+        assert acted.metrics["defense/consistency/flagged"] == 3.0
+    left, acted = con.rows(kept, state, c)
+    assert [u.client_id for u in left] == list(range(7)) and acted.identified == 0
 
 
 # --- worker momentum ---------------------------------------------------------------------
