@@ -14,7 +14,9 @@ Every attack declares its parameters as a :class:`~fedshield.core.params.Params`
 their rows through the server's configured rule. The round loop then calls them with a
 keyword ``context=`` :class:`AttackContext` holding that rule object (pre-aggregators
 included, so a plugin rule is attacked like a built-in one) and the weights it will be
-given. Only an attack that also declares ``needs_reference = True`` (tag
+given, and what the server publishes about its defenses (SPEC §16: its round defenses, the
+step history a step bound keeps, η_g, the cohort size and the stated f). Only an attack
+that also declares ``needs_reference = True`` (tag
 ``needs_reference``: the threat model "the attackers know the server's root update")
 receives the server's reference r^t in the context; every other attack gets ``None`` there
 and must estimate what it needs. Called without a context (a direct call, a test), a
@@ -23,7 +25,8 @@ defense-aware attack targets the plain mean (ByzFL's default ``agg=Average()``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -31,7 +34,7 @@ from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
 from fedshield.core.params import NoParams, Params, parse_params
-from fedshield.registry import Registry
+from fedshield.registry import Registry, tags_of
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,27 @@ class AttackContext:
     #: The server's reference r^t (root-data update, momentum or Centered Clipping's
     #: centre) — only for attacks with ``needs_reference = True``; None otherwise.
     reference: Tensor | None = None
+    #: The server's round defenses (``server.round_defenses``, :mod:`fedshield.crossround`)
+    #: with their parameters as attributes: every defense parameter is published (SPEC §16).
+    defenses: tuple[Any, ...] = ()
+    #: The server-state entries of the defenses that bound the applied step (tag
+    #: ``bounds_step``: the step bound's last applied steps). The attackers receive θ^t every
+    #: round, so they know every applied step; nothing else of the server state is here.
+    published: Mapping[str, Tensor] = field(default_factory=dict)
+    #: The server's step size η_g (θ^{t+1} = θ^t + η_g · aggregate).
+    lr: float = 1.0
+    #: The number of clients the server asked this round (None: the rows given).
+    cohort: int | None = None
+    #: The Byzantine count f the run states for a cohort (``server.byzantine_f``; None: the
+    #: rule's own f, else its breakdown).
+    byzantine_f: int | None = None
+
+
+def published_state(defenses: Sequence[Any], state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The entries of the server ``state`` that :attr:`AttackContext.published` holds: those
+    of the round ``defenses`` tagged ``bounds_step`` (the applied steps, which θ^t reveals)."""
+    owners = [d for d in defenses if "bounds_step" in tags_of(d)]
+    return {k: v for k, v in state.items() if any(d.owns(k) for d in owners)}
 
 
 class _Attack:

@@ -28,7 +28,7 @@ from torch import Tensor
 from fedshield import config as config_mod
 from fedshield.algorithms.client import ClientContext
 from fedshield.algorithms.server.step import RoundStart, server_round_step
-from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack
+from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack, published_state
 from fedshield.core.client_metrics import robust_metric
 from fedshield.core.context import (
     ClientUpdate,
@@ -395,8 +395,9 @@ class Simulator:
     def _attack_context(
         self, plan: RoundPlan, rows: list[ClientUpdate], matrix: Tensor
     ) -> AttackContext:
-        """The configured rule and its weights; the server's reference r^t only for an
-        attack of the threat model that knows it (``needs_reference``)."""
+        """The configured rule and its weights, what the server publishes about its defenses
+        (SPEC §16); the server's reference r^t only for an attack of the threat model that
+        knows it (``needs_reference``)."""
         st, server = self.state, self.comp.server
         ref = None
         if getattr(self.comp.attack, "needs_reference", False):
@@ -405,7 +406,18 @@ class Simulator:
                 ref = reference(st.params, st.buffers, st.server_state, rows, plan.ctx, self)
             if ref is None:
                 ref = st.server_state.get("center")  # Centered Clipping's reference
-        return AttackContext(self.comp.aggregator, server.weights(rows, matrix), ref)
+        defenses = getattr(server, "round_defenses", None)
+        chain = defenses.defenses if defenses is not None else ()
+        return AttackContext(
+            self.comp.aggregator,
+            server.weights(rows, matrix),
+            ref,
+            defenses=chain,
+            published=published_state(chain, st.server_state),
+            lr=float(server.lr),
+            cohort=len(plan.ctx.cohort),
+            byzantine_f=getattr(server, "byzantine_f", None),
+        )
 
     def evaluate(self) -> dict[str, float]:
         set_params(self.model, self.state.params)

@@ -1,0 +1,137 @@
+"""``stealth``: colluding attackers who "hug" the defense's radius (SPEC §16 (a), issue 32).
+
+Every attacker of the cohort uploads the same row
+
+    x = c − h · r · ū                                                              (1)
+
+c the centre of the honest rows (the coordinate-wise median by default; their mean, or the
+configured rule's own output on them), ū the unit mean of the honest rows, h ∈ (0, 1] the
+placement, and r the radius the server's defenses publish along −ū from c: the smallest of
+the radii of :mod:`fedshield.attacks._published` (reputation's τ × the median honest
+distance D from c, the step bound's κ × its history read as a distance, a clipping radius).
+With ``tau`` set, r = τ · D whatever is published — the attack of issue 32's measurement
+(x = med − 0.9·τ·med_j‖h_j − med‖·ū). With nothing published and ``tau`` unset,
+r = 3 · D (reputation's default τ).
+
+The rows stay inside every published radius, so no defense that thresholds on them fires
+(no suspension, no clipped step), while each round's aggregate is pulled against the honest
+direction. ``jitter`` > 0 adds seeded noise of norm about ``jitter`` · D to each copy, so
+the rows are not bit-identical (a duplicate check would see identical rows at once).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from fedshield.aggregators._ops import to_dtype
+from fedshield.aggregators.median import coordinate_median
+from fedshield.attacks._common import CohortAttack, Ctx, Rng, honest_pool, with_rows
+from fedshield.attacks._oracle import RuleOracle
+from fedshield.attacks._published import radii, spread, unit
+from fedshield.attacks.base import ATTACKS
+from fedshield.core.params import Params
+
+#: r = DEFAULT_TAU · D when the server publishes no radius (reputation's default τ).
+DEFAULT_TAU = 3.0
+
+
+class StealthParams(Params):
+    h: float = Field(
+        0.9, gt=0.0, le=1.0, description="placement h ∈ (0, 1]: the fraction of the radius used"
+    )
+    tau: float | None = Field(
+        None,
+        gt=0.0,
+        le=1e6,
+        description="radius as τ × the median honest distance from the centre; unset: the "
+        "tightest radius the server's defenses publish (3 × that distance when none)",
+    )
+    centre: Literal["median", "mean", "rule"] = Field(
+        "median",
+        description="centre c of the honest rows: coordinate-wise median, mean, or the "
+        "configured rule's output on them",
+    )
+    jitter: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="seeded noise of norm ≈ jitter × the median honest distance on each copy",
+    )
+
+
+def honest_centre(pool: Tensor, how: str, context: Ctx) -> Tensor:
+    """c of eq. (1): the coordinate-wise median, the mean, or the configured rule run on
+    the honest rows alone (the median when it cannot run on them)."""
+    if how == "mean":
+        return pool.to(torch.float64).mean(dim=0).to(pool.dtype)
+    if how == "rule":
+        out = RuleOracle(context, stand_in=pool.mean(dim=0))(pool)
+        if out is not None and bool(torch.isfinite(out).all()):
+            return out.to(pool.dtype)
+    return coordinate_median(pool)
+
+
+def stealth_row(pool: Tensor, centre: Tensor, h: float, radius: float) -> Tensor:
+    """Eq. (1), in float64 and clamped to ``pool``'s finite range: c − h·r·ū."""
+    u = unit(pool.to(torch.float64).mean(dim=0))
+    return to_dtype(centre.to(torch.float64) - (h * radius) * u, pool.dtype)
+
+
+@ATTACKS.register("stealth", tags=["kind=update", "omniscient", "needs_rule"])
+class Stealth(CohortAttack):
+    """Colluding rows at a fraction h of the defense's published radius from the honest
+    centre, opposite the honest mean (issue 32's "hug"; SPEC §16 (a)).
+
+    Uploads x = c − h·r·ū (module docstring), r read from the configured server's round
+    defenses and rule (``tau`` set: r = τ × the median honest distance from c)."""
+
+    params_schema = StealthParams
+    needs_own_update = False
+    needs_rule = True
+    h: float
+    tau: float | None
+    centre: str
+    jitter: float
+
+    #: r used in the last call and the defense that set it ("tau" when given, "default"
+    #: when nothing is published); None before the first call or with no attacker.
+    last_radius: float | None = None
+    last_source: str | None = None
+
+    def forget(self) -> None:
+        self.last_radius = self.last_source = None
+
+    def radius(self, pool: Tensor, centre: Tensor, context: Ctx) -> tuple[float, str]:
+        """r of eq. (1) and what set it."""
+        dist = spread(pool, centre)
+        if self.tau is not None:
+            return self.tau * dist, "tau"
+        u = unit(pool.to(torch.float64).mean(dim=0))
+        published = radii(context, pool, centre, u)
+        if not published:
+            return DEFAULT_TAU * dist, "default"
+        source = min(published, key=lambda k: published[k])
+        return published[source], source
+
+    def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
+        pool = honest_pool(updates, mask)
+        centre = honest_centre(pool, self.centre, context)
+        r, source = self.radius(pool, centre, context)
+        self.last_radius, self.last_source = r, source
+        row = stealth_row(pool, centre, self.h, r)
+        if self.jitter == 0.0:
+            return with_rows(updates, mask, row)
+        f, d = int(mask.sum()), updates.shape[1]
+        device = generator.device if generator is not None else updates.device
+        noise = torch.randn((f, d), generator=generator, dtype=torch.float64, device=device)
+        scale = self.jitter * spread(pool, centre) / math.sqrt(d)
+        rows = row.to(torch.float64) + noise.to(updates.device) * scale
+        return with_rows(updates, mask, to_dtype(rows, updates.dtype))
+
+
+__all__ = ["DEFAULT_TAU", "Stealth", "honest_centre", "stealth_row"]
