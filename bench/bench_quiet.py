@@ -138,6 +138,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cells", type=Path, help="append each finished cell to this JSON-lines file")
+    ap.add_argument("--resume", action="store_true", help="skip the cells --cells holds")
     ap.add_argument("--table", type=Path, help="only print the table of a JSON-lines file")
     ap.add_argument("--write", action="store_true", help=f"store the cells as {OUT.name}")
     args = ap.parse_args()
@@ -150,11 +151,15 @@ def main() -> None:
         jobs = [
             (n, a, m, s, args.rounds)
             for s in args.seeds
-            for m in args.clients
             for a in args.attacks
+            for m in args.clients
             for n in args.configs
         ]
         cells = []
+        if args.resume and args.cells is not None and args.cells.exists():
+            cells = [json.loads(x) for x in args.cells.read_text().splitlines() if x.strip()]
+            done = {(c["config"], c["attack"], c["clients"], c["seed"]) for c in cells}
+            jobs = [j for j in jobs if j[:4] not in done]
         start = time.perf_counter()
         with ProcessPoolExecutor(args.jobs) as pool:
             for cell in pool.map(one, jobs):

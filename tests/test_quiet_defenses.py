@@ -196,3 +196,44 @@ def test_momentum_malformed_state_starts_over():
     state = {"momentum/ids": torch.zeros(3)}  # wrong dtype, other fields missing
     out, acted = mom.rows([upload(0, [1.0, 2.0])], state, ctx(1, (0,)))
     assert out[0].delta.tolist() == [1.0, 2.0] and acted.metrics["defense/momentum/reset"] == 1.0
+
+
+# --- a run: the registered stealth attack against the collusion check --------------------
+
+
+def test_stealth_rows_are_left_out_every_round_of_a_run():
+    """The library's stealth attack (identical hug rows at the published radius) against
+    Median + collusion: each round exactly the cohort's attackers are left out — as
+    duplicates the first time, suspended after — and no honest client is."""
+    from fedshield.config import validate
+    from fedshield.runner import run
+
+    raw = {
+        "name": "quiet",
+        "seed": 1,
+        "rounds": 3,
+        "data": {
+            "dataset": "digits",
+            "num_clients": 20,
+            "partition": "dirichlet",
+            "beta": 0.5,
+            "min_size": 5,
+        },
+        "model": {"name": "mlp", "params": {"hidden": 8}},
+        "client": {"lr": 0.1, "batch_size": 16, "local_steps": 3},
+        "server": {
+            "aggregator": "median",
+            "clients_per_round": 10,
+            "weighting": "uniform",
+            "round_defenses": ["collusion", "step_bound"],
+        },
+        "attack": {"name": "stealth", "fraction": 0.3},
+        "eval": {"every": 3},
+        "run": {"threads": 1, "progress": False},
+    }
+    res = run(validate(raw, "t"), None, quiet=True)
+    left_out = [
+        r["defense/collusion/duplicates"] + r["defense/collusion/suspended"] for r in res.history
+    ]
+    assert left_out == [r["byz/count"] for r in res.history]
+    assert all(r["byz/count"] > 0 for r in res.history)

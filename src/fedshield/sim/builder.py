@@ -26,6 +26,7 @@ from fedshield.registry import Entry
 from fedshield.sim.byzantine_budget import (
     ByzantineBudget,
     group_statements,
+    recommendation,
     run_budget,
     warn_groups,
 )
@@ -179,6 +180,18 @@ def state_budget(cfg: ExperimentConfig, rule: Aggregator) -> ByzantineBudget:
         )
     line = budget.line(repr(rule))
     (log.warning if budget.p_exceeds >= 0.01 else log.info)(line)
+    server = {
+        "algorithm": cfg.server.algorithm,
+        "aggregator": cfg.server.aggregator,
+        "round_defenses": list(cfg.server.round_defenses or []),
+    }
+    budget.recommended = recommendation(
+        root=cfg.data.root_size > 0,
+        mode=cfg.attack.mode,
+        faults=cfg.faults is not None,
+        server=server,
+    )
+    log.info(budget.recommended["line"])
     return budget
 
 

@@ -20,6 +20,12 @@ half of the holders a cohort samples (2·min(f, h) ≥ min(h, S)), with what the
 there: a root-reference rule bounds it, the per-block bound caps each step's size (not its
 direction), or nothing does.
 
+**The recommended configuration** (SPEC §16). For the run's threat model — root data at
+the server or not, ``attack.mode``, a ``[faults]`` model or not — the statement names the
+configuration fedshield recommends, its measured worst case on the published grid and what
+the configured server differs from it (:mod:`fedshield.crossround.recommended`: one table,
+chosen from the measured cells, which the docs render too).
+
 Everything is a log line at build time and the ``byzantine`` field of summary.json.
 """
 
@@ -78,6 +84,8 @@ class ByzantineBudget:
     p_exceeds: float = 0.0  #: P(X > f): rounds the rule cannot defend alone
     p_at_least: dict[int, float] = field(default_factory=dict)  #: P(X ≥ k), k = 1..S
     groups: list[dict[str, Any]] = field(default_factory=list)
+    #: the recommended configuration for the run's threat model (:func:`recommendation`)
+    recommended: dict[str, Any] = field(default_factory=dict)
 
     def line(self, rule: str) -> str:
         who = f"{rule}: f={self.f} of S={self.cohort}"
@@ -99,6 +107,28 @@ class ByzantineBudget:
         out = asdict(self)
         out["p_at_least"] = {str(k): v for k, v in self.p_at_least.items()}
         return out
+
+
+def recommendation(
+    *, root: bool, mode: str, faults: bool, server: dict[str, Any]
+) -> dict[str, Any]:
+    """The recommended configuration for the threat model (root data, attack mode,
+    faults), its measured worst case and what ``server`` (the configured ``algorithm``,
+    ``aggregator``, ``round_defenses``) differs in; ``line`` is the build-time sentence."""
+    from fedshield.crossround import recommended as rec
+
+    threat = rec.ThreatModel(root, mode, faults)
+    conf = rec.recommend(threat)
+    worst = rec.worst_case(conf.name)
+    return {
+        "threat_model": threat.describe(),
+        "name": conf.name,
+        "server": conf.server(),
+        "worst_case": None if worst is None else worst.describe(),
+        "worst_gap": None if worst is None else worst.gap,
+        "differs": rec.differences(conf, server),
+        "line": rec.statement(threat, server),
+    }
 
 
 def per_round_count(fraction: float, cohort: int) -> int:
@@ -185,8 +215,7 @@ def group_statements(
 def warn_groups(kind: str, statements: list[dict[str, Any]]) -> None:
     for g in statements:
         log.warning(
-            "%s %s: %d holder(s), up to %d may be attackers under the run's f (half or "
-            "more): %s",
+            "%s %s: %d holder(s), up to %d may be attackers under the run's f (half or more): %s",
             kind,
             g["group"],
             g["holders"],
@@ -202,6 +231,7 @@ __all__ = [
     "hypergeom_pmf",
     "per_round_count",
     "quantile",
+    "recommendation",
     "run_budget",
     "tail",
     "warn_groups",
