@@ -34,9 +34,11 @@ DATA = {
         cell("median-guarded", "stealth", 0.80, 1),
         cell("median-guarded", "stealth", 0.70, 2),  # mean 0.75: −15 points
         cell("median-guarded", "ipm", 0.88, 1),
+        cell("cc-momentum", "ipm", 0.89, 1),
         cell("cc-momentum", "stealth", 0.85, 1),
         cell("cc-momentum", "stealth", 0.83, 2),  # mean 0.84: −6 points, its worst
         cell("brdrag", "stealth", 0.89, 1),  # −1 point, but needs root data
+        cell("brdrag", "ipm", 0.9, 1),
         cell("main", "none", 0.9),
         cell("main", "stealth", 0.9),  # the baseline is never recommended
     ]
@@ -48,6 +50,7 @@ def test_worst_case_is_the_least_seed_mean_gap_to_the_clean_twin():
     assert w is not None and (w.attack, w.seeds, w.cells) == ("stealth", 2, 2)
     assert abs(w.gap - (-0.15)) < 1e-12 and abs(w.acc - 0.75) < 1e-12
     assert abs(rec.worst_case("cc-momentum", DATA).gap + 0.06) < 1e-12
+    assert rec.worst_case("cc-momentum", DATA).cells == 2
     assert rec.worst_case("brdrag-guarded", DATA) is None  # nothing measured
 
 
@@ -57,6 +60,11 @@ def test_the_recommendation_is_the_usable_candidate_with_the_best_worst_case():
     assert rec.recommend(no_root, DATA).name == "cc-momentum"
     assert rec.recommend(root, DATA).name == "brdrag"
     assert rec.recommend(no_root, {"cells": []}).name == rec.FALLBACK[False]
+    # a candidate measured on fewer cells is not compared: cc-momentum without its ipm cell
+    fewer = {
+        "cells": [c for c in DATA["cells"] if (c["config"], c["attack"]) != ("cc-momentum", "ipm")]
+    }
+    assert rec.recommend(no_root, fewer).name == "median-guarded"
 
 
 def test_differences_name_each_key_the_configured_server_changes():

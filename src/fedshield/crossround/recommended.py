@@ -74,6 +74,13 @@ CONFIGURATIONS: dict[str, Configuration] = {
             "centered_clipping",
             ("collusion", "consistency", "momentum", "step_bound"),
         ),
+        Configuration(
+            "cc-momentum-rep",
+            False,
+            "fedavg",
+            "centered_clipping",
+            ("collusion", "consistency", "momentum", "step_bound", "reputation"),
+        ),
         Configuration("brdrag", True, "brdrag", None, ()),
         Configuration("brdrag-guarded", True, "brdrag", None, ("collusion", "consistency")),
     )
@@ -162,11 +169,15 @@ def worst_case(name: str, data: dict[str, Any] | None = None) -> WorstCase | Non
 
 def recommend(threat: ThreatModel, data: dict[str, Any] | None = None) -> Configuration:
     """The candidate usable under ``threat`` with the best measured worst case (module
-    docstring); :data:`FALLBACK` when none is measured."""
+    docstring) among those measured on the most cells; :data:`FALLBACK` when none is
+    measured."""
     usable = [
         c for c in CONFIGURATIONS.values() if c.name != BASELINE and (threat.root or not c.root)
     ]
-    scored = [(w.gap, c.name) for c in usable if (w := worst_case(c.name, data)) is not None]
+    worst = {c.name: w for c in usable if (w := worst_case(c.name, data)) is not None}
+    most = max((w.cells for w in worst.values()), default=0)
+    # A candidate measured on fewer cells than another is not comparable with it.
+    scored = [(w.gap, name) for name, w in worst.items() if w.cells == most]
     if not scored:
         return CONFIGURATIONS[FALLBACK[threat.root]]
     return CONFIGURATIONS[max(scored)[1]]
