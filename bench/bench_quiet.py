@@ -141,6 +141,7 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true", help="skip the cells --cells holds")
     ap.add_argument("--table", type=Path, help="only print the table of a JSON-lines file")
     ap.add_argument("--write", action="store_true", help=f"store the cells as {OUT.name}")
+    ap.add_argument("--note", default="", help="provenance note stored with --write")
     args = ap.parse_args()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -181,6 +182,7 @@ def main() -> None:
                 {
                     "commit": commit,
                     "command": "python " + " ".join(sys.argv),
+                    "note": args.note,
                     "grid": "digits mlp64 dirichlet 0.5 min_size 5, sgd 0.1 x 10, uniform "
                     "weights, 30 % fixed attackers, S = 10",
                     "cells": sorted(
