@@ -109,8 +109,8 @@ class ServerConfig(Section):
     # None when unset: a resolved config without them dumps (and hashes) as before.
     round_defenses: list[str] | None = Field(
         None,
-        description="defenses across rounds, in order (cache, reputation, step_bound; "
-        "`fedshield list round-defenses`); unset: none",
+        description="defenses across rounds, in order (cache, collusion, consistency, fill, "
+        "momentum, reputation, step_bound; `fedshield list round-defenses`); unset: none",
     )
     round_defense_args: dict[str, dict[str, Any]] | None = Field(
         None, description="parameters per round defense, e.g. {step_bound = {kappa = 3.0}}"

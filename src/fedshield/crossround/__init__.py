@@ -6,14 +6,17 @@ how they wrap the round step). Configured as ``server.round_defenses = ["cache",
 "step_bound"]`` with ``server.round_defense_args = {step_bound = {kappa = 3.0}}``
 (``fedshield list round-defenses``).
 
-==========  ==========================================================  ============
-name        what it does                                                memory
-==========  ==========================================================  ============
-cache       the rule sees every client's latest screened upload          O(M·d)
-fill        a short round gets the invited silent clients' cached rows   O(M·d)
-step_bound  each block's step ≤ κ × median of the last k applied steps   O(k·d)
-reputation  clients repeatedly far from the aggregate are suspended       O(M)
-==========  ==========================================================  ============
+===========  ============================================================  ========
+name         what it does                                                  memory
+===========  ============================================================  ========
+cache        the rule sees every client's latest screened upload           O(M·d)
+fill         a short round gets the invited silent clients' cached rows    O(M·d)
+step_bound   each block's step ≤ κ × median of the last k applied steps    O(k·d)
+reputation   clients repeatedly far from the aggregate are suspended       O(M)
+collusion    near-identical rows of different clients are left out         O(M)
+consistency  clients whose offsets oppose the applied step are suspended   O(M)
+momentum     the rule sees each client's momentum β·m + (1 − β)·g          O(M·d)
+===========  ============================================================  ========
 """
 
 from __future__ import annotations

@@ -52,10 +52,13 @@ class BoundInput:
 
 @dataclass
 class Acted:
-    """A defense's answer: its new state entries and its metrics for the round."""
+    """A defense's answer: its new state entries and its metrics for the round; from
+    :meth:`RoundDefense.rows`, ``identified``: rows it left out as Byzantine on evidence
+    (not on suspicion alone), which lower the rule's f by as many."""
 
     state: State = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    identified: int = 0
 
 
 class RoundDefense(Configured):

@@ -119,6 +119,38 @@ class Table:
         )
 
 
+def load_table(
+    defense: RoundDefense, state: State, kept: list[ClientUpdate], capacity: int
+) -> tuple[Table, Acted]:
+    """``defense``'s :class:`Table` from the server state (its ``<name>/<field>`` entries), at
+    least ``capacity`` slots; a fresh one (and a reset note) when they are malformed."""
+    like, buffers = kept[0].delta, kept[0].buffers
+    fresh = Table.empty(capacity, like, buffers)
+    stored = {f: state.get(defense.key(f)) for f in Table.FIELDS}
+    if all(v is None for v in stored.values()):
+        return fresh, Acted()
+    if any(v is None for v in stored.values()):
+        return fresh, reset_note(defense.name, "(missing fields)")
+    t = Table(**{f: v.to(like.device) for f, v in stored.items() if v is not None})
+    c, d, b = t.ids.shape[0] if t.ids.dim() == 1 else -1, like.numel(), buffers.numel()
+    shapes = {
+        "ids": ((c,), torch.int64),
+        "rounds": ((c,), torch.int64),
+        "counts": ((c,), torch.int64),
+        "rows": ((c, d), like.dtype),
+        "masks": ((c, d), torch.bool),
+        "has_mask": ((c,), torch.bool),
+        "buffers": ((c, b), buffers.dtype),
+    }
+    for f, (shape, dtype) in shapes.items():
+        v = getattr(t, f)
+        if c < 0 or tuple(v.shape) != shape or v.dtype != dtype:
+            return fresh, reset_note(defense.name, f"{f}")
+    if bool((t.counts < 0).any()) or bool((t.ids < -1).any()):
+        return fresh, reset_note(defense.name, "(negative counts or ids)")
+    return t.grown(capacity), Acted()
+
+
 def cached_rows(
     table: Table, kept: list[ClientUpdate], rnd: int, max_age: int | None
 ) -> tuple[Table, list[ClientUpdate], int]:
@@ -151,38 +183,6 @@ def scaled_f(f: int, num_rows: int, cohort: int, largest: int | None) -> int:
     return out if largest is None else max(0, min(out, largest))
 
 
-def load_table(
-    defense: RoundDefense, state: State, kept: list[ClientUpdate], capacity: int
-) -> tuple[Table, Acted]:
-    """``defense``'s stored table of at least ``capacity`` slots; a fresh one (said once,
-    ``defense/<name>/reset``) when the stored fields are missing or malformed."""
-    like, buffers = kept[0].delta, kept[0].buffers
-    fresh = Table.empty(capacity, like, buffers)
-    stored = {f: state.get(defense.key(f)) for f in Table.FIELDS}
-    if all(v is None for v in stored.values()):
-        return fresh, Acted()
-    if any(v is None for v in stored.values()):
-        return fresh, reset_note(defense.name, "(missing fields)")
-    t = Table(**{f: v.to(like.device) for f, v in stored.items() if v is not None})
-    c, d, b = t.ids.shape[0] if t.ids.dim() == 1 else -1, like.numel(), buffers.numel()
-    shapes = {
-        "ids": ((c,), torch.int64),
-        "rounds": ((c,), torch.int64),
-        "counts": ((c,), torch.int64),
-        "rows": ((c, d), like.dtype),
-        "masks": ((c, d), torch.bool),
-        "has_mask": ((c,), torch.bool),
-        "buffers": ((c, b), buffers.dtype),
-    }
-    for f, (shape, dtype) in shapes.items():
-        v = getattr(t, f)
-        if c < 0 or tuple(v.shape) != shape or v.dtype != dtype:
-            return fresh, reset_note(defense.name, f"{f}")
-    if bool((t.counts < 0).any()) or bool((t.ids < -1).any()):
-        return fresh, reset_note(defense.name, "(negative counts or ids)")
-    return t.grown(capacity), Acted()
-
-
 @ROUND_DEFENSES.register("cache", tags=["memory=M*d", "changes_rows", "caches_uploads"])
 class CachedAggregation(RoundDefense):
     """Cached aggregation (D-Byz-SGDM-style): the rule sees every client's latest screened
@@ -195,16 +195,13 @@ class CachedAggregation(RoundDefense):
     params_schema = CacheParams
     max_age: int | None
 
-    def _table(self, state: State, kept: list[ClientUpdate], capacity: int) -> tuple[Table, Acted]:
-        return load_table(self, state, kept, capacity)
-
     def rows(
         self, kept: list[ClientUpdate], state: State, ctx: RoundContext
     ) -> tuple[list[ClientUpdate], Acted]:
         if not kept:
             return kept, Acted()
         capacity = max(ctx.num_clients, len(kept))
-        table, acted = self._table(state, kept, capacity)
+        table, acted = load_table(self, state, kept, capacity)
         table, rows, oldest = cached_rows(table, kept, ctx.round, self.max_age)
         acted.state = {self.key(f): getattr(table, f) for f in Table.FIELDS}
         acted.metrics |= {

@@ -7,7 +7,8 @@
 
     kept = d_n.complete ∘ … ∘ d_1.complete (kept)   short rounds filled (before the f check)
     rows = d_n.rows ∘ … ∘ d_1.rows (kept)      the rows the rule sees
-    θ'   = server.update, server.post_step     on those rows (f scaled by each d.rule)
+    θ'   = server.update, server.post_step     on those rows (f scaled by each d.rule,
+                                               lowered by the rows left out as Byzantine)
     θ''  = d_1.bound ∘ … ∘ d_n.bound (θ')      the step applied
 
 in place of ``update`` / ``post_step`` alone, before the non-finite guard. The server
@@ -82,14 +83,17 @@ class RoundDefenses:
         new: State = dict(written or {})
         metrics: dict[str, float] = {}
         rows = kept
+        identified = 0
         for d in self.defenses:
             rows, acted = d.rows(rows, state, ctx)
             new |= acted.state
             metrics |= acted.metrics
+            identified += acted.identified
         run = server
         rule = server.aggregator
         for d in self.defenses:
             rule = d.rule(rule, len(rows), ctx)
+        rule = lowered_f(rule, identified)
         if rule is not server.aggregator:  # servers own no mutable state: a copy is enough
             run = copy.copy(server)
             run.aggregator = rule
@@ -103,6 +107,15 @@ class RoundDefenses:
             metrics |= acted.metrics
         step_state = {k: v for k, v in step.state.items() if not self.owns(k)}
         return ServerStep(after, step.buffers, step_state | new, step.metrics | metrics)
+
+
+def lowered_f(rule: Any, identified: int) -> Any:
+    """The rule with its f lowered by the ``identified`` Byzantine rows the defenses left
+    out (never below 0); itself when it has no f or none was identified."""
+    f = getattr(rule, "f", None)
+    if identified <= 0 or not isinstance(f, int) or isinstance(f, bool) or f == 0:
+        return rule
+    return rule.replace(f=max(0, f - identified))
 
 
 def build_round_defenses(
@@ -151,4 +164,4 @@ def check_compatible(
             )
 
 
-__all__ = ["RoundDefenses", "build_round_defenses", "check_compatible"]
+__all__ = ["RoundDefenses", "build_round_defenses", "check_compatible", "lowered_f"]

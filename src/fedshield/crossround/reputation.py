@@ -29,17 +29,11 @@ from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import row_dists
-from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.core.context import RoundContext
 from fedshield.core.flat import stack_rows
 from fedshield.core.params import Params
-from fedshield.crossround.base import (
-    ROUND_DEFENSES,
-    Acted,
-    BoundInput,
-    RoundDefense,
-    State,
-    reset_note,
-)
+from fedshield.crossround.base import ROUND_DEFENSES, Acted, BoundInput, State
+from fedshield.crossround.suspension import Suspending, scores_after
 
 
 class ReputationParams(Params):
@@ -59,67 +53,17 @@ def flags(rows: Tensor, aggregate: Tensor, tau: float) -> Tensor:
     return dist > tau * med
 
 
-def scores_after(
-    scores: dict[int, float], judged: dict[int, bool], decay: float
-) -> dict[int, float]:
-    """Eq. (2) for the clients judged this round; the others keep their score."""
-    out = dict(scores)
-    for cid, flag in judged.items():
-        out[cid] = decay * out.get(cid, 0.0) + float(flag)
-    return out
-
-
 @ROUND_DEFENSES.register("reputation", tags=["memory=M", "changes_rows"])
-class Reputation(RoundDefense):
+class Reputation(Suspending):
     """Per-client reputation: clients whose uploads are repeatedly far from the applied
     aggregate are suspended from the rule's rows.
 
     Memory O(M): one score per client, in the server state."""
 
-    state_parts = ("ids", "scores")
-
     params_schema = ReputationParams
     tau: float
     decay: float
     threshold: float
-
-    def _scores(self, state: State) -> tuple[dict[int, float], Acted]:
-        ids, scores = state.get(self.key("ids")), state.get(self.key("scores"))
-        if ids is None and scores is None:
-            return {}, Acted()
-        ok = (
-            ids is not None
-            and scores is not None
-            and ids.dim() == 1
-            and ids.dtype == torch.int64
-            and scores.shape == ids.shape
-            and scores.dtype == torch.float64
-            and bool((scores >= 0).all())
-        )
-        if not ok:
-            return {}, reset_note(self.name, "(ids/scores)")
-        assert ids is not None and scores is not None
-        return dict(zip(ids.tolist(), scores.tolist(), strict=True)), Acted()
-
-    def _state(self, scores: dict[int, float], device: torch.device) -> State:
-        ids = sorted(scores)
-        return {
-            self.key("ids"): torch.tensor(ids, dtype=torch.int64, device=device),
-            self.key("scores"): torch.tensor(
-                [scores[i] for i in ids], dtype=torch.float64, device=device
-            ),
-        }
-
-    def rows(
-        self, kept: list[ClientUpdate], state: State, ctx: RoundContext
-    ) -> tuple[list[ClientUpdate], Acted]:
-        scores, acted = self._scores(state)
-        bad = [u for u in kept if scores.get(u.client_id, 0.0) >= self.threshold]
-        # Never below half of the rows: the most suspicious are dropped first.
-        bad.sort(key=lambda u: -scores[u.client_id])
-        drop = {u.client_id for u in bad[: len(kept) // 2]}
-        acted.metrics[f"defense/{self.name}/suspended"] = float(len(drop))
-        return [u for u in kept if u.client_id not in drop], acted
 
     def bound(self, step: BoundInput, state: State, ctx: RoundContext) -> tuple[Tensor, Acted]:
         scores, acted = self._scores(state)
@@ -129,7 +73,7 @@ class Reputation(RoundDefense):
             return step.after, acted  # too few rows to call one of them an outlier
         flagged = flags(stack_rows([u.delta for u in fresh]), delta / step.lr, self.tau)
         judged = {u.client_id: bool(f) for u, f in zip(fresh, flagged.tolist(), strict=True)}
-        acted.state = self._state(scores_after(scores, judged, self.decay), delta.device)
+        acted.state = self._judged(scores, judged, delta.device)
         acted.metrics[f"defense/{self.name}/flagged"] = float(flagged.sum())
         return step.after, acted
 

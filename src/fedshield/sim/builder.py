@@ -24,7 +24,13 @@ from fedshield.data import TensorData, carve, load_dataset, make_long_tail, part
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
 from fedshield.registry import Entry
-from fedshield.sim.byzantine_budget import SKIP_WARN, ByzantineBudget, auto_invited, run_budget
+from fedshield.sim.byzantine_budget import (
+    SKIP_WARN,
+    ByzantineBudget,
+    auto_invited,
+    recommendation,
+    run_budget,
+)
 from fedshield.sim.majorities import state_groups
 from fedshield.sim.state import Components, Experiment
 
@@ -209,6 +215,18 @@ def state_budget(
     if live is not None and budget.arrival is not None:
         skips = budget.arrival["p_skip"] > SKIP_WARN and not fills
         (log.warning if skips else log.info)(live)
+    server = {
+        "algorithm": cfg.server.algorithm,
+        "aggregator": cfg.server.aggregator,
+        "round_defenses": list(cfg.server.round_defenses or []),
+    }
+    budget.recommended = recommendation(
+        root=cfg.data.root_size > 0,
+        mode=cfg.attack.mode,
+        faults=cfg.faults is not None,
+        server=server,
+    )
+    log.info(budget.recommended["line"])
     return budget
 
 

@@ -29,6 +29,12 @@ rule needs for f): the expected share of skipped rounds, with one warning line w
 above a tenth. ``server.over_select = "auto"`` invites the smallest S' ≥ S whose
 P(round skipped or its rule outvoted) is within 0.01 of the least over S' ≤ min(M, 4S).
 
+**The recommended configuration** (SPEC §16). For the run's threat model — root data at
+the server or not, ``attack.mode``, a ``[faults]`` model or not — the statement names the
+configuration fedshield recommends, its measured worst case on the published grid and what
+the configured server differs from it (:mod:`fedshield.crossround.recommended`: one table,
+chosen from the measured cells, which the docs render too).
+
 Everything is a log line at build time and the ``byzantine`` field of summary.json.
 """
 
@@ -103,6 +109,8 @@ class ByzantineBudget:
     #: under [faults]: a, r, invite; the attackers' share of arriving rows, P(≥ half),
     #: P(fewer rows arrive than the rule needs) = the expected share of skipped rounds
     arrival: dict[str, Any] | None = None
+    #: the recommended configuration for the run's threat model (:func:`recommendation`)
+    recommended: dict[str, Any] = field(default_factory=dict)
 
     @property
     def asked(self) -> int:
@@ -166,6 +174,28 @@ class ByzantineBudget:
             if not out[key]:
                 del out[key]
         return out
+
+
+def recommendation(
+    *, root: bool, mode: str, faults: bool, server: dict[str, Any]
+) -> dict[str, Any]:
+    """The recommended configuration for the threat model (root data, attack mode,
+    faults), its measured worst case and what ``server`` (the configured ``algorithm``,
+    ``aggregator``, ``round_defenses``) differs in; ``line`` is the build-time sentence."""
+    from fedshield.crossround import recommended as rec
+
+    threat = rec.ThreatModel(root, mode, faults)
+    conf = rec.recommend(threat)
+    worst = rec.worst_case(conf.name)
+    return {
+        "threat_model": threat.describe(),
+        "name": conf.name,
+        "server": conf.server(),
+        "worst_case": None if worst is None else worst.describe(),
+        "worst_gap": None if worst is None else worst.gap,
+        "differs": rec.differences(conf, server),
+        "line": rec.statement(threat, server),
+    }
 
 
 def per_round_count(fraction: float, cohort: int) -> int:
@@ -347,8 +377,7 @@ def group_statements(
 def warn_groups(kind: str, statements: list[dict[str, Any]]) -> None:
     for g in statements:
         log.warning(
-            "%s %s: %d holder(s), up to %d may be attackers under the run's f (half or "
-            "more): %s",
+            "%s %s: %d holder(s), up to %d may be attackers under the run's f (half or more): %s",
             kind,
             g["group"],
             g["holders"],
@@ -367,6 +396,7 @@ __all__ = [
     "hypergeom_pmf",
     "per_round_count",
     "quantile",
+    "recommendation",
     "run_budget",
     "tail",
     "warn_groups",

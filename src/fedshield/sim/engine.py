@@ -76,6 +76,7 @@ from fedshield.sim.tracking import logger_callbacks
 
 log = logging.getLogger("fedshield")
 
+
 class Simulator:
     """Runs an :class:`Experiment`, writing outputs to ``out`` (when given)."""
 
@@ -560,5 +561,3 @@ def trusts_counts(cfg: Any, comp: Any) -> bool:
     if cfg.server.trust_counts is not None:
         return bool(cfg.server.trust_counts)
     return comp.attack is None and "robust" not in tags_of(comp.aggregator)
-
-

@@ -62,8 +62,6 @@ def integer_rounds(ax: Any) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-
-
 def _num(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v == v
 
@@ -99,7 +97,7 @@ def describe_divergence(summary: dict[str, Any]) -> str:
     keys = ", ".join(summary.get("diverged_keys", [])) or "a metric"
     return (
         f"run {summary.get('name')!r} diverged: {keys} non-finite at round "
-        f"{summary.get('diverged_round')} (summary.json: status = \"diverged\")"
+        f'{summary.get("diverged_round")} (summary.json: status = "diverged")'
     )
 
 
@@ -151,7 +149,6 @@ def plot_curves(records: list[dict[str, Any]], out: Path, title: str) -> list[Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
 
     evals = [r for r in records if _num(r.get("test_acc"))]
     if not evals:

@@ -72,9 +72,7 @@ def check_resumed(
     sc.check_tensor(f"{where}.params", saved.params, fresh.params)
     sc.check_tensor(f"{where}.buffers", saved.buffers, fresh.buffers, low=buffer_min)
     spec = dict(server_spec) if server_spec is not None else dict(fresh.server_state)
-    sc.check_table(
-        f"{where}.server_state", saved.server_state, spec, required=fresh.server_state
-    )
+    sc.check_table(f"{where}.server_state", saved.server_state, spec, required=fresh.server_state)
     for k, table in saved.client_states.items():
         sc.check_table(f"{where}.client_states[{k}]", table, dict(client_init))
     recorded = False

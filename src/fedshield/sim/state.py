@@ -51,8 +51,6 @@ class Experiment:
     device: torch.device
 
 
-
-
 @dataclass
 class RunState:
     """Everything a checkpoint holds: the next round to run and the values of the run."""

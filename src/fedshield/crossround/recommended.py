@@ -1,0 +1,262 @@
+"""The configuration fedshield recommends per threat model (SPEC §16, issue 32), and its
+measured worst case: one table that the build-time statement, the docs and the bench read.
+
+A threat model is (root data at the server or not; attack mode; fault model). The
+candidates (:data:`CONFIGURATIONS`) are whole server configurations — algorithm, rule,
+round defenses — and the bench (``bench/bench_quiet.py``) measures each on the grid of
+issue 32 (digits, mlp 64, Dirichlet 0.5, S/M 10/100 and 10/50, 30 % fixed attackers, 30
+rounds, seeds not tuned on) against noise, sign_flip, alie, ipm and the quiet attacks
+(stealth, its jittered variant, opportunist, cache_poison). Its cells are stored beside
+this module (``quiet_measured.json``, with the commit and command that made them). The
+recommendation for a threat model is the candidate usable under it (a root-data one only
+where the server holds root data) with the best measured worst case — the largest
+min over cells of (attacked − clean accuracy), the gap averaged over the seeds; so the
+choice is made by the measurement, not typed beside it. The grid is fixed mode without
+faults; the statement says so for the other modes and fault models, which get the same
+choice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+#: The measured cells (written by ``bench/bench_quiet.py --write``).
+MEASURED = "quiet_measured.json"
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A server configuration: ``server.algorithm``, ``server.aggregator`` (None: the
+    algorithm's own) and ``server.round_defenses``; ``root``: it needs root data."""
+
+    name: str
+    root: bool
+    algorithm: str
+    aggregator: str | None
+    round_defenses: tuple[str, ...]
+
+    def server(self) -> dict[str, Any]:
+        """The ``[server]`` keys that select it."""
+        out: dict[str, Any] = {
+            "algorithm": self.algorithm,
+            "round_defenses": list(self.round_defenses),
+        }
+        if self.aggregator is not None:
+            out["aggregator"] = self.aggregator
+        return out
+
+    def describe(self) -> str:
+        rule = self.aggregator or f"{self.algorithm}'s own rule"
+        defenses = ", ".join(self.round_defenses) or "none"
+        return f"server.algorithm={self.algorithm}, rule {rule}, round defenses [{defenses}]"
+
+
+#: The candidates the bench measures (``main`` is issue 32's baseline, not a candidate).
+CONFIGURATIONS: dict[str, Configuration] = {
+    c.name: c
+    for c in (
+        Configuration("main", False, "fedavg", "median", ("step_bound", "reputation")),
+        Configuration(
+            "median-guarded",
+            False,
+            "fedavg",
+            "median",
+            ("collusion", "consistency", "step_bound", "reputation"),
+        ),
+        Configuration(
+            "cc-momentum",
+            False,
+            "fedavg",
+            "centered_clipping",
+            ("collusion", "consistency", "momentum", "step_bound"),
+        ),
+        Configuration(
+            "cc-momentum-rep",
+            False,
+            "fedavg",
+            "centered_clipping",
+            ("collusion", "consistency", "momentum", "step_bound", "reputation"),
+        ),
+        Configuration("brdrag", True, "brdrag", None, ()),
+        Configuration("brdrag-guarded", True, "brdrag", None, ("collusion", "consistency")),
+    )
+}
+
+#: Not a candidate: the configuration of issue 32's reproducer, measured for comparison.
+BASELINE = "main"
+
+#: The recommendation before any measurement exists (or when none fits).
+FALLBACK = {False: "median-guarded", True: "brdrag-guarded"}
+
+
+@dataclass(frozen=True)
+class ThreatModel:
+    root: bool  #: the server holds a root data set (data.root_size > 0)
+    mode: str  #: attack.mode: "fixed" or "per_round"
+    faults: bool  #: a [faults] model is configured (honest clients go missing)
+
+    def describe(self) -> str:
+        root = "root data at the server" if self.root else "no root data"
+        faults = "faults" if self.faults else "no faults"
+        return f"{root}, {self.mode} attackers, {faults}"
+
+
+@dataclass(frozen=True)
+class WorstCase:
+    """A configuration's worst measured cell: the attack and S/M where attacked − clean
+    accuracy (mean over ``seeds``) is least."""
+
+    attack: str
+    clients: int
+    cohort: int
+    acc: float
+    clean: float
+    seeds: int
+    cells: int  #: attacked cells measured for the configuration
+
+    @property
+    def gap(self) -> float:
+        return self.acc - self.clean
+
+    def describe(self) -> str:
+        return (
+            f"{self.attack} at S/M {self.cohort}/{self.clients}: {self.acc:.3f} vs clean "
+            f"{self.clean:.3f} ({100 * self.gap:+.1f} points; mean of {self.seeds} seed(s), "
+            f"worst of {self.cells} cells)"
+        )
+
+
+@cache
+def measured() -> dict[str, Any]:
+    """The stored measurement (``{"cells": [], ...}`` when none is stored)."""
+    path = resources.files(__package__).joinpath(MEASURED)
+    if not path.is_file():
+        return {"cells": []}
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def worst_case(name: str, data: dict[str, Any] | None = None) -> WorstCase | None:
+    """The worst cell of configuration ``name`` in ``data`` (default: the stored
+    measurement); None when it has no attacked cell with a clean twin."""
+    cells = (measured() if data is None else data)["cells"]
+    clean: dict[tuple[int, int, int], float] = {}
+    for c in cells:
+        if c["config"] != name:
+            continue
+        if c["attack"] == "none":
+            clean[(c["clients"], c["cohort"], c["seed"])] = c["acc"]
+    pairs: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+    for c in cells:
+        twin = clean.get((c["clients"], c["cohort"], c["seed"]))
+        if c["config"] != name or c["attack"] == "none" or twin is None:
+            continue
+        pairs.setdefault((c["attack"], c["clients"], c["cohort"]), []).append((c["acc"], twin))
+    if not pairs:
+        return None
+    means = {
+        k: (sum(a for a, _ in v) / len(v), sum(b for _, b in v) / len(v), len(v))
+        for k, v in pairs.items()
+    }
+    key = min(means, key=lambda k: (means[k][0] - means[k][1], k))
+    a, b, n = means[key]
+    return WorstCase(key[0], key[1], key[2], a, b, n, len(means))
+
+
+def recommend(threat: ThreatModel, data: dict[str, Any] | None = None) -> Configuration:
+    """The candidate usable under ``threat`` with the best measured worst case (module
+    docstring) among those measured on the most cells; :data:`FALLBACK` when none is
+    measured."""
+    usable = [
+        c for c in CONFIGURATIONS.values() if c.name != BASELINE and (threat.root or not c.root)
+    ]
+    worst = {c.name: w for c in usable if (w := worst_case(c.name, data)) is not None}
+    most = max((w.cells for w in worst.values()), default=0)
+    # A candidate measured on fewer cells than another is not comparable with it.
+    scored = [(w.gap, name) for name, w in worst.items() if w.cells == most]
+    if not scored:
+        return CONFIGURATIONS[FALLBACK[threat.root]]
+    return CONFIGURATIONS[max(scored)[1]]
+
+
+def threat_models() -> list[ThreatModel]:
+    return [
+        ThreatModel(root, mode, faults)
+        for root in (False, True)
+        for mode in ("fixed", "per_round")
+        for faults in (False, True)
+    ]
+
+
+def differences(rec: Configuration, server: dict[str, Any]) -> list[str]:
+    """What the configured ``server`` keys (algorithm, aggregator, round_defenses) differ
+    in from ``rec``'s, one phrase each; empty when they select it."""
+    out = []
+    want = rec.server()
+    for key in ("algorithm", "aggregator", "round_defenses"):
+        if key not in want:
+            continue
+        have = server.get(key)
+        if key == "round_defenses":
+            have = list(have or [])
+        if have != want[key]:
+            out.append(f"server.{key}={have!r} (recommended {want[key]!r})")
+    return out
+
+
+def statement(threat: ThreatModel, server: dict[str, Any]) -> str:
+    """The build-time line: the recommendation for ``threat``, its measured worst case and
+    what the configured ``server`` differs in."""
+    rec = recommend(threat)
+    worst = worst_case(rec.name)
+    where = (
+        ""
+        if (threat.mode, threat.faults) == ("fixed", False)
+        else (" (measured in fixed mode without faults)")
+    )
+    said = worst.describe() + where if worst is not None else "not measured"
+    diff = differences(rec, server)
+    differs = "; ".join(diff) if diff else "the configured run is this configuration"
+    return (
+        f"recommended for {threat.describe()}: {rec.name!r} ({rec.describe()}); measured worst "
+        f"case {said}; {differs}"
+    )
+
+
+def markdown_table(data: dict[str, Any] | None = None) -> str:
+    """The docs' table: per threat model, the recommendation and its worst case."""
+    lines = [
+        "| root data | attack mode | faults | recommended | configuration | worst case |",
+        "|---|---|---|---|---|---|",
+    ]
+    for t in threat_models():
+        rec = recommend(t, data)
+        worst = worst_case(rec.name, data)
+        said = "not measured" if worst is None else worst.describe()
+        if worst is not None and (t.mode, t.faults) != ("fixed", False):
+            said = "as fixed, no faults: " + said
+        lines.append(
+            f"| {'yes' if t.root else 'no'} | {t.mode} | {'yes' if t.faults else 'no'} | "
+            f"`{rec.name}` | {rec.describe()} | {said} |"
+        )
+    return "\n".join(lines)
+
+
+__all__ = [
+    "BASELINE",
+    "CONFIGURATIONS",
+    "Configuration",
+    "ThreatModel",
+    "WorstCase",
+    "differences",
+    "markdown_table",
+    "measured",
+    "recommend",
+    "statement",
+    "threat_models",
+    "worst_case",
+]

@@ -1,0 +1,101 @@
+"""The recommended configuration per threat model (SPEC §16, issue 32): chosen from the
+measured cells, stated at build time, and the docs' table is its rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedshield import config
+from fedshield.crossround import recommended as rec
+from fedshield.crossround.recommended import ThreatModel
+from fedshield.sim.builder import build_components
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cell(name: str, attack: str, acc: float, seed: int = 1, clients: int = 100) -> dict:
+    return {
+        "config": name,
+        "attack": attack,
+        "clients": clients,
+        "cohort": 10,
+        "seed": seed,
+        "acc": acc,
+    }
+
+
+DATA = {
+    "cells": [
+        *(
+            cell(n, "none", 0.9, s)
+            for n in ("median-guarded", "cc-momentum", "brdrag")
+            for s in (1, 2)
+        ),
+        cell("median-guarded", "stealth", 0.80, 1),
+        cell("median-guarded", "stealth", 0.70, 2),  # mean 0.75: −15 points
+        cell("median-guarded", "ipm", 0.88, 1),
+        cell("cc-momentum", "ipm", 0.89, 1),
+        cell("cc-momentum", "stealth", 0.85, 1),
+        cell("cc-momentum", "stealth", 0.83, 2),  # mean 0.84: −6 points, its worst
+        cell("brdrag", "stealth", 0.89, 1),  # −1 point, but needs root data
+        cell("brdrag", "ipm", 0.9, 1),
+        cell("main", "none", 0.9),
+        cell("main", "stealth", 0.9),  # the baseline is never recommended
+    ]
+}
+
+
+def test_worst_case_is_the_least_seed_mean_gap_to_the_clean_twin():
+    w = rec.worst_case("median-guarded", DATA)
+    assert w is not None and (w.attack, w.seeds, w.cells) == ("stealth", 2, 2)
+    assert abs(w.gap - (-0.15)) < 1e-12 and abs(w.acc - 0.75) < 1e-12
+    assert abs(rec.worst_case("cc-momentum", DATA).gap + 0.06) < 1e-12
+    assert rec.worst_case("cc-momentum", DATA).cells == 2
+    assert rec.worst_case("brdrag-guarded", DATA) is None  # nothing measured
+
+
+def test_the_recommendation_is_the_usable_candidate_with_the_best_worst_case():
+    no_root = ThreatModel(root=False, mode="fixed", faults=False)
+    root = ThreatModel(root=True, mode="fixed", faults=False)
+    assert rec.recommend(no_root, DATA).name == "cc-momentum"
+    assert rec.recommend(root, DATA).name == "brdrag"
+    assert rec.recommend(no_root, {"cells": []}).name == rec.FALLBACK[False]
+    # a candidate measured on fewer cells is not compared: cc-momentum without its ipm cell
+    fewer = {
+        "cells": [c for c in DATA["cells"] if (c["config"], c["attack"]) != ("cc-momentum", "ipm")]
+    }
+    assert rec.recommend(no_root, fewer).name == "median-guarded"
+
+
+def test_differences_name_each_key_the_configured_server_changes():
+    conf = rec.CONFIGURATIONS["median-guarded"]
+    same = conf.server()
+    assert rec.differences(conf, same) == []
+    other = {**same, "aggregator": "krum", "round_defenses": ["step_bound"]}
+    assert rec.differences(conf, other) == [
+        "server.aggregator='krum' (recommended 'median')",
+        "server.round_defenses=['step_bound'] (recommended "
+        "['collusion', 'consistency', 'step_bound', 'reputation'])",
+    ]
+
+
+def test_a_built_run_states_the_recommendation_for_its_threat_model():
+    raw = {
+        "name": "t",
+        "rounds": 1,
+        "data": {"dataset": "digits", "num_clients": 20},
+        "model": {"name": "mlp", "params": {"hidden": 8}},
+        "server": {"aggregator": "median", "clients_per_round": 10},
+        "attack": {"name": "noise", "fraction": 0.3},
+    }
+    comp = build_components(config.validate(raw))
+    said = comp.budget.recommended
+    want = rec.recommend(ThreatModel(root=False, mode="fixed", faults=False))
+    assert said["name"] == want.name and said["threat_model"].startswith("no root data")
+    assert "server.round_defenses=[]" in said["line"]
+    assert comp.budget.as_dict()["recommended"]["name"] == want.name
+
+
+def test_the_docs_table_is_the_rendering_of_the_stored_measurement():
+    text = (ROOT / "docs" / "cross-round.md").read_text()
+    assert rec.markdown_table() in text, "paste rec.markdown_table() into docs/cross-round.md"
