@@ -288,7 +288,7 @@ def main() -> None:
         f"# bench_vectorized  device={args.device}  dataset={args.dataset}  threads=1  "
         f"torch {torch.__version__}  {platform.processor() or platform.machine()}  "
         f"commit {commit}",
-        "# times: one round's local training, min/median ms over "
+        f"# times: one round's local training ({args.clock} clock), min/median ms over "
         f"{args.repeats} interleaved repeats; ratios min/median",
     ]
 
