@@ -20,12 +20,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/fedshield sweep --grid demo --out runs/demo
 
+# Each phase prints its wall time (tools/timed.sh); the 25 slowest tests are listed.
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench tools
-	$(PY) -m mypy  # the files and settings: [tool.mypy] in pyproject.toml
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	tools/timed.sh lint $(VENV)/bin/ruff check src tests bench tools
+	tools/timed.sh types $(PY) -m mypy  # the files and settings: [tool.mypy] in pyproject.toml
+	tools/timed.sh tests $(PY) -m pytest -q -n 2 --dist loadgroup --durations=25
 	# the kernel-dependent tests again under other CPU kernel paths (issue #17)
-	tools/kernel_variants.sh $(PY)
+	tools/timed.sh "kernel variants" tools/kernel_variants.sh $(PY)
 
 # One results page from nothing at this commit (docs/results/pages.toml; tools/results.py):
 #   make results PAGE=brdrag [OUT=runs/results]   (OUT=. publishes docs/results/ in place)

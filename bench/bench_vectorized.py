@@ -280,10 +280,15 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall or CPU time")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    from fedshield.provenance import source_commit
+
+    src = source_commit()
+    commit = (src.get("commit") or "unknown")[:12] + ("+dirty" if src.get("dirty") else "")
     lines = [
         f"# bench_vectorized  device={args.device}  dataset={args.dataset}  threads=1  "
-        f"torch {torch.__version__}  {platform.processor() or platform.machine()}",
-        "# times: one round's local training, min/median ms over "
+        f"torch {torch.__version__}  {platform.processor() or platform.machine()}  "
+        f"commit {commit}",
+        f"# times: one round's local training ({args.clock} clock), min/median ms over "
         f"{args.repeats} interleaved repeats; ratios min/median",
     ]
 

@@ -523,7 +523,39 @@ def test_a_page_published_in_place_renders_the_repository_itself(
     assert doc == tmp_path / "docs" / "results" / "t.md"
     assert "include=docs/results/x.txt -->\n```\nhi\n```\n<!-- fedshield:end -->" in doc.read_text()
     made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert made == ["docs/results/pages.toml", "docs/results/t.md", "docs/results/x.txt"]
+    assert made == [
+        "docs/results/data/x.provenance.json",  # the commit x.txt was made at (no table)
+        "docs/results/pages.toml",
+        "docs/results/t.md",
+        "docs/results/x.txt",
+    ]
+
+
+def test_a_command_output_that_is_no_table_records_the_commit_it_ran_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report or JSON study carries no provenance of its own: the page run records the
+    commit it ran the command at, and the page's header names it (issue 34: flower.md,
+    cart_step.md said "its output records no commit")."""
+    from fedshield.provenance import source_commit
+
+    write = "open('{out}/docs/results/x.txt', 'w').write('hi')"
+    job = f'command = [{{ run = """{{py}} -c "{write}"""", writes = ["x.txt"] }}]\n'
+    page = _page_in(tmp_path, "", job)
+    assert "` — its output records no commit\n" in results.render_header("t", tmp_path)
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    results.run_page(page, tmp_path / "out")
+    side = tmp_path / "out" / "docs" / "results" / "data" / "x.provenance.json"
+    prov = json.loads(side.read_text())
+    commit = source_commit()["commit"] or "unknown"
+    assert prov["commits"] == [commit] and prov["output"] == "x.txt"
+    assert render.check_provenance(side.parent) == []
+    data = tmp_path / "docs" / "results" / "data"
+    data.mkdir()
+    _prov(data, "x", "abcdef0123")
+    header = results.render_header("t", tmp_path)
+    assert "` — commit `abcdef0`\n" in header
+    assert "All of this page's data was made at commit `abcdef0`." in header
 
 
 def test_a_sample_drops_evaluators_only_where_they_run_after_the_compared_round() -> None:

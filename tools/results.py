@@ -108,8 +108,13 @@ class Job:
             return [self.stem]
         if self.kind == "bench":
             return [f"bench-{self.name}"]
-        # data files (tables) come with a sidecar; timing logs and JSON studies do not
-        return [Path(w).stem for w in self.writes if w.endswith((".csv", ".md"))]
+        # data files (tables) come with their own sidecar; a command's other outputs
+        # (reports, JSON studies) get one from run_page: the commit it ran them at
+        return [Path(w).stem for w in self.writes]
+
+    def stamped(self) -> list[str]:
+        """The outputs whose provenance record :func:`run_page` writes (not tables)."""
+        return [w for w in self.writes if not w.endswith((".csv", ".md"))]
 
     @property
     def is_file(self) -> bool:
@@ -362,15 +367,18 @@ def render_header(name: str, root: Path = ROOT) -> str:
     ]
     for j in page.jobs:
         cs = list(dict.fromkeys(c for k in j.records() for c in commits.get(k, [])))
-        at = " — its output records no commit" if j.writes and not j.records() else ""
+        # Outputs published before run_page recorded their commit: said as such.
+        unstamped = {Path(w).stem for w in j.stamped() if not commits.get(Path(w).stem)}
+        at = " — its output records no commit" if unstamped else ""
         if cs:
             at = " — commit " + ", ".join(f"`{c}`" for c in cs)
             at += " (mixed: runs from several commits)" if len(cs) > 1 else ""
-        if any(not commits.get(k) for k in j.records()):
+        if any(not commits.get(k) for k in j.records() if k not in unstamped):
             at += " — not yet measured"
         lines.append(f"- `{j.shown()}`{at}")
     all_commits = {c for cs in commits.values() for c in cs}
-    unmeasured = [k for k, cs in commits.items() if not cs]
+    stamped = {Path(w).stem for j in page.jobs for w in j.stamped()}
+    unmeasured = [k for k, cs in commits.items() if not cs and k not in stamped]
     lines.append("")
     if unmeasured:
         lines.append(f"Not yet measured: {', '.join(unmeasured)}; this page is incomplete.")
@@ -386,6 +394,24 @@ def render_header(name: str, root: Path = ROOT) -> str:
 
 
 # -- running a page -----------------------------------------------------------------------------
+def _stamp(job: Job, data: Path) -> None:
+    """The provenance record of a command's non-table outputs (:meth:`Job.stamped`): the
+    commit the job just ran at, and the command line's hash as its configuration."""
+    from fedshield.provenance import sha256_text, source_commit
+
+    src = source_commit()
+    for name in job.stamped():
+        prov = {
+            "commits": [src.get("commit") or "unknown"],
+            "dirty": src.get("dirty"),
+            "config_sha256": sha256_text(job.name),
+            "output": name,
+            "made_by": "tools/results.py, after the command ran",
+        }
+        side = data / f"{Path(name).stem}.provenance.json"
+        side.write_text(json.dumps(prov, indent=2, sort_keys=True) + "\n")
+
+
 def _record_time(data: Path, job: Job, runs: int, wall: float) -> None:
     f = data / TIMES
     new = not f.exists()
@@ -531,6 +557,7 @@ def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | No
                 if (old := locate(out, f)) is not None:
                     old.unlink()
             _run(j.command(out), j.shown())
+            _stamp(j, data)
             continue
         job = j if jobs is None else replace(j, jobs=jobs)
         _run([sys.executable, "-m", "fedshield.cli", *job.argv(out)], j.shown())

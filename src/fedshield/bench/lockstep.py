@@ -135,7 +135,7 @@ def _train_chunk(
         for members in groups.values():
             rows = Rows(members, dev)
             p_g = [rows.take(p) for p in params]
-            x, y = feed.batch([picks[j] for j in members], members)
+            x, y = feed.batch([picks[j] for j in members], torch.tensor(members))
             draws = GroupDraws(streams, members, dev)
             g, loss = trainer.grads(p_g, [], x, y, {}, payload, draws)
             trainer._sgd_step(p_g, g, momentum, rows, t, params)

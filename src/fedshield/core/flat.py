@@ -6,6 +6,8 @@ dense ``[S, d]`` matrix (SPEC §1).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -54,6 +56,52 @@ def stack_rows(rows: list[Tensor]) -> Tensor:
     return torch.stack(rows)
 
 
+@dataclass(frozen=True)
+class ModelTensors:
+    """A model's parameters (``model.parameters()`` order), floating buffers
+    (:func:`float_buffers` order) and whether every module is in train mode."""
+
+    params: list[Tensor]
+    float_buffers: list[Tensor]
+    training: bool
+
+
+def model_tensors(model: nn.Module) -> ModelTensors:
+    """:class:`ModelTensors` in one walk of the module tree: the order and de-duplication
+    of ``named_modules`` / ``named_parameters`` / ``named_buffers`` (pre-order, first
+    occurrence), without building their name strings, which on a small model cost more
+    than a client's training step (the sequential simulator walks once per client)."""
+    params: list[Tensor] = []
+    bufs: list[Tensor] = []
+    seen: set[int] = set()
+    training = True
+    stack = [model]
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        training = training and m.training
+        for p in m._parameters.values():
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+        for b in m._buffers.values():
+            if b is not None and id(b) not in seen:
+                seen.add(id(b))
+                if b.is_floating_point():
+                    bufs.append(b)
+        stack.extend(c for c in reversed(m._modules.values()) if c is not None)
+    return ModelTensors(params, bufs, training)
+
+
+def flatten(tensors: list[Tensor], like: Tensor) -> Tensor:
+    """The tensors as one flat vector (an empty one of ``like``'s kind when none)."""
+    if not tensors:
+        return like.new_zeros(0)
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
 def get_params(model: nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
@@ -67,7 +115,7 @@ def get_buffers(model: nn.Module) -> Tensor:
 
 
 @torch.no_grad()
-def _copy_into(tensors: list[Tensor], vec: Tensor) -> None:
+def copy_into(tensors: list[Tensor], vec: Tensor) -> None:
     n = sum(t.numel() for t in tensors)
     if vec.numel() != n:
         raise ValueError(f"vector has {vec.numel()} entries, model expects {n}")
@@ -79,11 +127,11 @@ def _copy_into(tensors: list[Tensor], vec: Tensor) -> None:
 
 
 def set_params(model: nn.Module, vec: Tensor) -> None:
-    _copy_into(list(model.parameters()), vec)
+    copy_into(list(model.parameters()), vec)
 
 
 def set_buffers(model: nn.Module, vec: Tensor) -> None:
-    _copy_into(float_buffers(model), vec)
+    copy_into(float_buffers(model), vec)
 
 
 def param_slices(model: nn.Module) -> dict[str, slice]:

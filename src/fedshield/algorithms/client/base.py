@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim.sgd import sgd
 
 from fedshield.adversarial.linf import Draws, GeneratorDraws
 from fedshield.algorithms.client.pieces import (
@@ -43,7 +44,7 @@ from fedshield.algorithms.client.pieces import (
     split_like,
 )
 from fedshield.core.context import ClientUpdate, Payload
-from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
+from fedshield.core.flat import copy_into, flatten, model_tensors
 from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import NoParams, Params
 from fedshield.data.bundle import TensorData
@@ -61,6 +62,44 @@ class ClientContext:
     generator: torch.Generator
     device: torch.device
     amp: bool = False
+
+
+class SGDStep:
+    """``torch.optim.SGD(params, lr, momentum, weight_decay)``'s ``step`` and
+    ``zero_grad(set_to_none=True)`` for one client's loop: its functional form
+    (``torch.optim.sgd.sgd``, which ``SGD.step`` calls, so the kernels and their order are
+    the optimizer's), parameters without a gradient skipped and momentum buffers created
+    at a parameter's first step, as the optimizer does."""
+
+    def __init__(self, params: list[Tensor], spec: LocalSpec) -> None:
+        self.params = params
+        self.spec = spec
+        self.momenta: list[Tensor | None] = [None] * len(params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def step(self) -> None:
+        spec = self.spec
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        params = [self.params[i] for i in live]
+        grads = [p.grad for p in params]
+        momenta = [self.momenta[i] for i in live] if spec.momentum != 0 else []
+        with torch.no_grad():
+            sgd(
+                params,
+                grads,  # type: ignore[arg-type]  # the live ones: not None
+                momenta,
+                weight_decay=spec.weight_decay,
+                momentum=spec.momentum,
+                lr=spec.lr,
+                dampening=0.0,
+                nesterov=False,
+                maximize=False,
+            )
+        for i, buf in zip(live, momenta):
+            self.momenta[i] = buf
 
 
 def batch_indices(
@@ -202,14 +241,14 @@ class ClientAlgorithm:
         ctx: ClientContext,
         state: dict[str, Tensor],
     ) -> ClientUpdate:
-        set_params(model, payload.params)
-        set_buffers(model, payload.buffers)
-        model.train()
+        # One walk of the module tree for the whole client (set, train mode, read back).
+        tensors = model_tensors(model)
+        params = tensors.params
+        copy_into(params, payload.params)
+        copy_into(tensors.float_buffers, payload.buffers)
+        if not tensors.training:
+            model.train()
         spec = self.spec
-        params: list[Tensor] = list(model.parameters())
-        opt = torch.optim.SGD(
-            params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
-        )
         payload = self.round_payload(payload, ctx.round)
         consts = self.constants(model, ClientRound(payload, data, state, ctx.device))
         adjusts = _overrides(type(self), "adjust")
@@ -218,9 +257,16 @@ class ClientAlgorithm:
         total = torch.zeros((), device=ctx.device)
         steps = spec.num_steps(len(data))
         batches = batch_indices(len(data), spec.batch_size, steps, ctx.generator)
-        # DP-SGD: the loss sees Opacus' per-sample-gradient wrapper of the same model.
-        dp = None
+        # DP-SGD: the loss sees Opacus' per-sample-gradient wrapper of the same model, and
+        # Opacus drives a torch.optim.SGD; otherwise that optimizer's update is applied
+        # through its functional form (SGDStep), the same arithmetic without the
+        # optimizer object's per-client set-up and per-step wrappers.
+        dp = opt = None
+        sgd = SGDStep(params, spec)
         if self.dp_sgd is not None:
+            opt = torch.optim.SGD(
+                params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+            )
             dp = self.dp_sgd.session(
                 model, opt, len(data), spec.batch_size, ctx.generator, ctx.device
             )
@@ -229,7 +275,7 @@ class ClientAlgorithm:
             for step, idx in enumerate(batches):
                 x, y = data.batch(idx, ctx.device)
                 if dp is None:
-                    opt.zero_grad(set_to_none=True)
+                    sgd.zero_grad()
                 else:
                     dp.zero_grad()
                 with autocast(ctx):
@@ -242,16 +288,19 @@ class ClientAlgorithm:
                     gs = GradStep(grads, params, start, payload, consts, step, kept=kept)
                     with torch.no_grad():
                         self.adjust(gs)
-                opt.step()
+                if opt is None:
+                    sgd.step()
+                else:
+                    opt.step()
                 total += loss.detach().float()
         finally:
             if dp is not None:
                 dp.close()
         update = ClientUpdate(
             client_id=ctx.client_id,
-            delta=get_params(model) - payload.params,
+            delta=flatten(params, payload.params).sub_(payload.params),
             num_examples=len(data),
-            buffers=get_buffers(model),
+            buffers=flatten(tensors.float_buffers, payload.params),
             metrics={"train/loss": float(total) / max(steps, 1)},
         )
         trained = Trained(

@@ -29,20 +29,31 @@ from torch import Tensor
 
 
 class CohortStreams:
-    """One generator per client of a chunk (row order), on ``device``."""
+    """One generator per client of a chunk (row order), on ``device``. ``seeds``: the
+    clients' seeds, or a function of the row giving them; a client's generator is made at
+    its first draw (most models draw nothing: no dropout, no attack start)."""
 
-    def __init__(self, seeds: Sequence[int], device: torch.device) -> None:
+    def __init__(self, seeds: Sequence[int] | Callable[[int], int], device: torch.device) -> None:
         self.device = device
-        self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+        self._seed = seeds if callable(seeds) else seeds.__getitem__
+        self._gens: dict[int, torch.Generator] = {}
+
+    def gen(self, row: int) -> torch.Generator:
+        """Client ``row``'s generator, seeded at its first use."""
+        g = self._gens.get(row)
+        if g is None:
+            g = torch.Generator(device=self.device).manual_seed(int(self._seed(row)))
+            self._gens[row] = g
+        return g
 
     def uniform_for(
         self, row: int, shape: Sequence[int], dtype: torch.dtype, low: float, high: float
     ) -> Tensor:
         out = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        return out.uniform_(low, high, generator=self.gens[row])
+        return out.uniform_(low, high, generator=self.gen(row))
 
     def normal_for(self, row: int, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
-        return torch.randn(tuple(shape), dtype=dtype, device=self.device, generator=self.gens[row])
+        return torch.randn(tuple(shape), dtype=dtype, device=self.device, generator=self.gen(row))
 
     def dropout_for(self, row: int, shape: Sequence[int], dtype: torch.dtype, p: float) -> Tensor:
         """The multiplier ``mask / (1 − p)`` that dropout applies to an input of ``shape``."""
@@ -50,7 +61,7 @@ class CohortStreams:
             ones = torch.ones(tuple(shape), dtype=dtype, device=self.device)
             return self._on_default(row, lambda: torch.native_dropout(ones, p, True)[0])
         noise = torch.empty(tuple(shape), dtype=dtype, device=self.device)
-        return noise.bernoulli_(1 - p, generator=self.gens[row]).div_(1 - p)
+        return noise.bernoulli_(1 - p, generator=self.gen(row)).div_(1 - p)
 
     def draws(self, row: int) -> RowDraws:
         """Client ``row``'s :class:`~fedshield.adversarial.linf.Draws` (outside ``vmap``)."""
@@ -60,10 +71,10 @@ class CohortStreams:
         idx = self.device.index if self.device.index is not None else torch.cuda.current_device()
         default = torch.cuda.default_generators[idx]
         saved = default.get_state()
-        default.set_state(self.gens[row].get_state())
+        default.set_state(self.gen(row).get_state())
         try:
             out = draw()
-            self.gens[row].set_state(default.get_state())
+            self.gen(row).set_state(default.get_state())
         finally:
             default.set_state(saved)
         return out

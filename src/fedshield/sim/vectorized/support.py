@@ -27,6 +27,7 @@ from fedshield.core.context import Payload, RoundContext
 from fedshield.core.flat import get_buffers, get_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
+from fedshield.sim.vectorized.heap import keep_freed_memory
 from fedshield.sim.vectorized.rng import GroupDraws
 from fedshield.sim.vectorized.trainer import VectorizedTrainer
 
@@ -193,6 +194,8 @@ def trainer_for(sim: CohortHost, plan: RoundPlan) -> VectorizedTrainer | None:
                 f"MFLOP where batching pays; run.vectorize=true batches anyway",
                 None,
             )
+    if trainer is not None and sim.device.type == "cpu":
+        keep_freed_memory()  # batched steps reuse MiB-sized blocks (see .heap)
     if trainer is None:
         if mode is True:  # the build-time check passed, so this is a surprise
             raise ConfigError(f"run.vectorize=true: {reason}")
