@@ -42,12 +42,11 @@ from torch import Tensor
 from fedshield.aggregators._ops import pairwise_sq_dists
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.flat import stack_rows
-from fedshield.core.params import Params
 from fedshield.crossround.base import ROUND_DEFENSES, Acted, BoundInput, State
-from fedshield.crossround.suspension import Suspending
+from fedshield.crossround.suspension import Suspending, SuspensionParams
 
 
-class CollusionParams(Params):
+class CollusionParams(SuspensionParams):
     rho: float = Field(
         0.1,
         gt=0.0,
@@ -56,9 +55,6 @@ class CollusionParams(Params):
         "median pairwise distance",
     )
     decay: float = Field(0.9, ge=0.0, lt=1.0, description="λ: a score's decay per upload")
-    threshold: float = Field(
-        1.5, gt=0.0, le=1e6, description="a client is suspended while its score is at least this"
-    )
 
 
 def near_duplicates(rows: Tensor, rho: float) -> Tensor:

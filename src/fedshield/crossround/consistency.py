@@ -29,24 +29,17 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from fedshield.core.context import RoundContext
-from fedshield.core.flat import stack_rows
-from fedshield.core.params import Params
-from fedshield.crossround.base import ROUND_DEFENSES, Acted, BoundInput, State
-from fedshield.crossround.suspension import Suspending
+from fedshield.crossround.base import ROUND_DEFENSES
+from fedshield.crossround.suspension import Suspending, SuspensionParams
 
 
-class ConsistencyParams(Params):
+class ConsistencyParams(SuspensionParams):
     gamma: float = Field(
         0.65,
         gt=0.0,
         lt=1.0,
         description="γ: an upload is flagged when its offset from the centre has cosine "
         "below −γ with the applied step",
-    )
-    decay: float = Field(0.8, ge=0.0, lt=1.0, description="λ: a score's decay per upload")
-    threshold: float = Field(
-        1.5, gt=0.0, le=1e6, description="a client is suspended while its score is at least this"
     )
 
 
@@ -73,20 +66,8 @@ class Consistency(Suspending):
     decay: float
     threshold: float
 
-    def bound(self, step: BoundInput, state: State, ctx: RoundContext) -> tuple[Tensor, Acted]:
-        scores, acted = self._scores(state)
-        fresh = [u for u in step.judged if u.mask is None]
-        delta = (step.after - step.before).flatten()
-        if len(fresh) < 3 or step.lr == 0 or not bool(torch.isfinite(delta).all()):
-            return step.after, acted  # no centre to judge against
-        rows = stack_rows([u.delta for u in fresh])
-        if not bool(torch.isfinite(rows).all()):
-            return step.after, acted
-        flagged = against_step(rows, delta / step.lr, self.gamma)
-        judged = {u.client_id: bool(f) for u, f in zip(fresh, flagged.tolist(), strict=True)}
-        acted.state = self._judged(scores, judged, delta.device)
-        acted.metrics[f"defense/{self.name}/flagged"] = float(flagged.sum())
-        return step.after, acted
+    def flag(self, rows: Tensor, step: Tensor) -> Tensor:
+        return against_step(rows, step, self.gamma)
 
 
 __all__ = ["Consistency", "against_step"]

@@ -24,25 +24,17 @@ Memory O(M): a score and an id per client (``reputation/ids``, ``reputation/scor
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators._ops import row_dists
-from fedshield.core.context import RoundContext
-from fedshield.core.flat import stack_rows
-from fedshield.core.params import Params
-from fedshield.crossround.base import ROUND_DEFENSES, Acted, BoundInput, State
-from fedshield.crossround.suspension import Suspending, scores_after
+from fedshield.crossround.base import ROUND_DEFENSES
+from fedshield.crossround.suspension import Suspending, SuspensionParams
 
 
-class ReputationParams(Params):
+class ReputationParams(SuspensionParams):
     tau: float = Field(
         3.0, gt=1.0, le=1e6, description="τ: an upload is flagged beyond τ × the median distance"
-    )
-    decay: float = Field(0.8, ge=0.0, lt=1.0, description="λ: a score's decay per upload")
-    threshold: float = Field(
-        1.5, gt=0.0, le=1e6, description="a client is suspended while its score is at least this"
     )
 
 
@@ -65,17 +57,8 @@ class Reputation(Suspending):
     decay: float
     threshold: float
 
-    def bound(self, step: BoundInput, state: State, ctx: RoundContext) -> tuple[Tensor, Acted]:
-        scores, acted = self._scores(state)
-        fresh = [u for u in step.judged if u.mask is None]
-        delta = (step.after - step.before).flatten()
-        if len(fresh) < 3 or step.lr == 0 or not bool(torch.isfinite(delta).all()):
-            return step.after, acted  # too few rows to call one of them an outlier
-        flagged = flags(stack_rows([u.delta for u in fresh]), delta / step.lr, self.tau)
-        judged = {u.client_id: bool(f) for u, f in zip(fresh, flagged.tolist(), strict=True)}
-        acted.state = self._judged(scores, judged, delta.device)
-        acted.metrics[f"defense/{self.name}/flagged"] = float(flagged.sum())
-        return step.after, acted
+    def flag(self, rows: Tensor, step: Tensor) -> Tensor:
+        return flags(rows, step, self.tau)
 
 
-__all__ = ["Reputation", "flags", "scores_after"]
+__all__ = ["Reputation", "flags"]

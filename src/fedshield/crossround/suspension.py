@@ -14,9 +14,23 @@ suspension cannot starve a round. Memory O(M): a score and an id per client
 from __future__ import annotations
 
 import torch
+from pydantic import Field
+from torch import Tensor
 
 from fedshield.core.context import ClientUpdate, RoundContext
-from fedshield.crossround.base import Acted, RoundDefense, State, reset_note
+from fedshield.core.flat import stack_rows
+from fedshield.core.params import Params
+from fedshield.crossround.base import Acted, BoundInput, RoundDefense, State, reset_note
+
+
+class SuspensionParams(Params):
+    """λ and the threshold of the scores (module docstring); a defense's schema adds its
+    own evidence parameter (and may change λ's default)."""
+
+    decay: float = Field(0.8, ge=0.0, lt=1.0, description="λ: a score's decay per upload")
+    threshold: float = Field(
+        1.5, gt=0.0, le=1e6, description="a client is suspended while its score is at least this"
+    )
 
 
 def scores_after(
@@ -76,6 +90,33 @@ class Suspending(RoundDefense):
         bad.sort(key=lambda u: -scores[u.client_id])
         return {u.client_id for u in bad[: len(rows) // 2]}
 
+    def judge(self, step: BoundInput, acted: Acted, scores: dict[int, float]) -> None:
+        """Score this round's own unmasked uploads by :meth:`flag` against the applied step
+        Δθ/η_g (into ``acted``); nothing is judged with fewer than 3 of them, a zero server
+        step or non-finite values."""
+        fresh = [u for u in step.judged if u.mask is None]
+        delta = (step.after - step.before).flatten()
+        if len(fresh) < 3 or step.lr == 0 or not bool(torch.isfinite(delta).all()):
+            return
+        rows = stack_rows([u.delta for u in fresh])
+        if not bool(torch.isfinite(rows).all()):
+            return
+        flagged = self.flag(rows, delta / step.lr)
+        judged = {u.client_id: bool(f) for u, f in zip(fresh, flagged.tolist(), strict=True)}
+        acted.state = self._judged(scores, judged, delta.device)
+        acted.metrics[f"defense/{self.name}/flagged"] = float(flagged.sum())
+
+    def flag(self, rows: Tensor, step: Tensor) -> Tensor:
+        """``[n]`` bool: which of ``rows`` this defense's evidence flags, given the applied
+        step per unit of server step size (for :meth:`judge`)."""
+        raise NotImplementedError
+
+    def bound(self, step: BoundInput, state: State, ctx: RoundContext) -> tuple[Tensor, Acted]:
+        """The step is applied unchanged; the uploads behind it are judged (:meth:`judge`)."""
+        scores, acted = self._scores(state)
+        self.judge(step, acted, scores)
+        return step.after, acted
+
     def rows(
         self, kept: list[ClientUpdate], state: State, ctx: RoundContext
     ) -> tuple[list[ClientUpdate], Acted]:
@@ -85,4 +126,4 @@ class Suspending(RoundDefense):
         return [u for u in kept if u.client_id not in drop], acted
 
 
-__all__ = ["Suspending", "scores_after"]
+__all__ = ["SuspensionParams", "Suspending", "scores_after"]
