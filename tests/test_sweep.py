@@ -86,6 +86,7 @@ def test_parallel_runs_get_their_share_of_the_cores(tmp_path, small_cfg, monkeyp
 
     raw = tomllib.loads(config.dump(config.validate(small_cfg | {"rounds": 1})))
     raw["run"]["threads"] = 2
+    monkeypatch.delenv("FEDSHIELD_MAX_THREADS", raising=False)  # conftest's cap for workers
     before = torch.get_num_threads()
     try:
         run_one(raw, str(tmp_path / "capped"), 1, cap_threads=True)
@@ -181,3 +182,31 @@ def test_provenance_names_the_grid_not_the_last_run(tmp_path, small_cfg):
     assert main(["sweep", str(grid), "--out", str(out), "-q"]) == 0
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["grid"] == "g" and len(prov["runs"]) == 4
+
+
+def test_fedshield_max_threads_caps_run_threads_and_a_bad_value_names_the_variable(
+    small_cfg, monkeypatch
+):
+    """A process sharing the cores (a test worker, a job beside others) caps every run's
+    run.threads with $FEDSHIELD_MAX_THREADS; a value that is not a whole number is one clear
+    error naming the variable."""
+    import torch
+
+    from fedshield import config
+    from fedshield.errors import ConfigError
+    from fedshield.runner import set_threads
+
+    cfg = config.validate(small_cfg | {"run": {"threads": 2, "progress": False}})
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("FEDSHIELD_MAX_THREADS", "1")
+        set_threads(cfg)
+        assert torch.get_num_threads() == 1
+        monkeypatch.setenv("FEDSHIELD_MAX_THREADS", "4")
+        set_threads(cfg)
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv("FEDSHIELD_MAX_THREADS", "two")
+        with pytest.raises(ConfigError, match=r"FEDSHIELD_MAX_THREADS='two'"):
+            set_threads(cfg)
+    finally:
+        torch.set_num_threads(before)
