@@ -149,8 +149,8 @@ MARGIN = 0.1
 #: per step: 60 steps take the error below 10⁻¹⁵ of t for ρ ≤ 0.5).
 _SPACING_STEPS = 200
 
-#: Bisection steps of :func:`evading_rows` on the pull α ∈ [0, R] (R · 2⁻⁴⁰).
-_PLACEMENT_STEPS = 40
+#: Bisection steps of :func:`evading_rows` on the pull α ∈ [0, R] (to R · 2⁻³⁰).
+_PLACEMENT_STEPS = 30
 
 
 def collusion_rho(context: AttackContext | None) -> float | None:
