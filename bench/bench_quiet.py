@@ -8,10 +8,10 @@ thresholds were set from seed 3's honest rows). Attacks: noise (σ = 100), sign_
 ipm, stealth (the hug row at the published radius; ``stealth~`` jittered by 0.3 of the
 honest distance, an attacker that knows collusion's ρ; ``stealth*`` reads collusion's ρ
 and consistency's γ and spreads and turns its rows just past both: ``evade = true``),
-opportunist, cache_poison, and the clean twin. Root-data configurations get a root set of 100. Prints, side by side, each
-configuration's final test accuracy per cell (mean over the seeds) and, per
-configuration, its worst gap to its clean twin; ``--write`` stores the cells (with the
-commit and the command) as the measurement the recommendation reads
+opportunist, cache_poison, and the clean twin. Root-data configurations get a root set of
+100. Prints, side by side, each configuration's final test accuracy per cell (mean over
+the seeds) and, per configuration, its worst gap to its clean twin; ``--write`` stores
+the cells (with the commit and the command) as the measurement the recommendation reads
 (``src/fedshield/crossround/quiet_measured.json``).
 
     PYTHONPATH=src nice -n 19 python bench/bench_quiet.py [--jobs 2] [--write]
