@@ -17,6 +17,17 @@ The rows stay inside every published radius, so no defense that thresholds on th
 (no suspension, no clipped step), while each round's aggregate is pulled against the honest
 direction. ``jitter`` > 0 adds seeded noise of norm about ``jitter`` · D to each copy, so
 the rows are not bit-identical (a duplicate check would see identical rows at once).
+
+``evade = true`` reads the two round defenses that judge rows by something other than a
+radius (:func:`fedshield.attacks._published.evading_rows`): the f rows are
+
+    x_i = c − α·ū + q·v_i,   α² + q² = (h·r)²                                     (2)
+
+v_i the unit vertices of a regular simplex in seeded directions orthogonal to c and to the
+honest rows (so the rows' mean stays c − α·ū), with the largest pull α at which
+``collusion`` sees no two rows nearer than (1 + margin) × ρ × its scale and
+``consistency`` sees every row's offset at cosine ≥ −γ·(1 − margin) with the predicted
+step; with neither configured, (2) is (1).
 """
 
 from __future__ import annotations
@@ -25,14 +36,23 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from fedshield.aggregators._ops import to_dtype
 from fedshield.aggregators.median import coordinate_median
 from fedshield.attacks._common import CohortAttack, Ctx, Rng, honest_pool, with_rows
 from fedshield.attacks._oracle import RuleOracle
-from fedshield.attacks._published import radii, spread, unit
+from fedshield.attacks._published import (
+    MARGIN,
+    collusion_rho,
+    consistency_gamma,
+    evading_rows,
+    radii,
+    side_directions,
+    spread,
+    unit,
+)
 from fedshield.attacks.base import ATTACKS
 from fedshield.core.params import Params
 
@@ -62,6 +82,26 @@ class StealthParams(Params):
         le=1.0,
         description="seeded noise of norm ≈ jitter × the median honest distance on each copy",
     )
+    evade: bool = Field(
+        False,
+        description="read collusion's ρ and consistency's γ: the rows spread on a seeded "
+        "simplex just past collusion's test, turned sideways until consistency's cosine "
+        "passes, at the same distance h·r from the centre",
+    )
+    margin: float = Field(
+        MARGIN,
+        ge=0.0,
+        le=0.5,
+        description="with evade: the copies (1 + margin) × collusion's threshold apart, "
+        "cosine ≥ −γ·(1 − margin)",
+    )
+
+    @model_validator(mode="after")
+    def _one_spread(self) -> StealthParams:
+        # Both would spread the copies; evade's spread is the one chosen from the defenses.
+        if self.evade and self.jitter > 0.0:
+            raise ValueError("evade = true sets the copies' spread: leave jitter at 0")
+        return self
 
 
 def honest_centre(pool: Tensor, how: str, context: Ctx) -> Tensor:
@@ -97,14 +137,21 @@ class Stealth(CohortAttack):
     tau: float | None
     centre: str
     jitter: float
+    evade: bool
+    margin: float
 
     #: r used in the last call and the defense that set it ("tau" when given, "default"
     #: when nothing is published); None before the first call or with no attacker.
     last_radius: float | None = None
     last_source: str | None = None
+    #: With ``evade``: α and q of eq. (2) in the last call (None before, without evade, or
+    #: when d leaves no room beside the honest rows: then the rows are (1)'s copies).
+    last_pull: float | None = None
+    last_side: float | None = None
 
     def forget(self) -> None:
         self.last_radius = self.last_source = None
+        self.last_pull = self.last_side = None
 
     def radius(self, pool: Tensor, centre: Tensor, context: Ctx) -> tuple[float, str]:
         """r of eq. (1) and what set it."""
@@ -124,13 +171,44 @@ class Stealth(CohortAttack):
         r, source = self.radius(pool, centre, context)
         self.last_radius, self.last_source = r, source
         row = stealth_row(pool, centre, self.h, r)
-        if self.jitter == 0.0:
-            return with_rows(updates, mask, row)
         f, d = int(mask.sum()), updates.shape[1]
+        if f == 0 or (self.jitter == 0.0 and not self.evade):
+            return with_rows(updates, mask, row)
         device = generator.device if generator is not None else updates.device
         noise = torch.randn((f, d), generator=generator, dtype=torch.float64, device=device)
+        if self.evade:
+            return self.evading(updates, mask, pool, centre, r, noise, context)
         scale = self.jitter * spread(pool, centre) / math.sqrt(d)
         rows = row.to(torch.float64) + noise.to(updates.device) * scale
+        return with_rows(updates, mask, to_dtype(rows, updates.dtype))
+
+    def evading(
+        self,
+        updates: Tensor,
+        mask: Tensor,
+        pool: Tensor,
+        centre: Tensor,
+        r: float,
+        noise: Tensor,
+        context: Ctx,
+    ) -> Tensor:
+        """Eq. (2)'s rows (module docstring)."""
+        span = torch.cat([centre.to(torch.float64)[None], pool.to(torch.float64)])
+        sides = side_directions(span, noise.shape[0], noise.to(span.device))
+        if sides is None:
+            return with_rows(updates, mask, stealth_row(pool, centre, self.h, r))
+        u = unit(pool.to(torch.float64).mean(dim=0))
+        rows, alpha, q = evading_rows(
+            pool,
+            centre,
+            u,
+            self.h * r,
+            sides,
+            collusion_rho(context),
+            consistency_gamma(context),
+            self.margin,
+        )
+        self.last_pull, self.last_side = alpha, q
         return with_rows(updates, mask, to_dtype(rows, updates.dtype))
 
 

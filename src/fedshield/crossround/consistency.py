@@ -43,15 +43,20 @@ class ConsistencyParams(SuspensionParams):
     )
 
 
-def against_step(rows: Tensor, step: Tensor, gamma: float) -> Tensor:
-    """Eq. (1): ``[n]`` bool, rows whose offset from the coordinate-wise median has cosine
-    below −γ with ``step`` (float64; a zero offset or step flags nothing)."""
+def offset_cosines(rows: Tensor, step: Tensor) -> Tensor:
+    """The left side of eq. (1): ``[n]`` float64, the cosine of each row's offset from the
+    coordinate-wise (lower) median of ``rows`` with ``step``; 0 for a zero offset or step."""
     x = rows.to(torch.float64)
     a = step.to(torch.float64).flatten()
     off = x - x.median(dim=0).values
     norms = off.norm(dim=1) * a.norm()
-    cos = torch.where(norms > 0, (off @ a) / torch.where(norms > 0, norms, 1.0), 0.0)
-    return cos < -gamma
+    return torch.where(norms > 0, (off @ a) / torch.where(norms > 0, norms, 1.0), 0.0)
+
+
+def against_step(rows: Tensor, step: Tensor, gamma: float) -> Tensor:
+    """Eq. (1): ``[n]`` bool, rows whose offset from the coordinate-wise median has cosine
+    below −γ with ``step`` (float64; a zero offset or step flags nothing)."""
+    return offset_cosines(rows, step) < -gamma
 
 
 @ROUND_DEFENSES.register("consistency", tags=["memory=M", "changes_rows"])
@@ -70,4 +75,4 @@ class Consistency(Suspending):
         return against_step(rows, step, self.gamma)
 
 
-__all__ = ["Consistency", "against_step"]
+__all__ = ["Consistency", "against_step", "offset_cosines"]

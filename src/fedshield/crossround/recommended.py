@@ -6,7 +6,8 @@ candidates (:data:`CONFIGURATIONS`) are whole server configurations — algorith
 round defenses — and the bench (``bench/bench_quiet.py``) measures each on the grid of
 issue 32 (digits, mlp 64, Dirichlet 0.5, S/M 10/100 and 10/50, 30 % fixed attackers, 30
 rounds, seeds not tuned on) against noise, sign_flip, alie, ipm and the quiet attacks
-(stealth, its jittered variant, opportunist, cache_poison). Its cells are stored beside
+(stealth, its jittered variant and the variant that reads collusion and consistency,
+opportunist, cache_poison). Its cells are stored beside
 this module (``quiet_measured.json``, with the commit and command that made them). The
 recommendation for a threat model is the candidate usable under it (a root-data one only
 where the server holds root data) with the best measured worst case — the largest

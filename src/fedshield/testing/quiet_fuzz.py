@@ -28,12 +28,14 @@ from fedshield.sim.engine import Simulator
 from fedshield.testing.fuzz import base_config
 
 #: (attack, parameters): colluding rows at the radius' edge (jittered, about the rule's
-#: output), an opportunist that attacks whenever one attacker is in (and one that waits for
-#: the rule's breakdown), directed rows of every kind.
+#: output, spread past collusion and consistency), an opportunist that attacks whenever
+#: one attacker is in (and one that waits for the rule's breakdown), directed rows of
+#: every kind.
 ATTACKS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("stealth", {"h": 1.0}),
     ("stealth", {"h": 0.5, "jitter": 1.0, "centre": "rule"}),
     ("stealth", {"h": 1.0, "tau": 1e6, "centre": "mean"}),
+    ("stealth", {"evade": True}),
     ("opportunist", {"threshold": 1}),
     ("opportunist", {}),
     ("cache_poison", {"scale": 1e6}),
@@ -41,11 +43,13 @@ ATTACKS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("cache_poison", {"direction": "own", "scale": 1e6}),
 )
 
-#: Round-defense chains the attacks meet (none, the issue's pair, all three).
+#: Round-defense chains the attacks meet (none, the issue's pair, all three, and the
+#: quiet-attack guards that ``stealth``'s ``evade`` reads).
 DEFENSES: tuple[tuple[str, ...], ...] = (
     (),
     ("step_bound", "reputation"),
     ("cache", "step_bound", "reputation"),
+    ("collusion", "consistency", "step_bound", "reputation"),
 )
 
 #: Factors applied to the honest rows before the attack reads them (clamped to float32).
