@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from torch.func import grad, vmap
+from torch.func import vmap
 
 from fedshield.algorithms.client.base import ClientAlgorithm, batch_indices
 from fedshield.algorithms.client.pieces import Batch, ClientRound, GradStep, Trained
@@ -152,8 +152,13 @@ class VectorizedTrainer:
     ) -> tuple[list[Tensor], Tensor]:
         """∇ of every client's mini-batch loss ([G, ...] per parameter) and the losses [G].
         ``buffers`` are updated in place (BatchNorm running statistics). ``shared``: the
-        parameters are one unstacked start point for all clients (the first local step),
-        which lets linear layers run as one large product instead of G small ones."""
+        parameters are one unstacked start point for all clients (the first local step).
+
+        The losses are one ``vmap`` call (forward only) on [G, ...] parameter leaves, and
+        their gradients one plain autograd pass of Σ_k L_k: client k's loss reaches only
+        row k, so row k of ∂(Σ_j L_j)/∂θ is ∇L_k. The backward then runs the batched
+        kernels the forward recorded, without ``grad``'s per-op transform layer (about a
+        third less time per call than ``vmap(grad(loss))`` on one CPU core for ``mlp``)."""
         algo, model, slots, examples = self.algo, self.model, self.slots, self.examples
 
         def per_client(
@@ -163,35 +168,40 @@ class VectorizedTrainer:
             y: Tensor,
             consts: dict[str, Tensor],
             cid: Tensor,
-        ) -> tuple[list[Tensor], Tensor]:
+        ) -> Tensor:
             draws.bind(cid)
             b = Batch(x, y, payload, consts)
             x_adv = None
-            if examples:
-                with slots.swapped(p, bufs):
+            if examples:  # computed before the gradient: no path from the loss into them
+                with slots.swapped([t.detach() for t in p], bufs):
                     x_adv = algo.examples(model, b, draws)
+            with slots.swapped(p, bufs):
+                return algo.objective(model, b, x_adv)
 
-            # Buffers enter as an argument, not a capture: BatchNorm mutates them in place,
-            # which grad transforms allow on inputs only.
-            def loss_fn(p: list[Tensor], bufs: list[Tensor]) -> tuple[Tensor, Tensor]:
-                with slots.swapped(p, bufs):
-                    loss = algo.objective(model, b, x_adv)
-                return loss, loss.detach()
-
-            return grad(loss_fn, has_aux=True)(p, bufs)
-
-        cid = torch.arange(x.shape[0], device=x.device)
+        g = x.shape[0]
+        # The shared start is broadcast to [G, ...] (a view): each client's row its own leaf.
+        leaves = [
+            (t.detach().expand(g, *t.shape) if shared else t.detach()).requires_grad_(True)
+            for t in params
+        ]
+        cid = torch.arange(g, device=x.device)
         # "same": the routed draws are made per client on unbatched tensors (see .rng);
         # the support probe runs with "error" so an unrouted random op cannot slip through.
         randomness = "error" if draws.check else "same"
         self._draws = draws
-        with batched_forwards(self.model, self._current_draws), self._autocast():
-            in_dims = (None if shared else 0, 0, 0, 0, 0, 0)
-            fn = vmap(per_client, in_dims=in_dims, randomness=randomness)
-            g, loss = fn(list(params), list(buffers), x, y, consts, cid)
-        # An unreached parameter's gradient comes back as an expanded zero: materialise it
+        with torch.enable_grad():
+            with batched_forwards(self.model, self._current_draws), self._autocast():
+                fn = vmap(per_client, randomness=randomness)
+                loss = fn(leaves, list(buffers), x, y, consts, cid)
+            grads = torch.autograd.grad(loss.sum(), leaves, allow_unused=True)
+        # A parameter the loss never reaches gets no gradient: a zero one, materialised
         # (adjust and the SGD step write gradients in place).
-        return [t.contiguous() for t in g], loss
+        return [
+            gr.contiguous()
+            if gr is not None
+            else torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+            for gr, p in zip(grads, leaves)
+        ], loss.detach()
 
     def _current_draws(self) -> GroupDraws:
         assert self._draws is not None
@@ -371,6 +381,8 @@ class VectorizedTrainer:
         self, payload: Payload, data: Sequence[TensorData], states: Sequence[dict[str, Tensor]]
     ) -> dict[str, Tensor]:
         """Every client's :meth:`ClientAlgorithm.constants`, stacked on a client axis."""
+        if type(self.algo).constants is ClientAlgorithm.constants:  # none: no call per client
+            return {}
         rows = [
             self.algo.constants(self.model, ClientRound(payload, d, s, self.device))
             for d, s in zip(data, states)
