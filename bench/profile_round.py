@@ -57,7 +57,7 @@ PHASES: dict[str, list[tuple[str, Any, str, str | None]]] = {
     "vec": [
         ("train (the cohort)", vtrainer.VectorizedTrainer, "train", None),
         ("train_chunk", vtrainer.VectorizedTrainer, "train_chunk", "train (the cohort)"),
-        ("vmap(grad) forward+backward", vtrainer.VectorizedTrainer, "grads", "train_chunk"),
+        ("batched forward+backward", vtrainer.VectorizedTrainer, "grads", "train_chunk"),
         ("SGD step on stacked tensors", vtrainer.VectorizedTrainer, "_sgd_step", "train_chunk"),
         ("mini-batch gather", vtrainer._Feed, "batch", "train_chunk"),
         ("per-client batch streams", vtrainer, "make_generator", "train_chunk"),

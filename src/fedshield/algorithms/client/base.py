@@ -113,7 +113,8 @@ def batch_indices(
     while done < steps:
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, batch_size):
-            yield perm[start : start + batch_size]
+            # one batch an epoch: the permutation itself (a slice costs µs per step)
+            yield perm if batch_size >= n else perm[start : start + batch_size]
             done += 1
             if done == steps:
                 return
