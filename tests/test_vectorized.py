@@ -448,3 +448,15 @@ def test_vectorize_rejects_non_boolean_values():
         config.validate(raw_cfg(run={"vectorize": "yes"}))
     with pytest.raises(ConfigError, match="run.vectorize_chunk"):
         config.validate(raw_cfg(run={"vectorize_chunk": 0}))
+
+
+def test_a_loss_op_without_a_batching_rule_runs_batched_without_a_notice():
+    """TRADES' kl_div has no vmap batching rule: functorch runs it per client (same values)
+    and would print its "performance drop" notice, which a user cannot act on."""
+    import warnings
+
+    raw = raw_cfg(client={"algorithm": "fedtrades"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        simulator(raw, True).run_round(1)
+    assert not [w for w in caught if "performance drop" in str(w.message)]
