@@ -141,3 +141,14 @@ def test_two_equal_differences_are_undecided() -> None:
     assert (two.half, two.sign_p, two.verdict) == (0.0, 0.5, "undecided")
     three = _tool("paired").paired(_rows(["2.5", "3.5", "4.5"], ["1", "2", "3"]), "A", "B", "m")
     assert three.verdict == "A ahead"
+
+
+def test_two_differences_equal_up_to_float32_rounding_are_undecided() -> None:
+    """The FedCART T = 150 case: Minority accuracies logged as float32 (0.4575 read as
+    0.45750001072883606) make two "equal" −1.5-point differences differ by ~6e-8, which gave
+    a zero-looking interval and a verdict from two seeds."""
+    a = ["0.8199999928474426", "0.7674999833106995"]
+    b = ["0.8349999785423279", "0.7825000286102295"]
+    for scale in (1.0, 100.0):  # as the page renders it: in points
+        two = _tool("paired").paired(_rows(a, b), "A", "B", "m", scale=scale)
+        assert 0 < two.half < 1e-4 * scale and two.verdict == "undecided"

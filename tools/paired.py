@@ -11,7 +11,8 @@ with d_s = A_s − B_s over the n seeds both have (the rendered block tests each
 * the two-sided exact sign test: P(at least as lopsided a split of the non-zero d_s under
   Binomial(n', ½)) (``scipy.stats.binomtest``; ties d_s = 0 are dropped, as usual);
 * the verdict: "A ahead" / "B ahead" when the interval excludes zero, "undecided" when it
-  covers it (or n < 2, or two seeds with the same difference: a zero-width interval).
+  covers it (or n < 2, or two seeds with the same difference up to float32 rounding: a
+  zero-width interval).
 
 Differences are shown in points (×100) by default (``scale=100``). A diverged run (an empty
 metric) leaves its seed out of that metric's pairs, and the table says how many seeds were
@@ -48,12 +49,17 @@ class Paired:
     wins_a: int
     wins_b: int
     sign_p: float  # two-sided exact sign test (1.0 when no non-zero difference)
+    #: Differences closer than this are equal: a few float32 ulps of the paired values
+    #: (times the scale), the precision the metrics are logged at.
+    resolution: float = 0.0
 
     @property
     def verdict(self) -> str:
         # Two seeds that differ by the same amount give a zero-width interval: that is no
-        # evidence (the sign test's p is 0.5), so it stays undecided.
-        degenerate = self.half == 0 and len(self.diffs) < 3
+        # evidence (the sign test's p is 0.5), so it stays undecided. "The same" up to the
+        # float32 rounding of the logged metrics (0.4575 is stored as 0.45750001...).
+        spread = max(self.diffs, default=0.0) - min(self.diffs, default=0.0)
+        degenerate = len(self.diffs) < 3 and spread <= self.resolution
         if len(self.diffs) < 2 or not math.isfinite(self.half) or degenerate:
             return "undecided"
         if self.mean - self.half > 0:
@@ -111,7 +117,9 @@ def paired(
     wins_b = sum(d < 0 for d in diffs)
     sign_p = float(stats.binomtest(wins_a, wins_a + wins_b, 0.5).pvalue) if wins_a + wins_b else 1.0
     seeds = ["/".join(k) for k in keys]
-    return Paired(metric, seeds, diffs, mean, half, wins_a, wins_b, sign_p)
+    values = [abs(t[k]) for k in keys for t in (ta, tb)]
+    resolution = 4 * 2.0**-23 * abs(scale) * max([1.0, *values])
+    return Paired(metric, seeds, diffs, mean, half, wins_a, wins_b, sign_p, resolution)
 
 
 def render_rows(results: Sequence[Paired], a: str, b: str, digits: int = 1) -> list[str]:

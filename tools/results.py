@@ -139,7 +139,7 @@ class Job:
         """The files this job may write, by name: a grid's and a bench's under
         docs/results/data (with provenance), a command's ``writes``."""
         if self.kind == "grid":
-            names = [f"{self.stem}{s}.csv" for s in ("", "-cells", "-curves", "-rounds")]
+            names = [f"{self.stem}{s}.csv" for s in ("", "-cells", "-curves", "-rounds", "-budget")]
         elif self.kind == "bench":
             names = [f"bench-{self.name}-{f}" for f in _render_results().BENCH_FILES]
         else:
