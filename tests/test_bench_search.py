@@ -94,6 +94,9 @@ def test_the_quiet_bench_searches_every_quiet_attack() -> None:
     quiet = {a.name: a for a in spec.attacks if a.search}
     assert set(quiet) == {"stealth", "opportunist", "cache_poison"}
     p = plan(spec, where)
-    # 7 defenses × (5 plain attacks + 4 + 2 + 4 placements) × 2 S/M, fixed mode, none infeasible
-    assert len(p.runs) == 7 * 15 * 2 and not p.infeasible
+    # 9 defenses × (5 plain attacks + 4 + 2 + 2 + 2 + 4 placements) × 2 S/M, fixed mode,
+    # none infeasible
+    assert len(p.runs) == 9 * 19 * 2 and not p.infeasible
+    labels = {a.label or a.name for a in spec.attacks}
+    assert {"stealth_jitter", "stealth_evade"} <= labels
     assert {r.raw["attack"]["mode"] for r in p.runs} == {"fixed"}
