@@ -100,3 +100,20 @@ def test_the_quiet_bench_searches_every_quiet_attack() -> None:
     labels = {a.label or a.name for a in spec.attacks}
     assert {"stealth_jitter", "stealth_evade"} <= labels
     assert {r.raw["attack"]["mode"] for r in p.runs} == {"fixed"}
+
+
+def test_a_searched_bench_folder_reads_back_every_placement(tmp_path: Path) -> None:
+    """bench.json keeps each run's placement: a folder of a searched bench is read back
+    (resume, ``--render``) with the run ids it was written with (it was refused as
+    "damaged" before any run of the quiet bench started)."""
+    from fedshield.bench.folder import read_manifest, write_manifest
+
+    p = plan(parse_spec(BASE), Path("."), check=False)
+    shas = {r.id: f"sha-{r.id}" for r in p.runs}
+    write_manifest(p, tmp_path, shas, ["fedshield", "bench"], only=False)
+    back, back_shas, _ = read_manifest(tmp_path)
+    assert [r.id for r in back.runs] == [r.id for r in p.runs]
+    assert back_shas == shas
+    assert {r.id: r.placement_label for r in back.runs} == {
+        r.id: r.placement_label for r in p.runs
+    }

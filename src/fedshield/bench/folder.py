@@ -72,6 +72,8 @@ def write_manifest(
                 "setting": _setting(r.setting),
                 "tune": r.tune,
                 "seed": r.seed,
+                "placement": r.placement,
+                "placement_label": r.placement_label,
                 "rounds": int(r.raw.get("rounds", 0)),
                 "config_sha256": shas[r.id],
             }
@@ -114,8 +116,10 @@ def read_manifest(out: Path) -> tuple[Plan, dict[str, str], dict[str, Any]]:
     data = _load(out / MANIFEST)
     try:
         spec = BenchSpec.model_validate(data["spec"])
+        # a searched attack's runs differ by placement alone (its index is in the run id)
         runs = [Run(r["defense"], r["attack"], Setting(**r["setting"]), r["tune"], r["seed"],
-                    {"rounds": r["rounds"]}) for r in data["runs"]]  # fmt: skip
+                    {"rounds": r["rounds"]}, r.get("placement"), r.get("placement_label", ""))
+                for r in data["runs"]]  # fmt: skip
         shas = {r["id"]: r["config_sha256"] for r in data["runs"]}
         infeasible = {(x["defense"], Setting(**x["setting"])): x["why"]
                       for x in data["infeasible"]}  # fmt: skip
