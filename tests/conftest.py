@@ -8,7 +8,7 @@ import torch
 _DEFAULT_THREADS = "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"
 torch.set_num_threads(int(os.environ.get("FEDSHIELD_TEST_THREADS", _DEFAULT_THREADS)))
 # ...and runs that a test starts (a preset's run.threads = 2, a CLI subprocess) stay within
-# it: two threads beside the other worker oversubscribe the two cores (runner.set_threads).
+# it: two threads beside the other worker oversubscribe the two cores (fedshield.threads).
 os.environ.setdefault("FEDSHIELD_MAX_THREADS", str(torch.get_num_threads()))
 
 # Tests that start Ray, Flower's simulation engine or SuperLink/SuperNode processes run one

@@ -194,7 +194,7 @@ def test_fedshield_max_threads_caps_run_threads_and_a_bad_value_names_the_variab
 
     from fedshield import config
     from fedshield.errors import ConfigError
-    from fedshield.runner import set_threads
+    from fedshield.runner import set_threads  # fedshield.threads, for a run config
 
     cfg = config.validate(small_cfg | {"run": {"threads": 2, "progress": False}})
     before = torch.get_num_threads()

@@ -10,38 +10,20 @@ Used by ``fedshield run``, by sweeps (each run of a grid) and by library users::
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from fedshield.errors import ConfigError
+from fedshield import threads
 from fedshield.progress import RoundProgress
 from fedshield.sim.rundir import check_out_dir
 
-#: Caps ``run.threads`` for every run of this process and its children: a process that runs
-#: beside others (a test worker, one of several jobs sharing the cores) sets it so that a
-#: preset asking for 2 threads does not oversubscribe the machine.
-MAX_THREADS_ENV = "FEDSHIELD_MAX_THREADS"
-
 
 def set_threads(cfg: Any) -> None:
-    """``run.threads`` torch threads, 1 when unset, at most ``$FEDSHIELD_MAX_THREADS``: on a
-    busy 2-core machine two threads measured 6-17x slower per round than one
-    (oversubscription: the eevit sample test took 141 s beside another test worker, 32 s
-    alone), and one thread keeps runs bit-reproducible across machines with different core
-    counts."""
-    import torch
-
-    threads = cfg.run.threads or 1
-    cap = os.environ.get(MAX_THREADS_ENV, "").strip()
-    if cap:
-        try:
-            threads = min(threads, max(1, int(cap)))
-        except ValueError:
-            raise ConfigError(f"{MAX_THREADS_ENV}={cap!r}: expected a whole number >= 1") from None
-    torch.set_num_threads(threads)
+    """``run.threads`` torch threads, 1 when unset, at most ``$FEDSHIELD_MAX_THREADS``
+    (:func:`fedshield.threads.set_threads`)."""
+    threads.set_threads(cfg.run.threads)
 
 
 def check_run_dir(cfg: Any, out: Path, resume: bool) -> None:

@@ -31,6 +31,7 @@ from flwr.clientapp import ClientApp
 
 from fedshield.errors import ConfigError
 from fedshield.flower import keys
+from fedshield.threads import set_threads
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -72,7 +73,6 @@ def state_dir(node_config: UserConfig) -> Path | None:
 def runtime(config_toml: str, node_config: UserConfig) -> Simulator:
     """The experiment of ``config_toml`` as this node sees it (data path and device are
     the node's), built once per process and config."""
-    import torch
 
     from fedshield import config as config_mod
     from fedshield.sim.builder import build
@@ -89,8 +89,9 @@ def runtime(config_toml: str, node_config: UserConfig) -> Simulator:
     if "device" in overrides:
         raw.setdefault("run", {})["device"] = overrides["device"]
     cfg = config_mod.validate(raw, "config sent by the ServerApp")
-    if cfg.run.threads:  # as the simulator's CLI does; else the runtime's default (Ray: 1)
-        torch.set_num_threads(cfg.run.threads)
+    # run.threads as the simulator's CLI does, else the runtime's default (Ray: 1); capped
+    # by $FEDSHIELD_MAX_THREADS like every run
+    set_threads(cfg.run.threads, default=None)
     sim = Simulator(build(cfg))
     _runtimes[key] = sim
     while len(_runtimes) > _CACHE_SIZE:

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from flwr.app import Context, UserConfig
 from flwr.serverapp import Grid, ServerApp
 
@@ -36,6 +35,7 @@ from fedshield.flower.experiment import FedshieldStrategy, RoundCallback
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
 from fedshield.sim.faults import response_models
+from fedshield.threads import set_threads
 
 app = ServerApp()
 
@@ -69,8 +69,7 @@ def prepare(
     """Build the server side (data, model, components, output dir) before any node is
     contacted, so a bad config or an occupied ``out`` fails in seconds; ``components``:
     those the caller's checks built for ``cfg`` (not built again)."""
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
+    set_threads(cfg.run.threads, default=None)
     injected = response_models(cfg)
     if injected:  # availability filters the nodes asked; a node's own silence is the dropout
         raise ConfigError(
