@@ -114,6 +114,17 @@ def test_a_searched_bench_folder_reads_back_every_placement(tmp_path: Path) -> N
     back, back_shas, _ = read_manifest(tmp_path)
     assert [r.id for r in back.runs] == [r.id for r in p.runs]
     assert back_shas == shas
-    assert {r.id: r.placement_label for r in back.runs} == {
-        r.id: r.placement_label for r in p.runs
-    }
+    labels = {r.id: r.placement_label for r in p.runs}
+    assert {r.id: r.placement_label for r in back.runs} == labels
+
+
+def test_the_plan_prints_each_build_time_warning_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Every run's components are checked, and a defense's build-time statement is the same
+    for each of its attacks and placements: it is printed once, not once per run."""
+    spec = parse_spec(BASE | {"attack_modes": ["fixed"],
+                              "heterogeneity": {"S10of50": ["data.num_clients=50"]}})  # fmt: skip
+    with caplog.at_level("WARNING"):
+        p = plan(spec, Path("."))
+    assert len(p.runs) == 3
+    budget = [r for r in caplog.records if "byzantine budget" in r.getMessage()]
+    assert len(budget) == 1, [r.getMessage() for r in caplog.records]

@@ -17,7 +17,10 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
+import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,9 +223,44 @@ def check_search(a: AttackSpec) -> None:
                 raise ConfigError(f"{where}: {v!r}: {err}") from None
 
 
+class _Once(logging.Filter):
+    """Passes each distinct message once: the plan checks every run's components, and a
+    defense's build-time statement is the same for each of its attacks and placements (the
+    quiet bench printed it 342 times)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+@contextmanager
+def _each_message_once() -> Iterator[None]:
+    # one filter per handler: a record passes every handler (console, log file) once
+    attached = [(h, _Once()) for h in logging.getLogger().handlers]
+    for h, once in attached:
+        h.addFilter(once)
+    try:
+        yield
+    finally:
+        for h, once in attached:
+            h.removeFilter(once)
+
+
 def plan(spec: BenchSpec, where: Path, check: bool = True) -> Plan:
     """Every run of ``spec``, validated (``check``: the components too, as ``fedshield run``
-    does before loading data)."""
+    does before loading data); each warning of the checks is printed once."""
+    with _each_message_once():
+        return _plan(spec, where, check)
+
+
+def _plan(spec: BenchSpec, where: Path, check: bool) -> Plan:
     from fedshield.sim.builder import load_plugins
     from fedshield.sweep import check_run
 
