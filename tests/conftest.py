@@ -11,15 +11,6 @@ torch.set_num_threads(int(os.environ.get("FEDSHIELD_TEST_THREADS", _DEFAULT_THRE
 # it: two threads beside the other worker oversubscribe the two cores (fedshield.threads).
 os.environ.setdefault("FEDSHIELD_MAX_THREADS", str(torch.get_num_threads()))
 
-# Tests that start Ray, Flower's simulation engine or SuperLink/SuperNode processes run one
-# after another on one xdist worker (`--dist loadgroup`): two Ray instances on two cores
-# only slow each other down.
-_SERIAL_FILES = {
-    "test_flower_sim.py", "test_flower_example.py", "test_ray_sweep.py",
-    "test_flower_deployment.py", "test_flower_deployment_faults.py",
-}  # fmt: skip
-
-
 # Tests whose assertions depend on which float kernels run (references computed by another
 # library or code path, batched vs sequential, exact ties): `make test` runs them again
 # under other kernel paths of the same machine (MKL_CBWR, ATEN_CPU_CAPABILITY,
@@ -31,17 +22,9 @@ _NUMERIC_FILES = {
 }  # fmt: skip
 
 
-# Modules whose tests share cached runs (functools.cache per process): on one worker each
-# run trains once (the adaptive e2e cases share their defense's fixed-attack runs).
-_SHARED_CACHE_FILES = {"test_attacks_adaptive_e2e.py"}
-
-
 def pytest_collection_modifyitems(config, items):
+    # (xdist_group marks are set in the modules: xdist reads them before this hook runs)
     for item in items:
-        if item.path.name in _SERIAL_FILES:
-            item.add_marker(pytest.mark.xdist_group("processes"))
-        elif item.path.name in _SHARED_CACHE_FILES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
         if item.path.name in _NUMERIC_FILES:
             item.add_marker(pytest.mark.numerics)
 

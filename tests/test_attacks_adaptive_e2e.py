@@ -26,7 +26,8 @@ from fedshield.bench.plan import plan
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
 
-pytestmark = pytest.mark.slow
+# one worker: its cases share their defense's fixed-attack runs (functools.cache per process)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("adaptive_e2e")]
 
 BENCH = "robustness-digits-cpu"
 #: The eight fixed attacks of seed 000 (the bench's first eight).

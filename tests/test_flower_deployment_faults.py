@@ -35,6 +35,10 @@ pytest.importorskip("flwr")
 
 from test_flower_deployment import Federation, deployment_config, run_experiment, start_secure
 
+# Starts Ray, Flower's simulation engine or SuperLink/SuperNode processes: with the other
+# such modules on one xdist worker (`--dist loadgroup`), not two Ray instances on two cores.
+pytestmark = pytest.mark.xdist_group("processes")
+
 T = TypeVar("T")
 ROUND_TIMEOUT = 120.0  # above Flower's heartbeat expiry (60 s): the round ends on its reports
 

@@ -43,6 +43,10 @@ sys.path.insert(0, str(EXAMPLE))
 
 from brdrag_app import client_app, server_app, task  # noqa: E402
 
+# Starts Ray, Flower's simulation engine or SuperLink/SuperNode processes: with the other
+# such modules on one xdist worker (`--dist loadgroup`), not two Ray instances on two cores.
+pytestmark = pytest.mark.xdist_group("processes")
+
 
 def example_order(cls: type) -> type:
     """fedshield client algorithm ``cls`` drawing its mini-batches in the example's order."""

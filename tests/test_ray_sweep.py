@@ -17,6 +17,10 @@ from fedshield.errors import ConfigError
 from fedshield.sweep import RunTask
 from fedshield.sweep_ray import TOKEN_FILE, RayBackend, _task
 
+# Starts Ray, Flower's simulation engine or SuperLink/SuperNode processes: with the other
+# such modules on one xdist worker (`--dist loadgroup`), not two Ray instances on two cores.
+pytestmark = pytest.mark.xdist_group("processes")
+
 
 @pytest.fixture(scope="module")
 def local_ray():
