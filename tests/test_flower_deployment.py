@@ -38,8 +38,7 @@ from test_flower import FEDCART, assert_same, raw_config, simulate
 
 from fedshield import config
 
-# Starts Ray, Flower's simulation engine or SuperLink/SuperNode processes: with the other
-# such modules on one xdist worker (`--dist loadgroup`), not two Ray instances on two cores.
+# starts processes: one worker with the other such modules (tests/test_suite_setup.py)
 pytestmark = pytest.mark.xdist_group("processes")
 
 REPO = Path(__file__).resolve().parents[1]

@@ -35,8 +35,7 @@ pytest.importorskip("flwr")
 
 from test_flower_deployment import Federation, deployment_config, run_experiment, start_secure
 
-# Starts Ray, Flower's simulation engine or SuperLink/SuperNode processes: with the other
-# such modules on one xdist worker (`--dist loadgroup`), not two Ray instances on two cores.
+# starts processes: one worker with the other such modules (tests/test_suite_setup.py)
 pytestmark = pytest.mark.xdist_group("processes")
 
 T = TypeVar("T")

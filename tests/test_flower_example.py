@@ -43,8 +43,7 @@ sys.path.insert(0, str(EXAMPLE))
 
 from brdrag_app import client_app, server_app, task  # noqa: E402
 
-# Starts Ray, Flower's simulation engine or SuperLink/SuperNode processes: with the other
-# such modules on one xdist worker (`--dist loadgroup`), not two Ray instances on two cores.
+# starts processes: one worker with the other such modules (tests/test_suite_setup.py)
 pytestmark = pytest.mark.xdist_group("processes")
 
 

@@ -17,8 +17,7 @@ from fedshield.errors import ConfigError
 from fedshield.sweep import RunTask
 from fedshield.sweep_ray import TOKEN_FILE, RayBackend, _task
 
-# Starts Ray, Flower's simulation engine or SuperLink/SuperNode processes: with the other
-# such modules on one xdist worker (`--dist loadgroup`), not two Ray instances on two cores.
+# starts processes: one worker with the other such modules (tests/test_suite_setup.py)
 pytestmark = pytest.mark.xdist_group("processes")
 
 

@@ -1,8 +1,11 @@
-"""The suite's own scheduling holds: tests that start processes share one xdist worker.
+"""The suite's own scheduling holds: the modules that start Ray, Flower's simulation engine
+or SuperLink/SuperNode processes (``pytestmark = pytest.mark.xdist_group("processes")``)
+share one xdist worker under ``--dist loadgroup``, so two Ray instances never compete for
+the two cores.
 
-With pytest 9.2 and pytest-xdist 3.8 every ``xdist_group`` mark was silently ignored (the
-Ray modules ran on both workers at once, each ~2x slower); pyproject pins pytest below 9.2
-and this test fails where the grouping does not apply."""
+With pytest 9.2 and pytest-xdist 3.8 every ``xdist_group`` mark was silently ignored: the
+Ray module's set-up ran on both workers at once, ~100 s each instead of 26 s once. pyproject
+pins pytest below 9.2 and this test fails where the grouping does not apply."""
 
 from __future__ import annotations
 

@@ -73,7 +73,6 @@ def state_dir(node_config: UserConfig) -> Path | None:
 def runtime(config_toml: str, node_config: UserConfig) -> Simulator:
     """The experiment of ``config_toml`` as this node sees it (data path and device are
     the node's), built once per process and config."""
-
     from fedshield import config as config_mod
     from fedshield.sim.builder import build
     from fedshield.sim.engine import Simulator
