@@ -22,6 +22,27 @@ _NUMERIC_FILES = {
 }  # fmt: skip
 
 
+def _kernels() -> str:
+    """The float-kernel path this process runs (tools/kernel_variants.sh sets the variables)."""
+    env = ", ".join(
+        f"{k}={os.environ.get(k, 'auto')}" for k in ("MKL_CBWR", "ONEDNN_MAX_CPU_ISA")
+    )
+    return f"torch {torch.backends.cpu.get_cpu_capability()}, {env}"
+
+
+def pytest_report_header(config):
+    return f"CPU kernels: {_kernels()}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # A numerics failure names the kernels it ran under: the same test can pass on another
+    # CPU's (or another variant's) kernels.
+    report = (yield).get_result()
+    if report.failed and item.get_closest_marker("numerics"):
+        report.sections.append(("CPU kernels", _kernels()))
+
+
 def pytest_collection_modifyitems(config, items):
     # (xdist_group marks are set in the modules: xdist reads them before this hook runs)
     for item in items:

@@ -42,12 +42,12 @@ def kernel_variants() -> dict[str, dict[str, str]]:
     tools/kernel_variants.sh, named by its ``MKL_CBWR`` value (``compatible``, ``avx2``)."""
     out: dict[str, dict[str, str]] = {"native": {}}
     for line in VARIANTS_SH.read_text().splitlines():
-        m = re.match(r"\s*variant\s+((?:\w+=\S+\s*)+)$", line)
+        m = re.match(r"\s*variant\s+\w+\s+((?:\w+=\S+\s*)+)$", line)
         if m:
             env = dict(item.split("=", 1) for item in m.group(1).split())
             out[env.get("MKL_CBWR", f"v{len(out)}").lower()] = env
     if len(out) < 2:
-        raise SystemExit(f"{VARIANTS_SH}: no `variant VAR=value ...` lines")
+        raise SystemExit(f"{VARIANTS_SH}: no `variant LEVEL VAR=value ...` lines")
     return out
 
 

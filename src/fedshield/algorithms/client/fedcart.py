@@ -260,8 +260,8 @@ class FedCARTClient(AdversarialClient):
                     for v, xv in enumerate(views_x):
                         feats[v].append(net.forward_features(xv))
         z_views = [torch.cat(f) for f in feats]
-        sums = torch.zeros(len(data), c, w.numel() + c, device=device)
-        counts = torch.zeros(len(data), c, device=device)
+        sums = torch.zeros(len(data), c, w.numel() + c, device=device, dtype=w.dtype)
+        counts = torch.zeros(len(data), c, device=device, dtype=w.dtype)
         offset = 0
         for i, d in enumerate(data):
             seg = slice(offset, offset + len(d))
