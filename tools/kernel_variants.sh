@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-run the kernel-dependent tests (marker `numerics`, tests/conftest.py) under the other
 # float-kernel paths this machine can take, so a test that only passes on one CPU's kernels
-# fails here, not on another machine of the same kind (issue #17):
+# fails here, not on another machine of the same kind:
 #   MKL_CBWR=COMPATIBLE / AVX2  MKL's conditional-numerical-reproducibility code paths;
 #   ATEN_CPU_CAPABILITY         torch's own vectorised kernels (default = no SIMD dispatch);
 #   ONEDNN_MAX_CPU_ISA          oneDNN's convolution kernels.
