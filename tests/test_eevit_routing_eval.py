@@ -1,4 +1,4 @@
-"""Routing evaluators (early-exit ViT paper metrics): client-local test sets, top-k, the client
+"""Routing evaluators (early-exit ViT paper, eqs. 13–17): client-local test sets, top-k, the client
 profile on θ^0, declared schemas and clear errors."""
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ def class_gradient_sums(
 def match_distance(g_syn: Tensor, g_real: Tensor, num_classes: int, kind: Distance) -> Tensor:
     """Σ_c dist(g_syn_c, g_real_c) over the rows of [K, P] gradients.
 
-    ``mse``: Σ ‖g_syn − g_real‖² (FedCART paper). ``cos``: CReFF's layer-wise distance, Σ over the
-    rows of the weight gradient of (1 − cos); CReFF ignores the bias there, and so do we.
+    ``mse``: Σ ‖g_syn − g_real‖² (FedCART paper, eq. 9). ``cos``: CReFF's layer-wise distance, Σ
+    over the rows of the weight gradient of (1 − cos); CReFF ignores the bias there, and so do we.
     """
     if kind == "mse":
         return (g_syn - g_real).pow(2).sum()

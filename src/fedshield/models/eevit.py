@@ -70,7 +70,7 @@ def scalefl_exit_blocks(depth: int) -> list[int]:
 
 
 class ExitHead(nn.Module):
-    """u_e = LN(s_e), logits = W_e u_e + b_e (early-exit ViT paper)."""
+    """u_e = LN(s_e), logits = W_e u_e + b_e (early-exit ViT paper, Sec. IV)."""
 
     def __init__(self, dim: int, num_classes: int) -> None:
         super().__init__()

@@ -186,7 +186,7 @@ def route(
     the last exit whenever no earlier one accepts (its threshold is never consulted)."""
     p = stack_exits(probs)
     accept = p.amax(dim=-1) > thresholds(p, policy, client_score)
-    accept[-1] = True  # deterministic final fallback (early-exit ViT paper)
+    accept[-1] = True  # deterministic final fallback (early-exit ViT paper, eq. 12)
     # argmax returns the first maximum, i.e. the first accepting exit.
     exit_idx = accept.to(torch.uint8).argmax(dim=0)
     preds = p.argmax(dim=-1)  # [L, N]

@@ -49,7 +49,8 @@ def shallow_confidence_deficit(
 
 
 def minmax_normalize(values: Tensor) -> Tensor:
-    """(v − min) / (max − min) over clients; all-equal values map to 0 (early-exit ViT paper)."""
+    """(v − min) / (max − min) over clients, all-equal values map to 0 (early-exit ViT paper,
+    eq. 6)."""
     values = torch.as_tensor(values, dtype=torch.float64)
     lo, hi = values.min(), values.max()
     if hi == lo:  # no spread: no client is harder than another

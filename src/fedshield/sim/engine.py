@@ -551,7 +551,7 @@ def _reported(u: ClientUpdate, key: str) -> Any:
 
 
 def _comm_bytes(u: ClientUpdate, default: int) -> int:
-    """The bytes a client reports for its active prefix (early-exit ViT paper), within [0,
+    """The bytes a client reports for its active prefix (early-exit ViT paper, eq. 16), within [0,
     default]."""
     value = finite_metric(u, "comm/bytes")
     return default if value is None else int(min(max(value, 0.0), default))
