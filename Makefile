@@ -28,7 +28,7 @@ test: $(STAMP)
 	tools/timed.sh lint $(VENV)/bin/ruff check src tests bench tools
 	tools/timed.sh types $(PY) -m mypy  # the files and settings: [tool.mypy] in pyproject.toml
 	tools/timed.sh tests $(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" --durations=25
-	# the kernel-dependent tests again under other CPU kernel paths (issue #17)
+	# the kernel-dependent tests again under other CPU kernel paths
 	tools/timed.sh "kernel variants" tools/kernel_variants.sh $(PY)
 
 test-slow: $(STAMP)

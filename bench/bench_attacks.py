@@ -1,4 +1,4 @@
-"""Time every update attack on one cohort (SPEC §6): ``python bench/bench_attacks.py``.
+"""Time every update attack on one cohort: ``python bench/bench_attacks.py``.
 
 Defaults mimic a CIFAR-size CNN round (S = 50 clients, d = 1M parameters, 20% Byzantine).
 Min-Max/Min-Sum cost one [S, S] Gram matrix plus O(S) per search step, so they should stay

@@ -1,4 +1,5 @@
-"""Defenses across rounds on issue 24's fixed-attacker reproducer (``fedshield.crossround``).
+"""Defenses across rounds on the fixed-attacker reproducer of docs/cross-round.md
+(``fedshield.crossround``).
 
 digits, mlp (hidden 64), M = 50, S = 10, Dirichlet 0.5 (min_size 10), sgd lr 0.1 × 10
 steps of batch 16, fedavg with uniform weighting, 30 % Byzantine ``noise`` (σ = 100),
@@ -8,7 +9,7 @@ seed 7, 30 rounds. For each robust rule and each round defense (none, ``step_bou
 ``per_round`` twin (exactly 3 per cohort) and the same run without an attack (the
 defense's clean cost), and prints the final test accuracy, the
 largest ‖θ‖ over the run and the gap between the fixed run and the per_round run without a
-round defense (issue 24's target: within 5 points).
+round defense (the target: within 5 points, docs/cross-round.md).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/bench_cross_round.py [--rules median trimmed_mean]
 """

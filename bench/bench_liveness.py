@@ -1,10 +1,10 @@
-"""Liveness under faults (issue 32 item 3): rounds skipped and accuracy, side by side.
+"""Liveness under faults: rounds skipped and accuracy, side by side.
 
 digits, mlp (hidden 64), M = 50, S = 10, Dirichlet 0.5 (min_size 10), sgd lr 0.1 × 10 steps
 of batch 16, fedavg with uniform weighting, fixed-mode attackers, seed 8, 30 rounds. Each
 scenario (a fault model, with or without a 30 % ``noise`` attack) runs with the liveness
-settings off (the behaviour before issue 32) and with each setting given on the command line
-(``server.over_select = "auto"``; ``server.round_defenses = ["fill"]`` with
+settings off (the behaviour before docs/faults.md, "Liveness") and with each setting given on the
+command line (``server.over_select = "auto"``; ``server.round_defenses = ["fill"]`` with
 ``faults.invite = "population"``), and prints the final test accuracy, the rounds skipped
 and the largest Byzantine share of the rows the rule saw, next to the same run without
 faults.

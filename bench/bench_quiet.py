@@ -1,4 +1,4 @@
-"""Which server configuration holds against quiet attackers (issue 32 item 2, SPEC §16):
+"""Which server configuration holds against quiet attackers (docs/security.md §6b):
 every candidate of :data:`fedshield.crossround.recommended.CONFIGURATIONS` on the grid.
 
 digits, mlp (hidden 64), Dirichlet 0.5 (min_size 5), sgd lr 0.1 × 10 steps of batch 16,

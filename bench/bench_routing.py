@@ -1,4 +1,4 @@
-"""Early-exit inference throughput: routed (real early exit) vs full depth (SPEC §8).
+"""Early-exit inference throughput: routed (real early exit) vs full depth (early-exit ViT paper).
 
 Loads a trained multi-exit run (``--run DIR`` with ``config.toml`` + ``checkpoint.pt``,
 e.g. from ``fedshield run --preset eevit-mnist5k-dir0.5-cpu``) or, without one, trains the

@@ -1,5 +1,5 @@
-"""Issue 32's tier majority under a rule the build-time check would refuse (the numbers in
-``fedshield.sim.majorities`` and docs/security.md).
+"""A tier majority (docs/security.md §2) under a rule the build-time check would refuse (the
+numbers in ``fedshield.sim.majorities`` and docs/security.md).
 
 Early-exit ViT on digits (patch 2, dim 32, 3 blocks), 10 clients with depths
 [3, 1, 3, 2, 1, 2, 3, 1, 2, 1]: the fixed attackers of seed 0, clients {0, 2}, are 2 of the 3

@@ -12,7 +12,7 @@ repetition so all see the same machine load:
 * ``bare`` — the batching ceiling: per step one ``vmap(grad(cross-entropy))`` call over
   all S clients with batches of one size, then θ ← θ − η∇ on the stacked parameters — no
   per-client index streams, size groups, momentum, client state or uploads (the
-  measurement behind the issue's 5× goal).
+  measurement behind the 5× goal of docs/vectorized.md).
 
 Printed: min and median milliseconds, and the ratios loop/vec (the speed-up; goal ≥ 5 at
 S = 100 on CPU), seq/vec, seq/loop and loop/bare (what batching alone can give on this

@@ -1,4 +1,5 @@
-"""fedshield.adversarial: invariants, parity with torchattacks, side-effect freedom (SPEC §7)."""
+"""fedshield.adversarial: invariants, parity with torchattacks, side-effect freedom (FedCART
+paper)."""
 
 from __future__ import annotations
 
@@ -200,9 +201,9 @@ def test_robust_accuracy_batches_and_natural() -> None:
 def test_eval_attack_registry() -> None:
     assert {"fgsm", "pgd", "cw", "autoattack"} <= set(EVAL_ATTACKS.names())
     pgd20 = EVAL_ATTACKS.build("pgd", eps=EPS)
-    assert (pgd20.steps, pgd20.random_start) == (20, True)  # SPEC §7 PGD-20
+    assert (pgd20.steps, pgd20.random_start) == (20, True)  # FedCART paper PGD-20
     cw = EVAL_ATTACKS.build("cw", eps=EPS)
-    assert (cw.steps, cw.kappa) == (30, 50.0)  # SPEC §7 CW∞
+    assert (cw.steps, cw.kappa) == (30, 50.0)  # FedCART paper CW∞
     model = small_cnn().eval()
     x, y = batch()
     # Same seed, same adversarial batch: evaluation is reproducible.

@@ -1,6 +1,6 @@
-"""Aggregation rules (SPEC §1–§5, §12): worked examples, the registry contract, conformance
-of every registered rule (finite on huge and non-finite rows, dtype kept, inputs untouched,
-symmetric), config errors, degraded rules."""
+"""Aggregation rules (DRAG paper, Secs. II-A–VI; docs/defenses.md; docs/security.md): worked
+examples, the registry contract, conformance of every registered rule (finite on huge and
+non-finite rows, dtype kept, inputs untouched, symmetric), config errors, degraded rules."""
 
 from __future__ import annotations
 
@@ -238,7 +238,7 @@ def sign_rows(scale: float, rows: int, seed: int = 4) -> torch.Tensor:
 @pytest.mark.parametrize("scale", [1e30, 3e38])
 @pytest.mark.parametrize("name", ALL)
 def test_finite_on_huge_rows(name: str, scale: float) -> None:
-    """SPEC §12: finite rows up to float32's max never give NaN/Inf; a robust rule stays at
+    """docs/security.md: finite rows up to float32's max never give NaN/Inf; a robust rule stays at
     the honest scale with one such row."""
     x, w, r = data()
     rule = make(name)
@@ -377,7 +377,7 @@ def test_every_rule_returns_the_point_when_all_rows_agree() -> None:
         torch.testing.assert_close(got, row, msg=name)
 
 
-# -- DRAG (SPEC §2 eq. 10–11) --------------------------------------------------------------
+# -- DRAG (DRAG paper, eq. 10–11) --------------------------------------------------------------
 def test_drag_hand_examples() -> None:
     r = torch.tensor([0.0, 2.0])
     x = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 3.0]])
@@ -440,7 +440,7 @@ def test_drag_calibrate_single_update() -> None:
     torch.testing.assert_close(v, vs[4])
 
 
-# -- BR-DRAG (SPEC §3 eq. 15) --------------------------------------------------------------
+# -- BR-DRAG (DRAG paper, eq. 15) --------------------------------------------------------------
 def test_brdrag_hand_examples() -> None:
     r = torch.tensor([0.0, 1.0])
     x = torch.tensor([[3.0, 0.0], [-2.0, 0.0], [0.0, 5.0], [0.0, -1.0]])
@@ -495,7 +495,7 @@ def test_brdrag_zero_reference_gives_zero_update() -> None:
     assert torch.equal(out, torch.zeros(D))
 
 
-# -- FLTrust (SPEC §5) ---------------------------------------------------------------------
+# -- FLTrust (DRAG paper, Sec. VI-B) ---------------------------------------------------------------
 def test_fltrust_hand_example() -> None:
     r = torch.tensor([1.0, 0.0], dtype=torch.float64)
     x = torch.tensor([[2.0, 0.0], [1.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
@@ -697,7 +697,7 @@ def test_blocked_helpers_match_direct_formulas(monkeypatch: pytest.MonkeyPatch) 
     torch.testing.assert_close(d2, torch.cdist(x[keep], x[keep]).square())
 
 
-# -- numerics under far outliers (SPEC §12) ------------------------------------------------
+# -- numerics under far outliers (docs/security.md) ------------------------------------------------
 def direct_sq_dists(x: torch.Tensor) -> torch.Tensor:
     x = x.double()
     return (x[:, None, :] - x[None, :, :]).square().sum(-1)

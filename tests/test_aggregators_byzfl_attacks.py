@@ -1,4 +1,4 @@
-"""ByzFL's own attacks against every registered defense (issue 9; bench/bench_byzfl_attacks.py
+"""ByzFL's own attacks against every registered defense (bench/bench_byzfl_attacks.py
 prints the distances).
 
 For each of ByzFL's Optimal ALIE, Optimal IPM, Mimic, Inf, SignFlipping and Gaussian attacks,

@@ -1,4 +1,4 @@
-"""MDA, MeaMed, MoNNA, CAF and SMEA equal ByzFL 0.0.11 on seeded inputs (issue 26 item 2).
+"""MDA, MeaMed, MoNNA, CAF and SMEA equal ByzFL 0.0.11 on seeded inputs.
 
 ByzFL's numpy path (float64, scipy's cdist, numpy's median) is the reference for the three
 distance/order rules. CAF and SMEA in ByzFL estimate eigenvalues with one power-method step

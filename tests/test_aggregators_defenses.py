@@ -1,5 +1,5 @@
 """DnC, SignGuard, ClippedClustering, RLR and FLAME: worked examples from their papers, and
-robust behaviour of every defense of issue 26 under a few simple attacks. (Finiteness on
+robust behaviour of every defense of docs/defenses.md under a few simple attacks. (Finiteness on
 1e30 / 3e38 rows, NaN rows, dtypes, permutations and degraded row counts: the registry-wide
 conformance tests of tests/test_aggregators.py.)"""
 

@@ -1,6 +1,7 @@
-"""Every rule with a reference equals it on generated hard inputs (issue 33): integer-valued
+"""Every rule with a reference equals it on generated hard inputs: integer-valued
 rows (exact ties in distances, scores and medians), duplicated and equal rows, anti-aligned
-rows, d = 1, and f at the breakdown point. The reproducers of issue 33 come first.
+rows, d = 1, and f at the breakdown point. The reproducers of ties and cancellation found in review
+come first.
 
 References: ByzFL 0.0.11 (installed), FoolsGold's authors' code and Blades' DnC (not
 installable: their tie rules are transcribed below in a few lines, each cited). Where the
@@ -40,7 +41,7 @@ def close(ours: torch.Tensor, theirs: Any, tol: float = 1e-12) -> None:
     torch.testing.assert_close(ours.double(), t, rtol=tol, atol=tol)
 
 
-# -- issue 33's reproducers ------------------------------------------------------------------
+# -- reproducers found in review ---------------------------------------------------------------
 def test_meamed_and_bulyan_keep_the_values_closest_to_the_median() -> None:
     # Three of [−1, −1, 0, 0, 1] closest to the median 0: both 0s and one of ±1 → ±1/3
     # (the window [−1, −1, 0] has the same largest distance but drops a 0). ByzFL: −1/3.

@@ -1,11 +1,11 @@
-"""Our aggregators equal maintained references on seeded random inputs (SPEC §5).
+"""Our aggregators equal maintained references on seeded random inputs (DRAG paper, Sec. VI-B).
 
 References: ByzFL (EPFL's Byzantine-robust FL library: Krum, Multi-Krum, Median, TrMean,
 GeometricMedian, CenteredClipping, Clipping + Average) and Flower's strategy aggregation
 functions (Krum, Multi-Krum, Median, trimmed mean, FedAvg, Bulyan). Where their definitions
 are parameterised differently we map the parameters (each mapping is stated next to its
 test); the rules for which no library exists (DRAG, BR-DRAG, FLTrust) are checked against a
-literal per-client loop over the SPEC equations.
+literal per-client loop over the papers' equations.
 """
 
 from __future__ import annotations
@@ -203,10 +203,10 @@ def test_bulyan_matches_flower(seed: int, size: tuple[int, int]) -> None:
         close(agg.build("bulyan", f=f)(x), flat(got), tol=1e-12)
 
 
-# -- the SPEC equations, one client at a time ----------------------------------------------
+# -- the papers' equations, one client at a time -------------------------------------------
 def loop_drag(x: torch.Tensor, r: torch.Tensor, c: float) -> torch.Tensor:
     vs = []
-    for g in x:  # SPEC §2 eq. 10–11
+    for g in x:  # DRAG paper, eq. 10–11
         if g.norm() == 0 or r.norm() == 0:
             vs.append(g)
             continue
@@ -217,7 +217,7 @@ def loop_drag(x: torch.Tensor, r: torch.Tensor, c: float) -> torch.Tensor:
 
 def loop_brdrag(x: torch.Tensor, r: torch.Tensor, c: float) -> torch.Tensor:
     vs = []
-    for g in x:  # SPEC §3 eq. 15
+    for g in x:  # DRAG paper, eq. 15
         lam = c * (1 - torch.dot(g, r) / (g.norm() * r.norm()))
         vs.append((1 - lam) * (r.norm() / g.norm()) * g + lam * r)
     return torch.stack(vs).mean(0)
@@ -225,7 +225,7 @@ def loop_brdrag(x: torch.Tensor, r: torch.Tensor, c: float) -> torch.Tensor:
 
 def loop_fltrust(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     num, den = torch.zeros_like(r), 0.0
-    for g in x:  # SPEC §5
+    for g in x:  # FLTrust, Cao et al. 2021
         ts = max(0.0, float(torch.dot(g, r) / (g.norm() * r.norm())))
         num += ts * (r.norm() / g.norm()) * g
         den += ts

@@ -1,4 +1,4 @@
-"""Fuzz WHICH rows arrive (issue 24 §5) on the simulator's round step and the Flower-native
+"""Fuzz WHICH rows arrive on the simulator's round step and the Flower-native
 strategies: 2 of 10 sampled clients are Byzantine and always answer (1e30-scaled or
 crafted ALIE rows) while up to 70 % of the honest rows go missing, arrive late (partial
 work; on Flower also last round's reply), are duplicated or shadowed by forged ids.

@@ -1,4 +1,4 @@
-"""``cache_poison`` (issue 32, SPEC §16 (c)): x = −s·n̄·v in every upload, so a cached row
+"""``cache_poison`` (docs/security.md §6b): x = −s·n̄·v in every upload, so a cached row
 outlives its round. Worked example: honest rows (3, 4), (0, 2), (6, 8): norms 5, 2, 10, so
 n̄ = 5 (lower median); mean (3, 14/3)."""
 

@@ -1,4 +1,4 @@
-"""``opportunist`` (issue 32, SPEC §16 (b)): honest until the cohort holds the rule's
+"""``opportunist`` (docs/security.md §6b): honest until the cohort holds the rule's
 breakdown count + 1 of attackers, then x = −ρ·(B/η_g)·ū, just under the step bound."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``stealth`` (issue 32, SPEC §16 (a)): x = c − h·r·ū, r the radius the server publishes.
+"""``stealth`` (docs/security.md §6b): x = c − h·r·ū, r the radius the server publishes.
 
 Worked example: honest rows (1, 0), (3, 0), (2, 2): coordinate-wise median c = (2, 0), mean
 (2, 2/3) so ū = (3, 1)/√10, distances from c 1, 1, 2 so D = 1 (lower median).

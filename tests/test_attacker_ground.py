@@ -1,5 +1,5 @@
-"""Each reproducer of issue #18 ("the defense holds where the attacker chooses the ground"),
-one test each (SPEC §12): a minority of the cohort that is a majority of a depth tier, the
+"""Each reproducer of "the defense holds where the attacker chooses the ground" (docs/security.md),
+one test each (docs/security.md): a minority of the cohort that is a majority of a depth tier, the
 Flower transport, bought weight, default arguments, aborts, resumed state and iteration
 ceilings."""
 
@@ -204,7 +204,7 @@ def test_replies_to_other_nodes_instructions_and_from_unsampled_nodes_are_droppe
 def test_a_claimed_count_of_2_pow_53_cannot_buy_a_weighted_geometric_median() -> None:
     """Issue: RFA(weighting="samples") with one client claiming 2**53 examples and a 1e30
     model moved θ by 1e30. Counts are now capped at count_cap × the median count, then
-    (issue 24) so that the cohort's f = 4 largest hold less than half: honest counts too."""
+    so that the cohort's f = 4 largest hold less than half: honest counts too."""
     from flwr.app import MetricRecord
 
     from fedshield.flower import strategies as S

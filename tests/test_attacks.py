@@ -1,5 +1,6 @@
-"""Attacks of SPEC §6: worked examples, the Min-Max/Min-Sum γ search, registry conformance
-and parameter validation. Reference-implementation checks live in test_attacks_reference.py."""
+"""Attacks of the DRAG paper, Sec. I-A: worked examples, the Min-Max/Min-Sum γ search, registry
+conformance and parameter validation. Reference-implementation checks live in
+test_attacks_reference.py."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def test_noise_is_seeded_and_leaves_benign_rows() -> None:
 
 
 def _constraint(benign: torch.Tensor, mal: torch.Tensor, rule: str) -> bool:
-    """The SPEC §6 constraint, evaluated directly (no shortcut) in float64."""
+    """The DRAG paper, Sec. I-A constraint, evaluated directly (no shortcut) in float64."""
     benign, mal = benign.double(), mal.double()
     pair = torch.cdist(benign, benign, compute_mode="donot_use_mm_for_euclid_dist") ** 2
     dist = ((benign - mal) ** 2).sum(dim=1)

@@ -1,5 +1,5 @@
 """Each defense-aware attack against a rule it targets, end to end: it lowers that rule's
-final accuracy below what every one of the eight fixed attacks of seed 000 reaches on the
+final accuracy below what every one of the eight fixed attacks of the DRAG paper reaches on the
 same setting — seed 0 of the robustness bench (`fedshield bench --bench
 robustness-digits-cpu`: digits, 20 workers, Dirichlet 0.5, 10 per round with exactly ⌊wS⌋
 Byzantine, MLP, 20 rounds, a 200-sample validation split), each run's config taken from
@@ -30,7 +30,7 @@ from fedshield.sim.engine import Simulator
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("adaptive_e2e")]
 
 BENCH = "robustness-digits-cpu"
-#: The eight fixed attacks of seed 000 (the bench's first eight).
+#: The eight fixed attacks of the DRAG paper (the bench's first eight).
 FIXED = ("noise", "sign_flip", "label_flip", "min_max", "min_sum", "alie", "ipm", "scaling")
 
 #: (adaptive attack, defense of the bench, Byzantine share): each beats all fixed attacks

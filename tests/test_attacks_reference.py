@@ -1,4 +1,4 @@
-"""Attacks against reference implementations on seeded random inputs (SPEC §6).
+"""Attacks against reference implementations on seeded random inputs (DRAG paper, Sec. I-A).
 
 * ByzFL (EPFL, ``byzfl`` 0.0.11): SignFlipping, ALittleIsEnough, InnerProductManipulation
   match exactly after choosing parameters; Gaussian only in distribution (it draws from
@@ -39,7 +39,7 @@ def _cohort(seed: int, s: int = 10, d: int = 64, f: int = 3):
 @pytest.mark.parametrize("seed", range(3))
 def test_sign_flip_equals_byzfl_on_own_update(seed: int) -> None:
     # ByzFL negates the mean of the vectors it is given; given only the attacker's own
-    # update that is exactly SPEC's −g (k = 1).
+    # update that is exactly the DRAG paper's sign flip −g (k = 1).
     u, m = _cohort(seed)
     out = attacks.build("sign_flip")(u, m)
     for i in torch.nonzero(m).flatten().tolist():

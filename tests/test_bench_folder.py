@@ -1,4 +1,4 @@
-"""A finished ``fedshield bench`` folder as a product (issue 33): every run keeps its
+"""A finished ``fedshield bench`` folder as a product: every run keeps its
 resolved config and per-round metrics, the report is re-drawn from the run files alone,
 ``--only`` merges into the folder, every bad flag or file is one line before any work,
 and the plots carry the spread across seeds and the runner-up."""

@@ -1,4 +1,4 @@
-"""The bench's placement search (issue 32, SPEC §16): an attack's ``search`` grid runs in
+"""The bench's placement search (docs/security.md §6b): an attack's ``search`` grid runs in
 full against each defense, the defense's candidate is chosen against the attacker's best
 placement on validation, and a cell reports the attacker's best placement on test, named."""
 

@@ -1,4 +1,4 @@
-"""``fedshield bench`` under ``[faults]`` and its steps table (issue 24 §4): lockstep
+"""``fedshield bench`` under ``[faults]`` and its steps table: lockstep
 training honours dropouts and late clients exactly as run-by-run training does, and each
 cell's largest one-round step is divided by its clean twin's median step."""
 

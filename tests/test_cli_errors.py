@@ -1,4 +1,4 @@
-"""Bad input gets one clear line naming the key, file or value, exit code 2 (issue #10)."""
+"""Bad input gets one clear line naming the key, file or value, exit code 2."""
 
 from __future__ import annotations
 

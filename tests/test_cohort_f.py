@@ -1,4 +1,4 @@
-"""f and weights belong to the sampled cohort, never to what arrived (issue 24 §2).
+"""f and weights belong to the sampled cohort, never to what arrived.
 
 The reproducers of the issue, on the simulator's round step and on every Flower-native
 robust strategy: honest dropouts and forged ids never lower f; too few kept rows leave θ
@@ -301,7 +301,7 @@ def test_four_of_ten_claiming_huge_counts_do_not_own_a_weighted_geometric_median
 
 
 def test_hypergeometric_statement_matches_scipy() -> None:
-    """M = 50, S = 10, 30 %: P(X ≥ 5) = 0.125, 0.99 quantile 6 (issue 24)."""
+    """M = 50, S = 10, 30 %: P(X ≥ 5) = 0.125, 0.99 quantile 6."""
     pmf = hypergeom_pmf(50, 15, 10)
     ref = hypergeom(50, 15, 10)
     np.testing.assert_allclose(pmf, ref.pmf(np.arange(11)), rtol=1e-12)

@@ -32,7 +32,7 @@ def test_more_clients_per_round_than_clients(small_cfg):
 
 
 def test_attack_params_without_an_attack_are_refused(small_cfg, capsys):
-    """Issue 33: attack.params with attack.name left 'none' trained with no attack."""
+    """``attack.params`` with ``attack.name`` left 'none' trained with no attack."""
     small_cfg["attack"] = {"params": {"target": 1}}
     with pytest.raises(ConfigError, match=r"attack\.params = \{'target': 1\} but attack\.name"):
         config.validate(small_cfg)

@@ -1,4 +1,4 @@
-"""The CLI's bad-input contract under 500 mutated configs (issue #17): non-finite numbers
+"""The CLI's bad-input contract under 500 mutated configs: non-finite numbers
 in every parameter table, extreme and wrong-typed values anywhere, swapped component
 names. Every case ends with one ``error:`` line and exit 2, or passes every check before
 the data; none escapes as a traceback (98 of the same 500 did on the issue's commit:

@@ -1,4 +1,4 @@
-"""What a person reads (issue #17): readable console tables, a start-up line, the report's
+"""What a person reads: readable console tables, a start-up line, the report's
 own folder, help for every option, whole-round ticks, one labelled meaning of ±."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Defenses across rounds (fedshield.crossround, issue 24 item 3): worked examples of the
+"""Defenses across rounds (fedshield.crossround): worked examples of the
 step bound and the cache, their config errors, resume equality and the fixed-attacker
 reproducer they exist for."""
 
@@ -307,7 +307,8 @@ def test_every_round_defense_states_its_memory():
 
 # --- whole runs ---------------------------------------------------------------------------
 
-#: Issue 24's fixed-attacker reproducer (bench/bench_cross_round.py runs it at 30 rounds).
+#: The fixed-attacker reproducer of docs/cross-round.md (bench/bench_cross_round.py runs it at 30
+#: rounds).
 REPRO = {
     "name": "repro",
     "seed": 7,
@@ -368,8 +369,8 @@ def test_resume_with_round_defenses_equals_the_uninterrupted_run(tmp_path):
 
 @pytest.mark.slow
 def test_fixed_mode_reproducer_with_cache_ends_within_5_points_of_per_round():
-    """Issue 24's "done": Median in fixed mode, 30 rounds — plain 0.39 (per_round 0.83);
-    with the cache it ends within 5 points of the per_round twin."""
+    """The target of docs/cross-round.md: Median in fixed mode, 30 rounds — plain 0.39 (per_round
+    0.83); with the cache it ends within 5 points of the per_round twin."""
     res, _ = run(with_defenses(["cache"], rounds=30, eval={"every": 30}))
     twin, _ = run(
         with_defenses(

@@ -135,11 +135,11 @@ def test_mnist5k_equals_mlxtends_own_reader():
     [("digits", {}), ("digits", {"test_fraction": 0.3}), ("mnist5k", {}), ("synthetic", {})],
 )
 def test_bundled_datasets_declare_their_train_size(name, params):
-    """The size checked before loading (issue #17) is the size the loader produces."""
+    """The size checked before loading is the size the loader produces."""
     assert dataset_info(name, params).train_size == len(load_dataset(name, "", False, params).train)
 
 
-# -- input values: one checker for every loader (issue 25) ---------------------------------
+# -- input values: one checker for every loader ---------------------------------
 def _register_loader(name: str, x: torch.Tensor, tags: list[str]) -> None:
     from fedshield.data.bundle import DataBundle, TensorData
     from fedshield.data.datasets import DATASETS

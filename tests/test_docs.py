@@ -43,7 +43,7 @@ def test_rendering_a_pivot_with_seed_intervals(tmp_path) -> None:
         "| fedavg | 0.500 ± 0.100 | - |",
         "| brdrag | 0.875 ± 0.013 | 0.900 |",
         "",
-        render.PM_NOTE,  # ± says what it is (issue #17)
+        render.PM_NOTE,  # ± says what it is
     ]
 
 
@@ -76,7 +76,7 @@ def test_collect_records_provenance_and_a_changed_file_is_noticed(tmp_path) -> N
     problems = render.check_provenance(data)
     assert any(p.startswith("g.csv: changed since") for p in problems)
     assert any(p.startswith("other.csv: no *.provenance.json") for p in problems)
-    # issue 25: a sweep's record named its last finished run as the grid
+    # a sweep's record named its last finished run as the grid
     (data / "g.provenance.json").write_text(json.dumps(side | {"grid": "a"}))
     problem = "g.provenance.json: grid 'a' is neither a bundled grid nor 'g'"
     assert problem in render.check_provenance(data)
@@ -154,7 +154,7 @@ def test_rendering_worst_cases_over_several_sources(tmp_path) -> None:
 
 
 def test_the_readme_defense_and_attack_example_benches_as_printed(tmp_path) -> None:
-    """Issue #34.4: the README's "Add your own defense and attack" — a plugin module and a
+    """The README's "Add your own defense and attack" — a plugin module and a
     bench file, as printed there — benched from the command line without editing the
     library: both plugins run, the tables name them, and a misspelt parameter of the
     plugin's schema is one line with a did-you-mean."""
@@ -216,8 +216,8 @@ def test_the_usage_plugin_example_runs_from_the_cli(tmp_path, small_cfg) -> None
 
 
 def test_the_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:
-    """Issue #17: a notebook-style Python API section (docs/usage.md since the README became
-    a front page, issue #34); `runner.run` returns the history."""
+    """A notebook-style Python API section (docs/usage.md since the README became
+    a front page); `runner.run` returns the history."""
     import re
 
     text = (ROOT / "docs" / "usage.md").read_text()
@@ -241,7 +241,7 @@ def test_the_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:
 
 
 def test_a_verdict_per_budget_and_curves_from_the_per_run_budget_file(tmp_path) -> None:
-    """Issue #35: the per-run, per-round file ``--collect`` writes beside the cells gives the
+    """The per-run, per-round file ``--collect`` writes beside the cells gives the
     paired verdict at every budget (``paired=A,B by=round``) and the curves with a band over
     the seeds (tools/curves.py). Worked example: B ahead at round 10 on 3 of 3 seeds, A
     ahead at round 20 on 3 of 3 (a crossing the final-round table alone would not show)."""
@@ -289,7 +289,7 @@ def test_a_verdict_per_budget_and_curves_from_the_per_run_budget_file(tmp_path) 
     with pytest.raises(SystemExit, match="no column nope"):
         curves.main([str(src), "--metrics", "nope", "--out", str(png)])
 
-# -- the docs' enumerations and counts against the registries (issue 33) ------------------
+# -- the docs' enumerations and counts against the registries ------------------
 _WORDS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
 
 
@@ -314,7 +314,7 @@ def test_config_help_lists_every_registered_member() -> None:
 def test_readme_config_comments_and_counts_match_the_registries() -> None:
     import re
 
-    text = (ROOT / "docs" / "usage.md").read_text()  # the config reference (issue 34)
+    text = (ROOT / "docs" / "usage.md").read_text()  # the config reference
     block = text[text.index('aggregator = "mean"') : text.index("e.g. { f = 2 }")]
     assert _registered("aggregators") <= set(re.findall(r"[a-z_]+", block))
     defenses = text[text.index("# round_defenses = ") : text.index("# pre_aggregators = ")]
@@ -324,3 +324,41 @@ def test_readme_config_comments_and_counts_match_the_registries() -> None:
     for doc in ("README.md", "docs/bench.md"):
         for m in re.finditer(r"\bthe (\d+) attacks\b", (ROOT / doc).read_text()):
             assert int(m.group(1)) == len(_registered("attacks")), doc
+
+
+def test_every_citation_resolves_in_the_repository() -> None:
+    """Code, tests and docs cite a paper and its equation (short names in docs/references.md)
+    or the docs page that explains a decision, never something a reader of the repository
+    cannot open: a section of the specification, an issue number or a source file's number.
+    The patterns are built from pieces so that this file does not match them itself."""
+    import re
+
+    spec = "SP" + "EC"
+    patterns = {
+        # prose only: the word before a section sign or 's, alone in parentheses, or after
+        # "the"; never a code name that contains it
+        "a specification section": re.compile(
+            rf"(?<![\w.]){spec}(?:\s*§|'s\b)|(?<=\s)\({spec}[;,)]|\bthe {spec}\b"
+        ),
+        "an issue number": re.compile(r"\bissues?[\s-]+#?\d", re.IGNORECASE),
+        "a seed file's number": re.compile(r"\bseeds?[\s-]+0" + r"0\d\b", re.IGNORECASE),
+    }
+    binary = {".png", ".pt", ".pdf", ".jpg", ".gz", ".npz", ".pyc"}
+    paths = [ROOT / name for name in ("README.md", "Makefile", "pyproject.toml")]
+    for top in ("src", "tests", "docs", "bench", "tools", "examples", ".ci"):
+        paths += sorted(p for p in (ROOT / top).rglob("*") if p.is_file())
+    found = []
+    for path in paths:
+        if path.suffix in binary or "__pycache__" in path.parts or not path.exists():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for what, pattern in patterns.items():
+            for m in pattern.finditer(text):
+                line = text.count("\n", 0, m.start()) + 1
+                found.append(f"{path.relative_to(ROOT)}:{line}: {what} ({m.group(0)!r})")
+    assert not found, "cite the paper (docs/references.md) or a docs page instead:\n" + "\n".join(
+        found
+    )

@@ -1,4 +1,4 @@
-"""Server/client algorithms of seed 000 on worked examples (SPEC §2–§5)."""
+"""Server/client algorithms of the DRAG paper on worked examples (DRAG paper, Secs. III–VI)."""
 
 import pytest
 import torch
@@ -196,7 +196,7 @@ def test_fig10_diagnostics_cover_benign_rows_only():
     assert out["agg/benign_mean_cos"] == pytest.approx(0.5)
 
 
-# -- DRAG's calibration under FedACG's look-ahead momentum (drag_acg, issue #20) --------------
+# -- DRAG's calibration under FedACG's look-ahead momentum (drag_acg) --------------
 
 
 def test_drag_acg_with_lambda_zero_is_drag():

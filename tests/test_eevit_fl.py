@@ -1,5 +1,6 @@
-"""Depth-heterogeneous FL on the multi-exit ViT (SPEC §8): the local loss, coverage-aware
-aggregation (eq. 15), prefix communication (eq. 16), baselines, and an end-to-end run."""
+"""Depth-heterogeneous FL on the multi-exit ViT (early-exit ViT paper): the local loss,
+coverage-aware aggregation (eq. 15), prefix communication (eq. 16), baselines, and an end-to-end
+run."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ from fedshield.models.eevit import scalefl_exit_blocks
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
 
-# -- the local loss (SPEC §8, worked examples) ---------------------------------------------
+# -- the local loss (early-exit ViT paper, worked examples) ----------------------------------------
 
 
 def test_exit_weights_worked_examples() -> None:
@@ -206,7 +207,7 @@ def test_full_depth_client_sends_no_mask_so_robust_rules_still_apply() -> None:
 def test_width_subnet_slices_and_scatters_back_in_both_slicings() -> None:
     model = _tiny_model(num_heads=4, embed_dim=32)  # 4 heads of 8 channels
     qkv = dict(model.named_parameters())["vit.blocks.0.attn.qkv.weight"]  # [3·32, 32]
-    # "heads": the first two whole heads of q, k, v (SPEC §8 "channels/heads").
+    # "heads": the first two whole heads of q, k, v (HeteroFL's channels/heads).
     sub = narrow_model(model, 0.5, "heads")
     assert (sub.num_features, sub.num_heads, sub.head_dim) == (16, 2, 8)
     index = width_index(model, sub)
@@ -576,7 +577,8 @@ _BASELINE_RUNS = {
 
 @pytest.mark.parametrize("algorithm", list(_BASELINE_RUNS))
 def test_baseline_uploads_pass_the_servers_mask_check(tmp_path, algorithm) -> None:
-    # The server predicts every client's mask from its tier (SPEC §12) and rejects any other.
+    # The server predicts every client's mask from its tier (docs/security.md) and rejects any
+    # other.
     client_params, model_params = _BASELINE_RUNS[algorithm]
     raw = _raw(tmp_rounds=1)
     raw["client"] |= {"algorithm": algorithm, "params": client_params, "local_steps": 1}
@@ -630,8 +632,8 @@ def test_eevit_presets_are_the_generators_output() -> None:
 
 
 def test_early_exit_presets_train_every_client_at_full_depth_and_tiers_are_a_grid() -> None:
-    """SPEC §8's default is m_k = L for every client; the depth tiers (2, 4, 6) are a
-    choice of their own grid (issue #20), and attacks read the whole test split."""
+    """The early-exit ViT paper's default is m_k = L for every client; the depth tiers (2, 4, 6)
+    are a choice of their own grid, and attacks read the whole test split."""
     from fedshield.sweep import expand, read_grid
 
     for name in ("eevit-mnist5k-dir0.5-cpu", "eevit-mnist5k-dir0.1-cpu", "eevit-cifar10-dir0.5"):

@@ -1,5 +1,5 @@
-"""Multi-exit ViT (SPEC §8): exits, subnets and their bytes, routed inference, pretrained
-weights (state dict round trip, 6-block truncation, offline HF cache, clear errors)."""
+"""Multi-exit ViT (early-exit ViT paper): exits, subnets and their bytes, routed inference,
+pretrained weights (state dict round trip, 6-block truncation, offline HF cache, clear errors)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_exit_representation_is_ln_of_cls_and_patch_mean() -> None:
     m = tiny().eval()
     x = torch.rand(2, 1, 8, 8)
     z = m.vit.blocks[0](m.stem(x))
-    u = (z[:, 0] + z[:, 1:].mean(1)) / 2  # SPEC §8: u_e = LN((z_cls + mean_j z_j) / 2)
+    u = (z[:, 0] + z[:, 1:].mean(1)) / 2  # early-exit ViT paper: u_e = LN((z_cls + mean_j z_j) / 2)
     expected = m.exits[0].fc(torch.nn.functional.layer_norm(u, (32,), *_ln(m.exits[0].norm)))
     torch.testing.assert_close(m.forward_exits(x, 1)[0], expected)
 
@@ -275,7 +275,7 @@ def test_missing_weights_are_clear_errors(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_pretrained_trunk_keeps_depth_blocks_with_exit_blocks(tmp_path: Path) -> None:
-    """Issue 25: with exit_blocks the trunk was cut to the number of exits (3), not depth
+    """With exit_blocks the trunk was cut to the number of exits (3), not depth
     (6): "Missing keys blocks.3..." for a checkpoint that has every block."""
     sd = _timm_vit(depth=8).state_dict()
     torch.save(sd, tmp_path / "vit.pth")
@@ -288,7 +288,7 @@ def test_pretrained_trunk_keeps_depth_blocks_with_exit_blocks(tmp_path: Path) ->
 
 
 def test_a_checkpoint_that_does_not_fit_is_one_line_naming_the_key(tmp_path: Path) -> None:
-    """Issue 25: a shape mismatch printed load_state_dict's 77-line error."""
+    """A shape mismatch printed load_state_dict's 77-line error."""
     torch.manual_seed(1)
     other = VisionTransformer(
         img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=32, depth=6,

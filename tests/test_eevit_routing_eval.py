@@ -1,5 +1,5 @@
-"""Routing evaluators (SPEC §8 metrics): client-local test sets, top-k, the client profile
-on θ^0, declared schemas and clear errors."""
+"""Routing evaluators (early-exit ViT paper, eqs. 13–17): client-local test sets, top-k, the client
+profile on θ^0, declared schemas and clear errors."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def test_attacked_routing_reports_every_exit_and_the_risk_decomposition() -> Non
     ],
 )
 def test_a_routing_policy_typo_fails_before_any_work(tmp_path, capsys, key, value, message) -> None:
-    """Issue #10's reproducer: the typo used to surface after the last round's training."""
+    """A policy-name typo used to surface after the last round's training."""
     from fedshield.cli import main
 
     out = tmp_path / "run"

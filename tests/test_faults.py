@@ -1,4 +1,4 @@
-"""[faults]: availability, dropout, deadlines and partial work in the simulator (issue 24).
+"""[faults]: availability, dropout, deadlines and partial work in the simulator.
 
 Each model on worked examples (probabilities within a binomial tolerance, a trace honoured
 exactly, deadline × speed → which clients are late and how many steps they finish), then

@@ -1,4 +1,4 @@
-"""FedCART pieces (SPEC §7): dual-head model, client loss and prototypes, server CART
+"""FedCART pieces (FedCART paper): dual-head model, client loss and prototypes, server CART
 step, and one test per ablation switch showing it changes the behaviour it names."""
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def test_prototype_averages_natural_and_adversarial_views():
         expected = 0.5 * (per[d.y == c].mean(0) + per_adv[d.y == c].mean(0))
         torch.testing.assert_close(protos[c], expected)
     assert counts.tolist() == [6.0] * C
-    # proto_views = "sum" (SPEC's literal form) is twice the two-view mean.
+    # proto_views = "sum" (the first implementation) is twice the two-view mean.
     ref = model()
     torch.manual_seed(11)
     summed, _ = client(proto_steps=3, proto_batch=64, proto_views="sum").prototypes(
@@ -325,7 +325,7 @@ def test_prototype_aggregation_is_count_weighted():
 
 
 def test_prototype_aggregation_by_client_sample_counts_is_seed_003s_formula():
-    """ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k over the holders of c (seed 003), N_k the client's
+    """ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k over the holders of c (FedCART paper), N_k the client's
     sample count: client 0 (N = 3) and client 1 (N = 3) weigh alike on class 0 although
     client 1 holds one class-0 sample against client 0's three."""
     ups = [

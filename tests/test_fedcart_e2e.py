@@ -1,5 +1,5 @@
 """FedCART through the simulator, the AT baselines, robust evaluators and presets
-(SPEC §7, §10, §11)."""
+(FedCART paper; presets and outputs: docs/usage.md)."""
 
 from __future__ import annotations
 
@@ -327,7 +327,7 @@ GRIDS = {
     "fedcart-plugins-cpu": {"trades_fedcart", "mart_fedcart", "taet_fedcart"},
     "fedcart-baselines-cpu": {"fedpgd", "fedtrades", "fedmart", "fedfat", "fedtaet"},
     "fedcart-ablations-cpu": {"no_at", "no_nat", "no_align", "no_cart", "no_aux"},
-    # seed 003 Fig. 5: the endpoints (rho = 50 is the methods grid)
+    # FedCART paper, Fig. 5: the endpoints (rho = 50 is the methods grid)
     "fedcart-rho-cpu": {f"{m}_rho={r}" for m in ("fedcart", "calfat") for r in (5, 100)},
 }
 

@@ -160,7 +160,7 @@ def test_attack_placement():
 
 # -- parity with the simulator ----------------------------------------------------------
 
-# FedCART (SPEC §7): prototypes, class counts and the head shape travel as update extras,
+# FedCART (FedCART paper): prototypes, class counts and the head shape travel as update extras,
 # the prototype request as a payload extra; long-tailed digits so class counts differ.
 FEDCART: dict[str, Any] = {
     "data": {"partition": "dirichlet", "beta": 0.5, "long_tail": {"rho": 10}},
@@ -418,7 +418,7 @@ def test_state_file_is_per_run_and_atomic(tmp_path):
 
 
 def test_a_wrong_shape_client_state_is_one_clear_error(tmp_path):
-    """Issue #25.8: a SCAFFOLD client state of the wrong shape (in the state file or the
+    """A SCAFFOLD client state of the wrong shape (in the state file or the
     node's Context) was a raw RuntimeError mid-training; it is checked when read back."""
     from fedshield.errors import DataError
     from fedshield.flower import node_state

@@ -158,7 +158,7 @@ def test_without_the_wrapper_the_mark_reaches_the_strategy_and_marks_are_strippe
 
 
 def test_an_attack_the_mod_cannot_apply_alone_is_refused_at_construction() -> None:
-    """Issue #25.9: ``attacker_mod("alie")`` without an AttackedStrategy only marked the
+    """``attacker_mod("alie")`` without an AttackedStrategy only marked the
     replies, which Flower's strategies ignore: the run was silently unattacked."""
     for name in ("alie", "min_max", "alie_opt", "noise"):
         with pytest.raises(ConfigError, match=f"attacker_mod\\('{name}'\\).*AttackedStrategy"):

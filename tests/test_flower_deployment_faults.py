@@ -1,9 +1,9 @@
-"""A real deployment loses a SuperNode and a ClientApp mid-round and finishes its run (issue
-32 §3): the secure deployment of docs/deployment.md (``test_flower_deployment``'s harness)
-with three SuperNodes on 127.0.0.1, two rounds of all three clients, ``round-timeout`` 120 s.
-When round 1 is recorded, SuperNode 2 is SIGKILLed with its children (a dead host) and,
-once SuperNode 1's ClientApp process trains round 2, that process is SIGKILLed (as an OOM
-kill would).
+"""A real deployment loses a SuperNode and a ClientApp mid-round and finishes its run
+(docs/deployment.md, "Missing rows"): the secure deployment of docs/deployment.md
+(``test_flower_deployment``'s harness) with three SuperNodes on 127.0.0.1, two rounds of all three
+clients, ``round-timeout`` 120 s. When round 1 is recorded, SuperNode 2 is SIGKILLed with its
+children (a dead host) and, once SuperNode 1's ClientApp process trains round 2, that process is
+SIGKILLed (as an OOM kill would).
 
 Flower 1.42 has no option for its heartbeats (30 s, two missed ones expire a node or a
 ClientApp's task), so Flower reports both losses ~60 s after the kills: the round timeout is

@@ -1,9 +1,9 @@
-"""SuperNodes that die mid-run meet the Flower-native strategies' round step (issue 24 §1,
-§5): 10 nodes served by Flower's in-process grid (:class:`~fedshield.flower.local.LocalGrid`,
-which answers a raising ClientApp with an error reply as a SuperNode does); nodes 0 and 1
-are Byzantine and always answer with a 1e30-scaled model; from round 2 on, some honest
-nodes are killed: their ClientApp raises (a crashed app: an error reply) or their reply
-never comes back (a dead SuperNode: the grid times out without it).
+"""SuperNodes that die mid-run meet the Flower-native strategies' round step (docs/faults.md,
+docs/deployment.md): 10 nodes served by Flower's in-process grid
+(:class:`~fedshield.flower.local.LocalGrid`, which answers a raising ClientApp with an error reply
+as a SuperNode does); nodes 0 and 1 are Byzantine and always answer with a 1e30-scaled model; from
+round 2 on, some honest nodes are killed: their ClientApp raises (a crashed app: an error reply) or
+their reply never comes back (a dead SuperNode: the grid times out without it).
 
 Asserted: every round completes, θ stays finite and within 10× the clean run's step, the
 strategy's ``sys/f`` is the sampled cohort's in every round, and the metrics count the

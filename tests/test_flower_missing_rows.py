@@ -1,5 +1,5 @@
 """On Flower a dead node, a crashed ClientApp and a late reply are one event — a missing
-row — counted once, named in the log and summary.json, never fatal (issue 32 §3). In
+row — counted once, named in the log and summary.json, never fatal. In
 process over :class:`~fedshield.flower.local.LocalGrid`, whose lost nodes answer the way
 a SuperLink does: an error reply from the SuperLink's own node id (1) carrying the lost
 instruction's id (``Node Unavailable``), a node's own error (``ClientApp stopped

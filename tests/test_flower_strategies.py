@@ -366,7 +366,7 @@ def test_bad_replies_are_rejected_and_counted_and_the_rest_aggregated():
     honest = [0, 11, 12]
     nodes = len(FORGED) + len(honest)
     # Without a stated f the median outvotes its breakdown on the 15 sampled nodes (7):
-    # 3 kept replies are too few, θ is kept (issue 24: rejected replies never lower f
+    # 3 kept replies are too few, θ is kept (rejected replies never lower f, docs/security.md §2c,
     # on Flower, where node ids can be forged). Stated f = 1: the 3 honest replies run.
     default = S.Median()
     kept = run(default, LocalGrid(nodes, scripted_app(FORGED)), rounds=1)
@@ -418,7 +418,7 @@ def test_lying_count_is_capped_and_uniform_weighting_ignores_counts():
     honest_uniform = S.FedshieldRule(weighting="uniform")
     plain = run(honest_uniform, LocalGrid(M, scripted_app()), rounds=1)
     torch.testing.assert_close(flat_of(lied.arrays, uniform)[0], flat_of(plain.arrays, uniform)[0])
-    # robust rules default to uniform weighting: counts are never read (SPEC §12)
+    # robust rules default to uniform weighting: counts are never read (docs/security.md)
     assert S.Krum(f=1).weighting == "uniform" and S.FedshieldRule().weighting == "samples"
 
 
@@ -508,7 +508,8 @@ def calibrating_app() -> ClientApp:
 
 
 def test_drag_local_calibration_equals_the_servers():
-    """SPEC §2: v computed by the clients from the broadcast r gives the server-side result."""
+    """DRAG paper, Sec. III: v computed by the clients from the broadcast r gives the server-side
+    result."""
     server_side = S.DRAG(alpha=0.3, c=0.4).start(
         LocalGrid(M, scripted_app()), initial(Plain), num_rounds=3
     )
@@ -612,7 +613,7 @@ def test_fedshield_central_dp_noises_a_robust_rule_at_its_own_sensitivity():
 
 
 def test_building_a_strategy_leaves_torchs_global_rng_untouched():
-    """Issue #17: model_fn() consumed the global RNG, so the user's next Net() changed."""
+    """``model_fn()`` consumed the global RNG, so the user's next Net() changed."""
     root = (torch.rand(8, 6), torch.zeros(8, dtype=torch.long))
     torch.manual_seed(3)
     want = torch.rand(3)
@@ -623,7 +624,7 @@ def test_building_a_strategy_leaves_torchs_global_rng_untouched():
 
 
 def test_a_plugin_rule_from_the_entry_point_group_is_found(monkeypatch):
-    """Issue #17: FedshieldRule(aggregator=...) did not load the fedshield.plugins entry
+    """FedshieldRule(aggregator=...) did not load the fedshield.plugins entry
     points that `fedshield run` loads."""
     from fedshield import plugins
 
@@ -640,7 +641,7 @@ def test_a_plugin_rule_from_the_entry_point_group_is_found(monkeypatch):
 
 
 def test_a_resumed_strategy_continues_its_round_seeded_streams():
-    """Issue #17: a resumed strategy restarted Flower's round counter, so its round-seeded
+    """A resumed strategy restarted Flower's round counter, so its round-seeded
     streams (root-data mini-batches, the reference's round) repeated. With round_offset the
     second session's rounds continue the first's."""
     seen: list[int] = []
@@ -724,7 +725,7 @@ def _train_msg(h: torch.Tensor, model: nn.Module) -> Message:
 
 
 def test_scaffold_option2_client_part_divides_by_the_given_lr():
-    """Issue 25: AlgorithmClient("scaffold", variant="option2") computed Δh with η = 1 (1/η
+    """AlgorithmClient("scaffold", variant="option2") computed Δh with η = 1 (1/η
     too small) and refused lr=. With lr it gives fedshield's own SCAFFOLD client's Δθ, Δh_m
     and h_m over two participations with different server h."""
     from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
@@ -776,7 +777,7 @@ def test_an_algorithm_that_reads_the_step_size_needs_lr():
 
 
 def test_only_algorithms_that_declare_it_depend_on_the_step_size():
-    """The class of issue 25's Δh bug: every client algorithm AlgorithmClient runs on a
+    """The class of the Δh bug above: every client algorithm AlgorithmClient runs on a
     plain model gives the same upload and state for lr 0.1 and 0.2 on the same steps,
     unless it declares reads_step_size() (then they differ: the declaration is true)."""
     from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec

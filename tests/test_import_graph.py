@@ -1,4 +1,4 @@
-"""No import circle in src/fedshield (issue #19): every import counts — at module level,
+"""No import circle in src/fedshield: every import counts — at module level,
 inside a function, under TYPE_CHECKING (fedshield.testing.imports)."""
 
 from __future__ import annotations

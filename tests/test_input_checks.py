@@ -1,4 +1,4 @@
-"""Issue #17's reproducers of the bad-input contract: one line ``error: ...`` naming the
+"""Reproducers of the bad-input contract: one line ``error: ...`` naming the
 key, exit status 2, before any work — and a diverged run never ends as a silent exit 0."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_the_library_runner_checks_components_before_the_run_dir(tmp_path, no_da
 # -- a run whose loss turns non-finite ------------------------------------------------------
 def test_the_dod_scale_c_is_bounded_by_the_method(capsys) -> None:
     """``c = 1e18`` made BR-DRAG's step explode (exit 0, train/loss 8e32): λ = c(1 − cos) is
-    meant to lie in [0, 2] (seed 000), so c > 1 is refused before anything runs."""
+    meant to lie in [0, 2] (DRAG paper), so c > 1 is refused before anything runs."""
     argv = ["run", "--preset", "brdrag-digits-cpu", "-q"]
     assert main([*argv, "--set", "server.aggregator_args.c=1e18"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

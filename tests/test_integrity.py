@@ -1,4 +1,4 @@
-"""The upload check chain (core.integrity) and the coverage-group rule path (SPEC §12)."""
+"""The upload check chain (core.integrity) and the coverage-group rule path (docs/security.md)."""
 
 from __future__ import annotations
 

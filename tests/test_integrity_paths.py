@@ -1,4 +1,4 @@
-"""Each reproducer of issue #9 ("no path around the defense"), one test each (SPEC §12)."""
+"""Each reproducer of "no path around the defense", one test each (docs/security.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Progress under faults (issue 32 item 3, SPEC §16 "Liveness").
+"""Progress under faults (docs/faults.md, "Liveness").
 
 The statement's law of the rows that arrive on worked examples and against the simulator's
 own fault plan (Monte-Carlo); ``server.over_select = "auto"`` against a direct binomial
@@ -46,7 +46,7 @@ def test_honest_dropout_worked_example() -> None:
 
 def test_population_invitation_keeps_the_hypergeometric_share() -> None:
     """Invited from all M, the cohort's attackers are Hypergeometric(50, 15, 10) whatever
-    the availability: P(X > 4) = 0.1249 (issue 24's statement); online-only: 0.54."""
+    the availability: P(X > 4) = 0.1249 (the fault-free statement); online-only: 0.54."""
     pop = arrival_law(population=50, invited=10, attackers=15,
                       arrival=Arrival(online=0.5, invite="population"))  # fmt: skip
     assert pop.p_byzantine_above(4) == pytest.approx(0.12490, abs=1e-4)
@@ -333,7 +333,7 @@ def _acc(faults: dict | None = None, attack: dict | None = None, **server) -> tu
 
 
 def test_clean_median_with_30_percent_dropout_keeps_training() -> None:
-    """Issue 32: 30 % honest dropout used to skip most rounds (0.492 vs 0.903). With
+    """30 % honest dropout used to skip most rounds (0.492 vs 0.903). With
     ``over_select = "auto"`` no round is skipped and the run ends no more than 5 points
     below the same run without faults (it may end above: ~14 rows reach the rule, not 10)."""
     ref, _ = _acc()
@@ -344,7 +344,7 @@ def test_clean_median_with_30_percent_dropout_keeps_training() -> None:
 
 @pytest.mark.slow
 def test_attacked_run_with_availability_half_ends_near_its_clean_twin(caplog) -> None:
-    """Issue 32: availability 0.5 with 30 % fixed attackers always online (Median 0.636 vs
+    """Availability 0.5 with 30 % fixed attackers always online (Median 0.636 vs
     0.894 clean): the statement now says the attackers hold at least half the arriving rows
     in about half the rounds; with the round defenses it then recommends (step_bound,
     reputation) the 30-round run ends within 10 points of its clean twin."""

@@ -1,4 +1,4 @@
-"""fedshield.losses: worked examples and autograd cross-checks (SPEC §7)."""
+"""fedshield.losses: worked examples and autograd cross-checks (FedCART paper)."""
 
 from __future__ import annotations
 
@@ -310,7 +310,7 @@ def test_retraining_fits_the_virtual_features_and_stops_on_its_plateau():
 
 
 def _flat_start() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Round 1's situation (issue #20): a head at zero (loss ln C) on small, informative
+    """Round 1's situation: a head at zero (loss ln C) on small, informative
     features, C = 10, V = 100, D = 16, z = 0.04 (μ_y + ½ ε): SGD at lr 0.01 moves the loss
     by ~0.1 % over the first three passes, steadily."""
     c, v, d = 10, 100, 16

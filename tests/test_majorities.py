@@ -1,4 +1,4 @@
-"""Issue 32 §4: tier and class majorities held, not only flagged.
+"""Tier and class majorities held, not only flagged (docs/security.md §2).
 
 * FedCART: a class held by two clients, one sending its prototype scaled by 1e30 (the
   issue: server prototype 1.9e29, class accuracy 0.72 → 0.00). Every holder's row is held to

@@ -1,8 +1,8 @@
-"""Issue 24's class majority as a whole run (§5), held since issue 32 §4: FedCART, a class
+"""A class majority as a whole run, held (docs/security.md §2): FedCART, a class
 whose 2 holders include the fixed attacker is stated per class in
 ``summary["byzantine"]["groups"]`` (the rule may be owned on its prototype) with a warning,
-and its prototype is held to honest scale (tests/test_majorities.py). Issue 24's tier
-majority (2 of the 3 full-depth clients attacking) is refused at build time since issue 32
+and its prototype is held to honest scale (tests/test_majorities.py). A tier
+majority (2 of the 3 full-depth clients attacking) is refused at build time
 (tests/test_majorities.py).
 """
 

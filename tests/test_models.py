@@ -18,7 +18,7 @@ def test_forward_backward_and_feature_split(name):
     out.sum().backward()
     if hasattr(model, "forward_exits"):  # multi-exit: model(x) is the deepest exit only
         sum(z.sum() for z in model.forward_exits(x)).backward()
-    if hasattr(model, "forward_main"):  # dual head: h is trained via forward_main only (§7)
+    if hasattr(model, "forward_main"):  # FedCART's dual head: h is trained via forward_main only
         model.forward_main(x).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     z = model.forward_features(x)
@@ -37,7 +37,7 @@ def test_wrn_28_4_size():
 
 @pytest.mark.parametrize(
     ("name", "params", "match"),
-    [  # issue #10 reproducers: each a ConfigError naming the key, not a TypeError
+    [  # reproducers: each a ConfigError naming the key, not a TypeError
         ("cnn_small", {"hidden": 0}, r"^model.params.hidden: Input should be greater than or"),
         ("mlp", {"hidden": -1}, r"^model.params.hidden: Input should be greater than or"),
         ("cnn_small", {"hiden": 3}, r"^model.params.hiden: unknown key \(did you mean 'hidden'"),

@@ -1,4 +1,4 @@
-"""Issue #25 items 7-10: results that were wrong (or refused too late) while everything said
+"""Results that were wrong (or refused too late) while everything said
 ok — one test per reproducer, each failing on the code before the fix."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def test_robust_metric_is_the_float64_median_with_non_finite_as_inf():
 
 
 def test_two_clients_reporting_a_huge_finite_loss_do_not_stop_the_run():
-    """Issue #25.7: two ``train/loss = 1.7e308`` overflowed the mean to inf and the run
+    """Two ``train/loss = 1.7e308`` overflowed the mean to inf and the run
     stopped as "diverged" after round 1."""
     pair = fuzz.make_pair("fedavg", "median")
     honest = sorted(float(u.metrics["train/loss"]) for u in pair.honest[2:])
@@ -145,7 +145,7 @@ def _theta_1e30(ckpt, out):
 
 @pytest.mark.parametrize("metrics", ["deleted", "edited"])
 def test_a_1e30_theta_is_refused_without_a_trustworthy_metrics_log(tmp_path, capsys, metrics):
-    """Issue #25.8: θ = 1e30 with metrics.jsonl deleted or its norms edited to match
+    """θ = 1e30 with metrics.jsonl deleted or its norms edited to match
     resumed and diverged; the checkpoint now records its own norms."""
 
     def tamper(ckpt, out):
@@ -178,7 +178,7 @@ def test_an_old_checkpoint_without_norms_or_metrics_is_bounded(tmp_path, capsys)
 
 
 def test_a_round_counter_beyond_the_runs_rounds_is_refused(tmp_path, capsys):
-    """Issue #25.8: ``round = 10^15`` resumed with exit 0 and ran no round."""
+    """``round = 10^15`` resumed with exit 0 and ran no round."""
 
     def tamper(ckpt, out):
         ckpt["state"]["round"] = 10**15
@@ -240,7 +240,7 @@ def test_every_server_state_key_a_round_creates_is_declared(server):
 
 
 def test_a_meta_device_delta_is_a_screened_rejection():
-    """Issue #25.8: an in-process client's meta-device delta aborted the round."""
+    """An in-process client's meta-device delta aborted the round."""
     pair = fuzz.make_pair("fedavg", "median")
 
     def edit(ups):
@@ -265,7 +265,7 @@ def _flower_resumed(strategy_fn, state):
 
 
 def test_flower_strategy_state_is_scale_and_shape_checked_keys_created_later_included():
-    """Issue #25.8: FedACG resumed with m = 1e30 stepped θ by 1.8e31; DRAG's ``ref`` (a key
+    """FedACG resumed with m = 1e30 stepped θ by 1.8e31; DRAG's ``ref`` (a key
     created after round 1) of a wrong shape was not checked and froze every round."""
     pytest.importorskip("flwr")
     from fedshield.errors import ConfigError
@@ -302,7 +302,7 @@ def _cfg_file(tmp_path, raw, name="c.toml") -> str:
 def test_flower_partitioners_check_min_size_before_data(
     tmp_path, capsys, small_cfg, partition, min_size, expected
 ):
-    """Issue #25.9: ``flwr_*`` partitioners skipped the min_size × clients check; the error
+    """``flwr_*`` partitioners skipped the min_size × clients check; the error
     came after loading, under Flower's warnings, and spoke of "alpha"."""
     pytest.importorskip("flwr_datasets")
     from fedshield.testing.cli import one_line_error
@@ -315,7 +315,7 @@ def test_flower_partitioners_check_min_size_before_data(
 
 
 def test_an_evaluator_that_cannot_run_is_refused_before_training(tmp_path, capsys, small_cfg):
-    """Issue #25.9: AutoAttack on 2 classes was refused only after the whole run trained."""
+    """AutoAttack on 2 classes was refused only after the whole run trained."""
     from fedshield.testing.cli import one_line_error
 
     small_cfg["data"] = {
@@ -333,7 +333,7 @@ def test_an_evaluator_that_cannot_run_is_refused_before_training(tmp_path, capsy
 
 @pytest.mark.parametrize("path", ["./no_such_folder", "~/no_such_folder_xyz", "{tmp}/gone"])
 def test_a_missing_hf_folder_is_an_error_naming_it(tmp_path, capsys, small_cfg, path):
-    """Issue #25.9: ``hf:<missing folder>`` was taken for a Hub name."""
+    """``hf:<missing folder>`` was taken for a Hub name."""
     from fedshield.testing.cli import one_line_error
 
     path = path.format(tmp=tmp_path)
@@ -352,7 +352,7 @@ def test_an_empty_config_path_is_a_clear_error(capsys):
 def test_a_kill_during_start_up_leaves_a_run_that_resume_continues(
     tmp_path, capsys, small_cfg, monkeypatch
 ):
-    """Issue #25.9: most random kills landed during start-up (loading data), and
+    """Most random kills landed during start-up (loading data), and
     ``--resume`` then said "no run to resume"."""
     import json
 
@@ -394,7 +394,7 @@ def test_resume_of_a_finished_run_says_so_without_a_progress_bar(tmp_path, capsy
 
 # -- 10. discoverability ---------------------------------------------------------------------
 def test_fedshield_list_shows_every_registry(capsys):
-    """Issue #25.10: ``fedshield list`` had no pre-aggregators kind although the README says
+    """``fedshield list`` had no pre-aggregators kind although the README says
     it lists every registry; now every module-level Registry of fedshield is one of its
     kinds (found by walking the package, not by a hand-kept list)."""
     import importlib
@@ -435,7 +435,7 @@ def test_verbose_help_of_list_and_report_does_not_promise_round_events(capsys):
 
 
 def test_flwr_dirichlet_says_what_it_equals():
-    """Issue #25.10: it equals Flower's DirichletPartitioner only with fedshield's shuffle
+    """It equals Flower's DirichletPartitioner only with fedshield's shuffle
     and derived seed, said only in a docstring; `fedshield list` shows the entry's help."""
     from fedshield.data import PARTITIONERS
 
@@ -445,7 +445,7 @@ def test_flwr_dirichlet_says_what_it_equals():
 
 
 def test_eval_metrics_empty_alone_works_on_an_eevit_preset(caplog):
-    """Issue #25.10: on eevit presets ``eval.metrics = []`` also needed ``eval.params = {}``."""
+    """On eevit presets ``eval.metrics = []`` also needed ``eval.params = {}``."""
     from fedshield import config
     from fedshield.errors import ConfigError
     from fedshield.sim.builder import build_components
@@ -462,7 +462,7 @@ def test_eval_metrics_empty_alone_works_on_an_eevit_preset(caplog):
 
 
 def test_a_kill_in_the_first_second_leaves_a_run_that_resume_continues(tmp_path, small_cfg):
-    """Issue #34.5: a SIGKILL while the command was still importing torch or checking the
+    """A SIGKILL while the command was still importing torch or checking the
     config (its first seconds) left no file, and ``--resume`` said "no run to resume". The
     command line is marked in ``--out`` as soon as it is read: killed the moment the marker
     appears (before the config is even loaded), the same command with ``--resume`` trains

@@ -136,7 +136,7 @@ def test_variant_column_and_where_filter(tmp_path: Path) -> None:
 
 def test_two_equal_differences_are_undecided() -> None:
     """Two seeds +1.5, +1.5: the t interval has zero width, the sign test p = 0.5 — no
-    evidence, so no verdict (issue 27 review); three equal differences decide."""
+    evidence, so no verdict; three equal differences decide."""
     two = _tool("paired").paired(_rows(["2.5", "3.5"], ["1", "2"]), "A", "B", "m")
     assert (two.half, two.sign_p, two.verdict) == (0.0, 0.5, "undecided")
     three = _tool("paired").paired(_rows(["2.5", "3.5", "4.5"], ["1", "2", "3"]), "A", "B", "m")

@@ -112,7 +112,7 @@ def test_make_long_tail_applies_profile():
 
 
 def test_make_long_tail_cifar10_rho50_worked_example():
-    lt = make_long_tail(_labels([5000] * 10), 10, 50.0, seed=1)  # SPEC §9
+    lt = make_long_tail(_labels([5000] * 10), 10, 50.0, seed=1)  # the exponential long-tail profile
     assert lt.class_counts(10).tolist() == [5000, 3237, 2096, 1357, 878, 568, 368, 238, 154, 100]
 
 

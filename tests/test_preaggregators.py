@@ -110,7 +110,7 @@ def test_composed_rule_drops_nonfinite_rows_and_maps_weights() -> None:
 
 
 def test_bucketing_draw_is_a_pure_function_of_seed_and_round() -> None:
-    """Issue 24: the draw no longer depends on the rows (attackers picked it with one-ulp
+    """The draw no longer depends on the rows (attackers picked it with one-ulp
     nudges to their own rows); the seed and the round move it."""
     x = torch.randn(9, 4)
     rule = pre.compose(["bucketing"], {"bucketing": {"s": 3}}, agg.build("median"), seed=7)

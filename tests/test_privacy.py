@@ -1,4 +1,4 @@
-"""Differential privacy (SPEC §13): DP-FedAvg's clipping, sensitivity, noise and accounting,
+"""Differential privacy (docs/privacy.md): DP-FedAvg's clipping, sensitivity, noise and accounting,
 and Opacus DP-SGD on the clients — against Opacus' own accountant, optimizer and
 ``torch.func`` per-sample gradients."""
 

@@ -1,4 +1,4 @@
-"""Issue 32's quiet-attack reproducer at small size: against the median behind
+"""The quiet-attack reproducer (docs/security.md §6b) at small size: against the median behind
 ``server.round_defenses = ["step_bound", "reputation"]`` with fixed attackers, the stealth
 attack stays inside every published radius — no upload flagged, no client suspended, no
 step clipped — and still costs the run most of its accuracy; an opportunist whose cohorts
@@ -77,7 +77,7 @@ def test_an_opportunist_below_the_breakdown_count_is_the_clean_run(clean) -> Non
 
 
 #: The same run behind the defenses that read rows by more than a radius: collusion's
-#: near-identical test and consistency's cosine with the applied step, then issue 32's.
+#: near-identical test and consistency's cosine with the applied step, then the reproducer's pair.
 GUARDED = ["collusion", "consistency", "step_bound", "reputation"]
 
 

@@ -1,4 +1,4 @@
-"""Round defenses against quiet attackers (issue 32 item 2): collusion evidence
+"""Round defenses against quiet attackers: collusion evidence
 (near-identical rows of different clients) and server-kept worker momentum, on hand-built
 quiet rows — worked examples of their formulas and of the f they leave the rule."""
 
@@ -31,7 +31,7 @@ def honest_rows(n: int, d: int = 16, seed: int = 0) -> torch.Tensor:
 
 
 def hug(honest: torch.Tensor, h: float = 0.9, tau: float = 3.0) -> torch.Tensor:
-    """Issue 32's quiet row x = med − h·τ·med_j‖h_j − med‖·ū."""
+    """The quiet row x = med − h·τ·med_j‖h_j − med‖·ū."""
     med = honest.median(dim=0).values
     u = honest.mean(0) / honest.mean(0).norm()
     return med - h * tau * (honest - med).norm(dim=1).median() * u

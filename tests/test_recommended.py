@@ -1,5 +1,6 @@
-"""The recommended configuration per threat model (SPEC §16, issue 32): chosen from the
-measured cells, stated at build time, and the docs' table is its rendering."""
+"""The recommended configuration per threat model (docs/cross-round.md, "Recommended
+configuration"): chosen from the measured cells, stated at build time, and the docs' table is its
+rendering."""
 
 from __future__ import annotations
 

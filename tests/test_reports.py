@@ -30,11 +30,11 @@ def test_seed_cells_group_runs_that_differ_only_by_their_seed() -> None:
     assert cells[0]["final_test_acc_std"] == pytest.approx(0.1)
     assert cells[1]["final_test_acc_ci95"] == 0.0
     # ± is the 95 % half-width (t_{0.975,2} · 0.1 / √3), as in the README's tables; one seed
-    # shows the value alone (issue #17: no "± 0.0000" / "nan")
+    # shows the value alone (no "± 0.0000" / "nan")
     assert cells[0]["final_test_acc"] == "0.6000 ± 0.2484"
     one = seed_cells([{"final_test_acc": 0.5}], [{"variant": "a", "seed": 0}], ["final_test_acc"])
     assert one[0]["final_test_acc"] == "0.5000"
-    # Per-seed values next to the interval: a collapsed seed shows (issue #20).
+    # Per-seed values next to the interval: a collapsed seed shows.
     assert (cells[0]["final_test_acc_min"], cells[0]["final_test_acc_max"]) == (0.5, 0.7)
     assert cells[0]["final_test_acc_seeds"] == "0:0.5 1:0.6 2:0.7"
 

@@ -1,4 +1,4 @@
-"""The committed results cannot go stale (issue #17: the README's demo table was not what
+"""The committed results cannot go stale (the README's demo table once was not what
 ``make demo`` printed). Two checks against ``docs/results/data/demo*``:
 
 1. the demo grid's configs, as the code resolves them today, hash to the config hashes the
@@ -85,7 +85,7 @@ def test_the_demo_median_cell_reproduces_the_committed_results() -> None:
 
 
 def test_the_demo_table_lies_in_the_kernel_spread_measured_for_the_same_configs() -> None:
-    """Issue 25: the demo's third digit depends on the CPU's float kernels. The spread
+    """The demo's third digit depends on the CPU's float kernels. The spread
     across the kernel variants (tools/demo_kernels.py: demo-kernels.csv) was measured with
     today's demo configs, holds every row of the table, and its native column is the
     table when it ran on the machine kind that measured the table."""

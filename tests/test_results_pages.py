@@ -1,4 +1,4 @@
-"""Every results page is made by one command at a stated commit (issue 27):
+"""Every results page is made by one command at a stated commit:
 docs/results/pages.toml declares each page's jobs, `make results PAGE=...` (tools/results.py)
 regenerates it from nothing into a chosen folder, the page names the commit of its data, a
 diverged run is shown as diverged, and a sampled cell of every page re-run at the current
@@ -535,7 +535,7 @@ def test_a_command_output_that_is_no_table_records_the_commit_it_ran_at(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A report or JSON study carries no provenance of its own: the page run records the
-    commit it ran the command at, and the page's header names it (issue 34: flower.md,
+    commit it ran the command at, and the page's header names it (flower.md and
     cart_step.md said "its output records no commit")."""
     from fedshield.provenance import source_commit
 

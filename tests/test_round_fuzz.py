@@ -1,4 +1,4 @@
-"""Fuzz the real round loop (SPEC §12): crafted uploads against every server × aggregator
+"""Fuzz the real round loop (docs/security.md): crafted uploads against every server × aggregator
 pair the registries allow, with and without coverage masks.
 
 Each case replays a real round (``Simulator.end_round``: upload checks, the configured rule
@@ -104,7 +104,7 @@ def test_quiet_attackers_fuzz() -> None:
     through the engine's attack path for 2 rounds (the second reads the first's cache, step
     history and scores), under the round defenses and honest dropout, with honest rows
     scaled to 1e30, 1e-30 or zero: θ, buffers and server state stay finite and nothing
-    raises (issue 32). ~35 s of CPU: 5 simulators × the 9 attack settings."""
+    raises. ~35 s of CPU: 5 simulators × the 9 attack settings."""
     from fedshield.testing import quiet_fuzz
 
     sims = [
@@ -131,7 +131,7 @@ def test_flower_quiet_attackers_fuzz() -> None:
     """Every Flower-native strategy behind cache + step_bound + reputation, 3 of 10 nodes
     rewritten by a quiet attack in an AttackedStrategy for 2 rounds, honest replies at 0.1
     or 1e30: θ finite, nothing raises, every Byzantine reply rewritten, and the stealth
-    rows placed by a radius the strategy published (issue 32). ~12 s of CPU."""
+    rows placed by a radius the strategy published. ~12 s of CPU."""
     from fedshield.testing import flower_fuzz
 
     bad = []

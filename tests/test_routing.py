@@ -1,4 +1,4 @@
-"""fedshield.routing against hand computations from SPEC §8 (seed 002, eq. 12, Table I)."""
+"""fedshield.routing against hand computations from the early-exit ViT paper (eq. 12, Table I)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from fedshield.routing import (
     thresholds,
 )
 
-TABLE_I = {  # (a, b, c, d), SPEC §8
+TABLE_I = {  # (a, b, c, d), early-exit ViT paper
     "fixed": (0.0, 0.0, 0.0, 0.0),
     "global_resource": (0.0, 0.20, 0.0, 0.10),
     "robust": (0.0, 0.20, 0.20, 0.10),

@@ -1,4 +1,4 @@
-"""Data and weights the way users get them (issue #17): ``data.download = "auto"`` with a
+"""Data and weights the way users get them: ``data.download = "auto"`` with a
 clear, different error without network; pretrained ViT weights fetched from the Hub when
 allowed (offline path kept); Hugging Face datasets and Flower Datasets' partitioners.
 
@@ -271,7 +271,7 @@ def _hf_int_digits(tmp_path: Path, scale: int = 16) -> Path:
 
 
 def test_integer_pixel_arrays_are_8_bit_images(tmp_path) -> None:
-    """Issue 25: int lists loaded as floats 0-255 (round-1 loss 4,389, accuracy 0.10,
+    """Int lists loaded as floats 0-255 (round-1 loss 4,389, accuracy 0.10,
     status ok). They are uint8, read as x/255 like every other set, and train."""
     path = _hf_int_digits(tmp_path)
     bundle = load_dataset(f"hf:{path}", "", False)

@@ -102,7 +102,7 @@ def test_parallel_runs_get_their_share_of_the_cores(tmp_path, small_cfg, monkeyp
 
 
 def test_a_cell_made_with_another_config_is_run_again_not_reused(tmp_path, small_cfg, caplog):
-    """Issue 25: only `rounds` was compared, so a sweep re-run with `--set client.lr=...`
+    """Only `rounds` was compared, so a sweep re-run with `--set client.lr=...`
     on the same --out reported the old runs (exit 0, every run still at the old value)."""
     import logging
     import tomllib
@@ -175,7 +175,7 @@ def test_kept_runs_of_other_code_are_reported(tmp_path, small_cfg, caplog):
 
 
 def test_provenance_names_the_grid_not_the_last_run(tmp_path, small_cfg):
-    """Issue 25: a reused loop variable made provenance.json's `grid` the last run to
+    """A reused loop variable made provenance.json's `grid` the last run to
     finish."""
     grid, _ = _grid(tmp_path, small_cfg)
     out = tmp_path / "out"

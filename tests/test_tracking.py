@@ -162,7 +162,7 @@ def test_run_with_both_loggers_writes_what_metrics_jsonl_holds(tmp_path, small_c
 
 @pytest.mark.slow
 def test_trackers_are_complete_after_a_kill_and_resume(tmp_path, small_cfg, monkeypatch):
-    """Issue #17: a run killed after a round reached metrics.jsonl and its checkpoint but
+    """A run killed after a round reached metrics.jsonl and its checkpoint but
     before the loggers ran left that round out of TensorBoard and MLflow on --resume."""
     pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")
@@ -213,7 +213,7 @@ def test_trackers_are_complete_after_a_kill_and_resume(tmp_path, small_cfg, monk
 def test_a_run_killed_before_its_first_checkpoint_logs_every_round_once(
     tmp_path, small_cfg, monkeypatch
 ):
-    """Issue 25: killed after round 2 with checkpoint.every = 3, the resumed run starts
+    """Killed after round 2 with checkpoint.every = 3, the resumed run starts
     over at round 1 and the trackers held test_acc at steps [1, 2, 1, 2, 3, 4]."""
     pytest.importorskip("mlflow")
     pytest.importorskip("tensorboard")

@@ -57,7 +57,7 @@ from fedshield.sim.builder import build
 from fedshield.sim.checkpoint import load_checkpoint
 from fedshield.sim.engine import RunState, Simulator
 
-#: CReFF's counts and step sizes as SPEC §7 first read them (T_R = 300 warm-started steps):
+#: CReFF's counts and step sizes as first implemented (T_R = 300 warm-started steps):
 #: the defaults before the first sweep, the base every variant below overrides.
 OLD = {
     "match_iters": 100,
@@ -79,8 +79,9 @@ MATCH = {"match_iters": 1000, "match_optimizer": "adam", "match_lr": 0.1, "match
          "match_tol": 1e-3}  # fmt: skip
 
 #: The first sweep's defaults: converged matching, then 300 warm-started SGD steps at lr
-#: 0.01 with a plateau rule over 3 passes — the re-training issue #20 found under-fitted
-#: (the rule fired after 96 steps on round 1's flat start; the cap bound from round 2 on).
+#: 0.01 with a plateau rule over 3 passes — the re-training docs/results/cart_step.md found
+#: under-fitted (the rule fired after 96 steps on round 1's flat start; the cap bound from round 2
+#: on).
 PREVIOUS = {**MATCH, "retrain_window": 3, "retrain_tol": 1e-3}
 
 #: CReFF's re-training as its code runs it: a fresh linear head, 300 epochs over Z_v at
@@ -397,11 +398,11 @@ def replay_run(
 
 def run_variants() -> list[tuple[str, str, dict[str, Any]]]:
     """(group, label, server.params overrides on top of OLD) replayed over a whole run:
-    matching converged as the first sweep chose, re-training varied (issue #20)."""
+    matching converged as the first sweep chose, re-training varied."""
     fresh = {**MATCH, **CREFF_RETRAIN}  # CReFF's fresh head, 300 epochs at lr 0.01
     rule = {"retrain_window": 10, "retrain_tol": 1e-3}
     return [
-        ("baseline", "CReFF step as SPEC first read it (SGD matching, 300 warm steps)", {}),
+        ("baseline", "CReFF step as first implemented (SGD matching, 300 warm steps)", {}),
         ("previous", "previous defaults (Adam matching; warm, 300 steps, rule 3 passes)",
          PREVIOUS),
         ("run_retrain", "CReFF re-training: fresh, 300 epochs, lr 0.01, no rule", fresh),

@@ -1,4 +1,4 @@
-"""Curves over rounds with a band across seeds, from a sweep's per-run budget file (issue 35).
+"""Curves over rounds with a band across seeds, from a sweep's per-run budget file.
 
     python tools/curves.py docs/results/data/fedcart-methods-t150-cpu-budget.csv \
         --metrics robust/natural,robust/worst,groups/minority/natural \

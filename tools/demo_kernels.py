@@ -1,4 +1,4 @@
-"""How much the demo table depends on the CPU's float kernels (issue 25, item 11).
+"""How much the demo table depends on the CPU's float kernels.
 
     python tools/demo_kernels.py                 # 3 demo sweeps (~1 min each), then the table
     python tools/demo_kernels.py --from runs/demo-kernels   # only the table, from done sweeps

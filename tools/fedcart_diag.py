@@ -1,4 +1,4 @@
-"""Why FedCART's seeds disagree (issue #27 item 2): the measurements of docs/results/fedcart.md
+"""Why FedCART's seeds disagree: the measurements of docs/results/fedcart.md
 ("Why the seeds disagree").
 
     # per-client class counts of the long-tailed split of each seed (no training)

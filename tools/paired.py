@@ -1,5 +1,5 @@
-"""Paired per-seed comparison of two variants of a sweep (issue #27: "every verdict names its
-seeds, its paired test, and 'undecided' where the interval covers zero").
+"""Paired per-seed comparison of two variants of a sweep (every verdict names its
+seeds, its paired test, and "undecided" where the interval covers zero: docs/results/fedcart.md).
 
 Input: a sweep's per-run ``comparison.csv`` (columns ``variant``, ``seed`` and the metrics;
 ``docs/results/data/<grid>.csv``). For each metric, the runs of variant A and variant B are

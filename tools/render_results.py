@@ -54,7 +54,7 @@ more than the last round (``eval.metrics_every``): per cell and round, the mean,
 min and max over the seeds of the robust and per-group accuracies, for curves that show
 when rankings cross (``pivot=round,variant value=robust/worst``); and ``<sweep>-budget.csv``,
 the same metrics per run and round, so that ``paired=A,B by=round`` gives the paired
-verdict at every budget (issue 35) and ``tools/curves.py`` draws them with a band over the
+verdict at every budget and ``tools/curves.py`` draws them with a band over the
 seeds.
 """
 
@@ -131,7 +131,7 @@ def _measured(row: dict[str, str], column: str) -> bool:
 
 def _cell(row: dict[str, str], value: str, digits: int, spread: str = "minmax") -> str:
     """A table cell; a diverged run's measurement (or a cell's, with diverged seeds) is shown
-    as diverged, never as the numbers it stopped at (issue 27); the other seeds' statistics
+    as diverged, never as the numbers it stopped at; the other seeds' statistics
     follow. Its parameters read as they are."""
     bad = _diverged(row) if _measured(row, value) else ""
     if bad:
@@ -377,7 +377,7 @@ def check_provenance(data: Path = DATA) -> list[str]:
     """What is wrong with the provenance of the result files in ``data``: a file no
     ``*.provenance.json`` covers, one changed since it was recorded (another SHA-256), a
     record without a commit or a config hash, a sweep's record whose ``grid`` is neither a
-    bundled grid nor the file's own name (issue 25: it named the last run to finish).
+    bundled grid nor the file's own name (it used to name the last run to finish).
     Empty: every file records its origin."""
     from fedshield.sweep import grid_names
 
@@ -436,9 +436,9 @@ def _run_records(sweep_dir: Path) -> tuple[list[str], list[tuple[dict[str, str],
 
 
 def budget_rows(sweep_dir: Path) -> tuple[list[dict[str, object]], list[str]]:
-    """Per run and evaluated round (issue 35: a verdict per budget): the run's parameters,
-    its seed, the round, ``test_acc`` and every ``ROUND_KEYS`` metric logged that round —
-    the rows ``paired=A,B by=round`` pairs by seed at each budget. Empty when no run logged
+    """Per run and evaluated round (a verdict per budget, docs/results/fedcart.md): the run's
+    parameters, its seed, the round, ``test_acc`` and every ``ROUND_KEYS`` metric logged that round
+    — the rows ``paired=A,B by=round`` pairs by seed at each budget. Empty when no run logged
     an evaluator metric before its last round (a one-budget sweep)."""
     keys, runs = _run_records(sweep_dir)
     rows: list[dict[str, object]] = []

@@ -1,4 +1,4 @@
-"""One command per results page, at the current commit (issue 27).
+"""One command per results page, at the current commit.
 
     python tools/results.py PAGE [--out DIR] [-j N] [--only LABEL,...]
                                    # = make results PAGE=... OUT=... [JOBS=N] [ONLY=...]

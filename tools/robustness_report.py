@@ -192,7 +192,7 @@ def main() -> None:
         )
 
     lines = [
-        "# Robustness of the round loop (SPEC §12)",
+        "# Robustness of the round loop (docs/security.md)",
         "",
         "<!-- fedshield:table page=robustness -->",
         "<!-- fedshield:end -->",

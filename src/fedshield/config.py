@@ -1,4 +1,4 @@
-"""Experiment configuration: TOML → validated pydantic models (SPEC §11).
+"""Experiment configuration: TOML → validated pydantic models (config reference: docs/usage.md).
 
 Unknown keys, wrong types and out-of-range values fail before any work starts, with a
 message naming the key path. Method-specific parameters (``client.params``,
@@ -34,7 +34,7 @@ PRESET_PACKAGE = "fedshield.presets"
 #: Sanity bound on step sizes and weight decay: larger values overflow float32 models in
 #: one step (``client.lr = 1e308`` used to crash inside torch's SGD, ``inf`` to run on NaN).
 MAX_RATE = 1e4
-#: Ceilings of counts (SPEC §12: a config must be able to finish a round): more clients,
+#: Ceilings of counts (a config must be able to finish a round, docs/security.md §4): more clients,
 #: local steps or epochs than this are a typo, not an experiment, on any machine.
 MAX_CLIENTS = 1_000_000
 MAX_STEPS = 1_000_000
@@ -171,7 +171,7 @@ class AttackConfig(Section):
 
     @model_validator(mode="after")
     def _params_need_an_attack(self) -> AttackConfig:
-        # Parameters of no attack were accepted and the run trained unattacked (issue 33).
+        # Parameters of no attack were accepted and the run trained unattacked.
         if self.name == "none" and self.params:
             raise ValueError(
                 f"attack.params = {self.params} but attack.name = 'none': name the attack "
@@ -262,7 +262,7 @@ class DPConfig(Section):
 
 
 class CentralDPConfig(DPConfig):
-    """Client-level DP-FedAvg (SPEC §13): every update clipped to C, Gaussian noise on the
+    """Client-level DP-FedAvg (docs/privacy.md): every update clipped to C, Gaussian noise on the
     aggregate, accounted for the subsampled Gaussian with q = S/M."""
 
 
@@ -349,7 +349,9 @@ class ExperimentConfig(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     run: RunConfig = RunConfig()
-    privacy: PrivacyConfig | None = Field(None, description="differential privacy (SPEC §13)")
+    privacy: PrivacyConfig | None = Field(
+        None, description="differential privacy (docs/privacy.md)"
+    )
     faults: FaultsConfig | None = Field(
         None, description="availability, dropout and deadlines in the simulator (docs/faults.md)"
     )

@@ -182,7 +182,7 @@ def seed_cells(
         # parameters as their config text (0.05, not 0.0500; strings unquoted)
         row: dict[str, Any] = {k: v.strip('"') for k, v in key}
         row["n_seeds"] = len(all_idx)
-        # A diverged run's last numbers are not a result (issue 27): the cell names its
+        # A diverged run's last numbers are not a result: the cell names its
         # seeds and its statistics come from the others only.
         bad = [i for i in all_idx if summaries[i].get("status") == "diverged"]
         if bad:
@@ -216,7 +216,7 @@ def pivot_table(
     title: str = "",
 ) -> TextTable:
     """A ``row_key × col_key`` table of ``value`` (numbers with 3 decimals). A diverged run,
-    or a cell of :func:`seed_cells` with diverged seeds, reads "diverged" (issue 27: its
+    or a cell of :func:`seed_cells` with diverged seeds, reads "diverged" (its
     last numbers, or a mean over the other seeds only, are not the cell's result)."""
     rkeys = list(dict.fromkeys(str(r.get(row_key)) for r in rows))
     ckeys = list(dict.fromkeys(str(r.get(col_key)) for r in rows))

@@ -1,4 +1,4 @@
-"""Which runs already in a sweep's output folder a sweep may keep (issue 25).
+"""Which runs already in a sweep's output folder a sweep may keep.
 
 A sweep writes each run to ``<out>/<run name>/`` and, run again with the same ``--out``,
 keeps the runs it finds there (finished ones are reused, unfinished ones continue from their

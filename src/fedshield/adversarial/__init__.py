@@ -1,4 +1,4 @@
-"""Adversarial examples for training and robust evaluation (SPEC §7, §8).
+"""Adversarial examples for training and robust evaluation (FedCART paper; early-exit ViT paper).
 
 Batched, device-agnostic, white-box L∞ attacks that work on any ``nn.Module`` returning
 logits. They never change the model's train/eval mode (training code decides) and never

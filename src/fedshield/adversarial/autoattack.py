@@ -1,6 +1,6 @@
-"""AutoAttack (Croce & Hein, 2020) through torchattacks — adapter only (SPEC §7).
+"""AutoAttack (Croce & Hein, 2020) through torchattacks — adapter only (FedCART paper's "AA").
 
-SPEC §7 asks for AutoAttack *standard* (APGD-CE, APGD-T, FAB-T, Square) "through a
+The FedCART paper evaluates AutoAttack *standard* (APGD-CE, APGD-T, FAB-T, Square) "through a
 maintained package"; re-implementing it would forfeit the point of a standard benchmark.
 torchattacks is imported lazily so the rest of fedshield works without it.
 
@@ -66,7 +66,7 @@ def _frozen_parameters(model: nn.Module) -> Iterator[None]:
 
 
 class AutoAttackAdapter(Params):
-    """AutoAttack through torchattacks: APGD-CE, APGD-T, FAB-T and Square (SPEC §7).
+    """AutoAttack through torchattacks: APGD-CE, APGD-T, FAB-T and Square (FedCART paper).
 
     Croce & Hein 2020, standard version, L∞ by default; inputs must lie in [0, 1]. The
     package is checked when the attack is built, not hours later at evaluation."""

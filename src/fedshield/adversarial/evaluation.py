@@ -1,4 +1,5 @@
-"""Robust accuracy: accuracy on adversarial examples, evaluated in batches (SPEC §7, §8)."""
+"""Robust accuracy: accuracy on adversarial examples, evaluated in batches (FedCART paper;
+early-exit ViT paper)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def robust_correct(
 
     ``attack=None`` gives natural accuracy. Batches move to the model's device and back, so
     a whole test set can live on the CPU. Per-sample output lets callers group accuracy by
-    class frequency (SPEC §7 Majority/Medium/Minority) without re-running the attack.
+    class frequency (the FedCART paper's Majority/Medium/Minority groups) without re-running the
+    attack.
     """
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size!r}")

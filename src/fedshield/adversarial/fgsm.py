@@ -1,4 +1,5 @@
-"""FGSM (Goodfellow et al., 2015): one signed-gradient step of size ε (SPEC §7, §8)."""
+"""FGSM (Goodfellow et al., 2015): one signed-gradient step of size ε (FedCART paper; early-exit
+ViT paper)."""
 
 from __future__ import annotations
 

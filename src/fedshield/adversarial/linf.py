@@ -1,4 +1,4 @@
-"""L∞-ball geometry and the input-gradient primitive shared by every attack (SPEC §7).
+"""L∞-ball geometry and the input-gradient primitive shared by every attack (FedCART paper).
 
 All attacks here are white-box, sign-gradient, L∞ attacks. They share three steps, kept in
 one place so that FGSM, PGD, CW∞ and TRADES' inner maximisation cannot drift apart:

@@ -1,4 +1,4 @@
-"""Attack objectives (maximised) on logits (SPEC §7).
+"""Attack objectives (maximised) on logits (FedCART paper).
 
 Objectives are *summed* over the batch, as in the reference PGD-AT/TRADES/MART code: the
 sign step is invariant to the reduction, and a sum avoids the per-sample gradient shrinking
@@ -25,7 +25,8 @@ def ce_loss(logits: Tensor, y: Tensor) -> Tensor:
 
 
 def cw_margin_loss(logits: Tensor, y: Tensor, kappa: float = 50.0) -> Tensor:
-    """Carlini–Wagner margin objective for CW∞ (SPEC §7: κ = 50).
+    """Carlini–Wagner margin objective for CW∞ (κ = 50: the usual confidence margin; the FedCART
+    paper names CW without one).
 
     Per sample ``min(max_{j≠y} z_j − z_y, κ)`` written as ``−relu(z_y − max_{j≠y} z_j + κ)``
     up to a constant, which is the ``cwloss`` of the MART/FAT reference code: the gradient

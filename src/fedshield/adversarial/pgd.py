@@ -1,4 +1,5 @@
-"""L∞ PGD (Madry et al., 2018) and CW∞ = PGD on the CW margin objective (SPEC §7, §8).
+"""L∞ PGD (Madry et al., 2018) and CW∞ = PGD on the CW margin objective (FedCART paper; early-exit
+ViT paper).
 
 One definition for evaluation, the sequential trainer and the vectorised one (where it runs
 per client inside ``vmap``, its start drawn from the client's replayed stream)."""
@@ -74,10 +75,10 @@ def cw_linf(
     clamp: Clamp = (0.0, 1.0),
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """CW∞ of SPEC §7: PGD on the CW margin loss, κ = 50, 30 steps.
+    """CW∞ of the FedCART paper's evaluation: PGD on the CW margin loss, κ = 50, 30 steps.
 
     The step size is not fixed by the sources; ``alpha=None`` uses ε/4, the PGD-20 step of
-    SPEC §7 (our choice).
+    the robust evaluation (our choice: the common PGD step for an ε-ball).
     """
     step = eps / 4 if alpha is None else alpha
     return pgd(

@@ -1,4 +1,4 @@
-"""``EVAL_ATTACKS``: the evaluation attacks of SPEC §7 by name.
+"""``EVAL_ATTACKS``: the evaluation attacks of the FedCART paper by name.
 
 Each entry is a frozen :class:`~fedshield.core.params.Params` model that is both the
 attack's parameter schema and the attack: its fields are the hyper-parameters, so
@@ -28,7 +28,7 @@ from fedshield.registry import Registry
 
 EVAL_ATTACKS: Registry[Callable[..., EvalAttack]] = Registry("evaluation attack")
 
-#: L∞ budget of SPEC §7 on [0, 1] images.
+#: L∞ budget of the robust evaluation on [0, 1] images (our choice, as the ``robust`` evaluator).
 EPS_8_255 = 8 / 255
 
 
@@ -51,7 +51,7 @@ def _clamp_field() -> Any:
 
 
 class FGSMAttack(Params):
-    """FGSM: one signed-gradient step of size ε (Goodfellow et al. 2015; SPEC §7)."""
+    """FGSM: one signed-gradient step of size ε (Goodfellow et al. 2015; FedCART paper)."""
 
     eps: float = _eps_field()
     clamp: ClampRange = _clamp_field()
@@ -61,7 +61,8 @@ class FGSMAttack(Params):
 
 
 class PGDAttack(Params):
-    """PGD-k on cross-entropy from a random start; the defaults are SPEC §7's PGD-20.
+    """PGD-k on cross-entropy from a random start; the defaults are the FedCART paper's PGD-20
+    evaluation.
 
     Madry et al. 2018. The step ``alpha`` defaults to ε/4. One generator per attack
     object, seeded by ``seed`` and advanced batch after batch, makes a whole evaluation
@@ -91,7 +92,7 @@ class PGDAttack(Params):
 
 
 class CWAttack(PGDAttack):
-    """CW∞: PGD on the CW margin loss with κ = 50 for 30 steps (SPEC §7).
+    """CW∞: PGD on the CW margin loss with κ = 50 for 30 steps (FedCART paper).
 
     The step ε/4 is our choice (the sources do not fix it)."""
 

@@ -1,4 +1,4 @@
-"""TRADES' inner maximisation (Zhang et al., 2019), used by FedTRADES and CalFAT (SPEC §7).
+"""TRADES' inner maximisation (Zhang et al., 2019), used by FedTRADES and CalFAT (FedCART paper).
 
 x' maximises KL(p(x) ‖ p(x')) over the ε-ball, starting from x + 0.001·N(0, 1) as in the
 reference implementation. Written once for the sequential and the vectorised trainer (see

@@ -1,4 +1,5 @@
-"""Aggregation rules (SPEC §1–§5, §12): pure functions of an ``[S, d]`` update matrix.
+"""Aggregation rules (DRAG paper, Secs. II-A, III, IV, VI; docs/defenses.md; docs/security.md):
+pure functions of an ``[S, d]`` update matrix.
 
 >>> import torch, fedshield.aggregators as agg
 >>> agg.build("krum", f=2)(torch.randn(10, 5)).shape
@@ -14,16 +15,16 @@ the rule to run on fewer rows than configured (a smaller f, or None).
 ==================  ==============================================  ==========================
 name                rule                                            tags
 ==================  ==============================================  ==========================
-mean                FedAvg weighted mean (§1)                       uses_weights,
+mean                FedAvg weighted mean                            uses_weights,
                                                                     reference_free
-drag                DRAG eq. 10–11 (§2); weights=None is the paper  needs_reference,
+drag                DRAG eq. 10–11; weights=None is the paper       needs_reference,
                                                                     uses_weights
-brdrag              BR-DRAG eq. 15 (§3), 1/S; NaN/Inf row → r       robust, needs_reference
-fltrust             FLTrust (§5); NaN/Inf row → trust 0             robust, needs_reference
-geomed              smoothed-Weiszfeld geometric median (§5)        robust, reference_free,
+brdrag              BR-DRAG eq. 15, 1/S; NaN/Inf row → r            robust, needs_reference
+fltrust             FLTrust; NaN/Inf row → trust 0                  robust, needs_reference
+geomed              smoothed-Weiszfeld geometric median             robust, reference_free,
                                                                     uses_weights
-rfa                 geometric median weighted by n_m (§5)           + sample_weighted
-raga                geometric median, uniform (§5)                  robust, reference_free
+rfa                 geometric median weighted by n_m                + sample_weighted
+raga                geometric median, uniform                       robust, reference_free
 krum                Krum (Blanchard 2017), S > 2f + 2               robust, reference_free,
                                                                     min_clients
 multikrum           Multi-Krum: weighted mean of the m best         robust, reference_free,

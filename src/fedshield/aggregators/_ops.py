@@ -1,4 +1,4 @@
-"""Shared numerics of the aggregation rules (SPEC §12): blocked geometry, safe in float64.
+"""Shared numerics of the aggregation rules (docs/security.md): blocked geometry, safe in float64.
 
 Every rule sees a dense ``[S, d]`` matrix of finite or non-finite rows in float32 (or
 float64, or half). What must never happen is a NaN/Inf or an exploded result from *finite*
@@ -158,7 +158,8 @@ def row_dists(x: Tensor, centre: Tensor) -> Tensor:
 
 
 class RefGeometry(NamedTuple):
-    """Geometry of every row g_m against a reference r (SPEC §2–§3, §5), in float64."""
+    """Geometry of every row g_m against a reference r (DRAG paper, Secs. III–IV; FLTrust), in
+    float64."""
 
     norms: Tensor  #: [S] ‖g_m‖
     ref_norm: Tensor  #: [] ‖r‖
@@ -211,7 +212,7 @@ def ref_geometry(x: Tensor, r: Tensor) -> RefGeometry:
 
 
 def rho_ratios(geo: RefGeometry) -> tuple[Tensor, Tensor]:
-    """ρ_m = ‖r‖/‖g_m‖ (seed 000 Assumption 3, Fig. 10) and the mask of rows where it exists."""
+    """ρ_m = ‖r‖/‖g_m‖ (DRAG paper, Assumption 3, Fig. 10) and the mask of rows where it exists."""
     ok = (geo.norms > 0) & ~geo.nonfinite
     return safe_div(geo.ref_norm.expand_as(geo.norms), geo.norms, ok), ok
 

@@ -1,4 +1,5 @@
-"""The aggregator contract (SPEC §1, §12): a pure rule on a dense ``[S, d]`` matrix of updates.
+"""The aggregator contract (DRAG paper, Sec. II-A; docs/security.md): a pure rule on a dense
+``[S, d]`` matrix of updates.
 
 ``aggregate(updates, weights, reference=...) -> (update[d], diagnostics)``. Every rule
 
@@ -121,7 +122,7 @@ class Aggregator:
 
 AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregator")
 
-#: The schema text of a Byzantine count f left unset (SPEC §12: defaults are part of the
+#: The schema text of a Byzantine count f left unset (docs/security.md: defaults are part of the
 #: defense, so a rule called robust is robust when named without arguments).
 F_DERIVED = (
     "unset: derived from the sampled cohort S — in a simulation with an attack, per_round "

@@ -1,4 +1,4 @@
-"""BR-DRAG: DRAG with a trusted root-data reference, for Byzantine resilience (SPEC §3).
+"""BR-DRAG: DRAG with a trusted root-data reference, for Byzantine resilience (DRAG paper, Sec. IV).
 
 r^t is the server's own update on the vetted root dataset (eqs. 12–13, computed by the
 server algorithm). Every selected update, benign or not, is calibrated and averaged:
@@ -8,11 +8,12 @@ server algorithm). Every selected update, benign or not, is calibrated and avera
 * Δ = (1/S) Σ_m v_m   (uniform on purpose: under attack, self-reported sample counts are
   untrusted, so ``weights`` is ignored)
 
-Our choices (SPEC §3): a row with a NaN/Inf entry is replaced by r before calibration and
-counted in ``agg/nonfinite``; an all-zero row carries no direction and is replaced by r as
-well (counted in ``agg/zero_rows``). A replaced row has cos = 1, λ = 0 and v = r. With
-‖r‖ = 0 eq. 15 gives v = 0 for every row, hence Δ = 0. Norms and cosines are float64, so a
-finite row of any size (up to float32's max) is calibrated like any other: ‖v_m‖ ≤ ‖r‖.
+Our choices (the DRAG paper is silent; one non-finite row must never poison θ): a row with a
+NaN/Inf entry is replaced by r before calibration and counted in ``agg/nonfinite``; an all-zero row
+carries no direction and is replaced by r as well (counted in ``agg/zero_rows``). A replaced row
+has cos = 1, λ = 0 and v = r. With ‖r‖ = 0 eq. 15 gives v = 0 for every row, hence Δ = 0. Norms and
+cosines are float64, so a finite row of any size (up to float32's max) is calibrated like any
+other: ‖v_m‖ ≤ ‖r‖.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class BrDragParams(Params):
         ge=0.0,
         le=1.0,
         description="DoD scale c: λ_m = c (1 − cos(g_m, r)); c ≤ 1/2 keeps ‖v‖ ≤ ‖r‖; at "
-        "most 1 (seed 000's Theorem 2 takes c^t in [1/2, 1])",
+        "most 1 (the DRAG paper's Theorem 2 takes c^t in [1/2, 1])",
     )
 
 
@@ -67,7 +68,7 @@ def _brdrag_coefficients(
 def brdrag_calibrate(
     updates: Tensor, reference: Tensor, c: float = 0.5
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Calibrate each update onto the trusted reference's scale (SPEC §3 eq. 15).
+    """Calibrate each update onto the trusted reference's scale (DRAG paper, eq. 15).
 
     ``updates`` is ``[S, d]`` (or one ``[d]`` update); returns ``(v, λ, cos)`` in the input
     dtype. Non-finite and all-zero rows come back as v = r (cos = 1, λ = 0). Inputs are not
@@ -83,7 +84,7 @@ def brdrag_calibrate(
 
 @AGGREGATORS.register("brdrag", tags=["robust", "needs_reference", "dod_scale"])
 class BrDrag(Aggregator):
-    """BR-DRAG (SPEC §3 eq. 15): rescale every update to ‖r‖ and pull it towards r."""
+    """BR-DRAG (DRAG paper, eq. 15): rescale every update to ‖r‖ and pull it towards r."""
 
     params_schema = BrDragParams
     needs_reference = True

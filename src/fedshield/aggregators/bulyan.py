@@ -1,4 +1,4 @@
-"""Bulyan (El Mhamdi, Guerraoui & Rouault, ICML 2018), SPEC §5, with Krum as the selector.
+"""Bulyan (El Mhamdi, Guerraoui & Rouault, ICML 2018), with Krum as the selector.
 
 With n rows and f Byzantine ones (n ≥ 4f + 3):
 

@@ -1,4 +1,4 @@
-"""Centered Clipping (Karimireddy, He & Jaggi, ICML 2021) and norm clipping (SPEC §5).
+"""Centered Clipping (Karimireddy, He & Jaggi, ICML 2021) and norm clipping.
 
 ``centered_clipping``: from the centre v_0, repeat L times
 
@@ -6,7 +6,7 @@
 
 with w uniform (the paper's 1/S) unless the caller passes weights. Default L = ``iters`` =
 1: the paper reports that one clipping iteration suffices in practice. Default τ: relative
-to the honest scale (SPEC §12: a rule called robust is robust without arguments), the lower
+to the honest scale (docs/security.md: a rule called robust is robust without arguments), the lower
 median of the first iteration's distances ‖g_i − v_0‖ over the finite rows: with an honest
 majority that is an honest client's distance, so f < S/2 attackers move the aggregate by at
 most (f/S)·τ per iteration whatever their size. An absolute τ (the paper's form; ByzFL's

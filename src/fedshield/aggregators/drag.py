@@ -1,4 +1,4 @@
-"""DRAG: divergence-based adaptive aggregation against client drift (SPEC §2, seed 000 §III).
+"""DRAG: divergence-based adaptive aggregation against client drift (DRAG paper, Sec. III).
 
 Given the server's reference direction r^t (the momentum of past calibrated updates, kept by
 the server algorithm, not here), every update is pulled towards r by its degree of
@@ -9,9 +9,9 @@ divergence (DoD):
 * Δ = Σ_m w_m v_m — the paper's (1/S) Σ_m v_m when ``weights`` is None (our choice: honour
   the caller's weights when given, as FedAvg does; pass None to reproduce the paper).
 
-Zero-norm guard (SPEC §2): if ‖r‖ = 0 or ‖g_m‖ = 0 then v_m = g_m (λ_m is taken as 0).
-The aggregate never materialises v: Δ = Σ_m w_m (1 − λ_m) g_m + (Σ_m w_m λ_m ‖g_m‖/‖r‖) r,
-one blocked float64 pass for the norms and ⟨g_m, r⟩ and one GEMV for the sum.
+Zero-norm guard (ours; eq. 11 is undefined there): if ‖r‖ = 0 or ‖g_m‖ = 0 then v_m = g_m (λ_m is
+taken as 0). The aggregate never materialises v: Δ = Σ_m w_m (1 − λ_m) g_m + (Σ_m w_m λ_m
+‖g_m‖/‖r‖) r, one blocked float64 pass for the norms and ⟨g_m, r⟩ and one GEMV for the sum.
 
 Not a robust rule: rows holding NaN/Inf are dropped (``agg/nonfinite``, the weights of the
 others renormalised), but a huge finite row keeps its size (v_m has norm ‖g_m‖).
@@ -47,9 +47,10 @@ from fedshield.aggregators.base import (
 )
 from fedshield.core.params import Params, parse_params
 
-#: Our default for DRAG's c (SPEC §2 leaves it to tuning on bundled data): c = 0.2 was the
-#: best or tied-best final accuracy in the c sweep of docs/results/drag.md, and c ≥ 0.3
-#: diverged there (λ near 1 keeps following a stale reference). BR-DRAG keeps SPEC's 0.5.
+#: Our default for DRAG's c (the DRAG paper gives none; we tuned it on bundled data): c = 0.2 was
+#: the best or tied-best final accuracy in the c sweep of docs/results/drag.md, and c ≥ 0.3
+#: diverged there (λ near 1 keeps following a stale reference). BR-DRAG keeps 0.5
+#: (docs/results/brdrag.md).
 DEFAULT_C = 0.2
 
 
@@ -59,7 +60,7 @@ class DragParams(Params):
         ge=0.0,
         le=1.0,
         description="DoD scale c of eq. 10: λ_m = c (1 − cos) ∈ [0, 2c]; at most 1 "
-        "(λ ≤ 2, the range seed 000 studies)",
+        "(λ ≤ 2, the range the DRAG paper studies)",
     )
 
 
@@ -74,7 +75,7 @@ def _drag_coefficients(x: Tensor, r: Tensor, c: float) -> tuple[Tensor, Tensor, 
 def drag_calibrate(
     updates: Tensor, reference: Tensor, c: float = DEFAULT_C
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Calibrate each update towards ``reference`` (SPEC §2 eq. 10–11).
+    """Calibrate each update towards ``reference`` (DRAG paper, eqs. 10–11).
 
     ``updates`` is ``[S, d]`` (or one ``[d]`` update, as a Flower client holds); returns
     ``(v, λ, cos)`` with the leading dimension of the input, v in the input dtype (clamped
@@ -121,7 +122,7 @@ def calibrate_with(
 
 @AGGREGATORS.register("drag", tags=["needs_reference", "uses_weights"])
 class Drag(Aggregator):
-    """DRAG (SPEC §2 eq. 10–11): pull every update towards the reference by its DoD."""
+    """DRAG (DRAG paper, eqs. 10–11): pull every update towards the reference by its DoD."""
 
     params_schema = DragParams
     needs_reference = True

@@ -1,11 +1,11 @@
 """Aggregation of an upload's secondary fields: buffers, control-variate deltas, prototypes.
 
-SPEC §12: everything the server computes from uploads goes through the configured rule or a
-robust counterpart for that field. The parameter update has the configured rule; every other
+docs/security.md §2: everything the server computes from uploads goes through the configured rule
+or a robust counterpart for that field. The parameter update has the configured rule; every other
 field (BatchNorm statistics, SCAFFOLD's Δh, FedCART's class prototypes, FedExP's squared
 norms) is a ``[K, p]`` matrix of rows from the same screened clients, aggregated here:
 
-* the configured rule is not Byzantine-robust → the (weighted) mean, SPEC §1's default;
+* the configured rule is not Byzantine-robust → the (weighted) mean, FedAvg's rule;
 * it is robust, needs neither a reference nor server state (tag ``reference_free``) and can
   run on K rows → the configured rule itself (with the largest feasible f when its own is
   too large for K rows, ``Aggregator.adapted``), on this field;

@@ -1,4 +1,4 @@
-"""FLTrust (Cao et al., NDSS 2021), as stated in SPEC §5.
+"""FLTrust (Cao et al., NDSS 2021), the original rule (the DRAG paper, Sec. VI-B, paraphrases it).
 
 With the server's root-data reference r (the same r^t as BR-DRAG):
 
@@ -29,7 +29,7 @@ from fedshield.aggregators.base import (
 
 @AGGREGATORS.register("fltrust", tags=["robust", "needs_reference"])
 class FLTrust(Aggregator):
-    """FLTrust (SPEC §5): ReLU-cosine trust scores, updates rescaled to ‖r‖."""
+    """FLTrust (DRAG paper, Sec. VI-B): ReLU-cosine trust scores, updates rescaled to ‖r‖."""
 
     needs_reference = True
     rescales_to_reference = True

@@ -1,13 +1,15 @@
-"""Geometric median by the smoothed Weiszfeld algorithm: ``geomed``, ``rfa``, ``raga`` (SPEC §5).
+"""Geometric median by the smoothed Weiszfeld algorithm: ``geomed``, ``rfa``, ``raga`` (DRAG paper,
+Sec. VI-B).
 
 GeoMed(x_1..x_S; α) = argmin_z Σ_i α_i ‖z − x_i‖, solved as in RFA (Pillutla, Kakade &
 Harchaoui, IEEE TSP 2022): start at the α-weighted mean, then repeat
 
     β_i = α_i / max(ν, ‖z − x_i‖),   z ← Σ_i β_i x_i / Σ_i β_i
 
-for at most ``max_iter`` iterations. SPEC defaults: ν = 1e-6, 100 iterations, tol = 1e-6.
+for at most ``max_iter`` iterations. Defaults: ν = 1e-6, 100 iterations, tol = 1e-6 (ours; the DRAG
+paper gives none).
 
-**Stopping rule** (our addition to SPEC's): stop once the objective Σ_i α_i ‖z − x_i‖
+**Stopping rule** (our addition): stop once the objective Σ_i α_i ‖z − x_i‖
 improves by less than ``tol`` relatively *and* the iterate moves by less than ``tol`` times
 the typical distance to the rows, ‖z_{k+1} − z_k‖ ≤ tol · wmedian_i ‖z_{k+1} − x_i‖ (the
 α-weighted median). The objective alone stops early when Byzantine rows are far away: it
@@ -198,7 +200,7 @@ def geometric_median(
 
 @AGGREGATORS.register("geomed", tags=["robust", "reference_free", "uses_weights"])
 class GeoMed(Aggregator):
-    """Weighted geometric median by smoothed Weiszfeld (SPEC §5 RFA solver)."""
+    """Weighted geometric median by smoothed Weiszfeld (RFA's solver, Pillutla et al.)."""
 
     params_schema = GeoMedParams
     #: False for RAGA: the median of the updates, every client counted once.
@@ -237,6 +239,6 @@ class RFA(GeoMed):
 
 @AGGREGATORS.register("raga", tags=["robust", "reference_free"])
 class RAGA(GeoMed):
-    """RAGA: θ^{t+1} = θ^t + GeoMed({g_m}) with uniform weights (SPEC §5)."""
+    """RAGA: θ^{t+1} = θ^t + GeoMed({g_m}) with uniform weights (DRAG paper, Sec. VI-B)."""
 
     use_weights = False

@@ -1,4 +1,4 @@
-"""Krum and Multi-Krum (Blanchard et al., NeurIPS 2017), SPEC §5.
+"""Krum and Multi-Krum (Blanchard et al., NeurIPS 2017).
 
 score(i) = Σ of the squared distances from g_i to its S − f − 2 nearest other updates;
 Krum returns the update with the lowest score (the first one on ties), Multi-Krum the

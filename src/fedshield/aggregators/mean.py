@@ -1,6 +1,6 @@
-"""FedAvg's weighted mean (SPEC §1): Δ = Σ_m w_m g_m / Σ_m w_m.
+"""FedAvg's weighted mean (McMahan et al. 2017; DRAG paper, eq. 3): Δ = Σ_m w_m g_m / Σ_m w_m.
 
-The caller chooses the weighting: sample counts n_m for FedAvg, or ``None`` for the seed's
+The caller chooses the weighting: sample counts n_m for FedAvg, or ``None`` for the DRAG paper's
 uniform (1/S) Σ form. One GEMV, so it is the O(S·d) floor every other rule is timed against.
 When that GEMV is not finite (a NaN/Inf row, or float32 partial sums that overflowed on
 huge finite rows), the non-finite rows are dropped (``agg/nonfinite``) and the mean of the
@@ -40,7 +40,8 @@ def weighted_mean(
 
 @AGGREGATORS.register("mean", tags=["uses_weights", "reference_free"])
 class Mean(Aggregator):
-    """Weighted mean of the updates (FedAvg, SPEC §1); uniform when ``weights`` is None."""
+    """Weighted mean of the updates (FedAvg, McMahan et al. 2017); uniform when ``weights`` is
+    None."""
 
     def aggregate(
         self, updates: Tensor, weights: Tensor | None = None, *, reference: Tensor | None = None

@@ -1,4 +1,4 @@
-"""Coordinate-wise median (Yin et al., ICML 2018), SPEC §5.
+"""Coordinate-wise median (Yin et al., ICML 2018).
 
 For even S the median of a coordinate is the mean of its two middle values, as in
 ``numpy.median``, ``torch.quantile(q=0.5)`` (ByzFL) and Flower's ``aggregate_median``.

@@ -1,4 +1,4 @@
-"""Coordinate-wise trimmed mean (Yin et al., ICML 2018), SPEC §5.
+"""Coordinate-wise trimmed mean (Yin et al., ICML 2018).
 
 Per coordinate, drop the f largest and the f smallest values and average the S − 2f left
 (needs 2f < S). ``f`` is a count, as in ByzFL's ``TrMean(f)``; Flower's

@@ -1,4 +1,4 @@
-"""Byzantine attacks of SPEC §6 (seed 000 §I-A list plus the standard set).
+"""Byzantine attacks: the list of the DRAG paper, Sec. I-A, plus the standard set.
 
 Update attacks rewrite the Byzantine rows of the cohort's ``[S, d]`` update matrix
 (:class:`UpdateAttack`); data attacks poison a Byzantine client's dataset once

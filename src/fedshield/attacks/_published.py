@@ -1,4 +1,5 @@
-"""What a quiet attacker reads from the server's published defense parameters (SPEC §16).
+"""What a quiet attacker reads from the server's published defense parameters (docs/security.md
+§6b).
 
 The threat model: colluding fixed attackers who know the honest rows of the cohort, which
 of their own clients are in it, θ^t and every defense parameter the server publishes

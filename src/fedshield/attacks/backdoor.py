@@ -80,7 +80,7 @@ def poison_with_trigger(
 
 @ATTACKS.register("backdoor", tags=["kind=data"])
 class Backdoor(DataAttack):
-    """Plant a pixel-trigger backdoor by data poisoning (Gu et al. 2017; SPEC §6 targeted attacks).
+    """Plant a pixel-trigger backdoor by data poisoning (Gu et al. 2017; docs/security.md §6).
 
     A share ``fraction`` of the attacker's samples (spread evenly) get the trigger and the
     label ``target``; the attacker then trains honestly on the mixture, so its update

@@ -1,4 +1,4 @@
-"""The attack contracts (SPEC §6).
+"""The attack contracts (threat model: DRAG paper, Sec. II-B; docs/security.md §6).
 
 * :class:`UpdateAttack` rewrites the rows of the cohort's ``[S, d]`` update matrix that
   belong to Byzantine workers. Omniscient attacks read the benign rows, as in the
@@ -14,8 +14,8 @@ Every attack declares its parameters as a :class:`~fedshield.core.params.Params`
 their rows through the server's configured rule. The round loop then calls them with a
 keyword ``context=`` :class:`AttackContext` holding that rule object (pre-aggregators
 included, so a plugin rule is attacked like a built-in one) and the weights it will be
-given, and what the server publishes about its defenses (SPEC §16: its round defenses, the
-step history a step bound keeps, η_g, the cohort size and the stated f). Only an attack
+given, and what the server publishes about its defenses (docs/security.md §6b: its round defenses,
+the step history a step bound keeps, η_g, the cohort size and the stated f). Only an attack
 that also declares ``needs_reference = True`` (tag
 ``needs_reference``: the threat model "the attackers know the server's root update")
 receives the server's reference r^t in the context; every other attack gets ``None`` there
@@ -52,7 +52,8 @@ class AttackContext:
     #: centre) — only for attacks with ``needs_reference = True``; None otherwise.
     reference: Tensor | None = None
     #: The server's round defenses (``server.round_defenses``, :mod:`fedshield.crossround`)
-    #: with their parameters as attributes: every defense parameter is published (SPEC §16).
+    #: with their parameters as attributes: every defense parameter is published (docs/security.md
+    #: §6b).
     defenses: tuple[Any, ...] = ()
     #: The server-state entries of the defenses that bound the applied step (tag
     #: ``bounds_step``: the step bound's last applied steps). The attackers receive θ^t every

@@ -1,4 +1,4 @@
-"""``cache_poison``: a directed row in every upload (SPEC §16 (c), issue 32).
+"""``cache_poison``: a directed row in every upload (docs/security.md §6b).
 
 Cached aggregation (:mod:`fedshield.crossround.cache`) hands the rule every client's latest
 upload, so an attacker's row keeps counting in the rounds after its own: a row pointing the
@@ -51,7 +51,7 @@ def fixed_direction(d: int, seed: int) -> Tensor:
 @ATTACKS.register("cache_poison", tags=["kind=update", "omniscient"])
 class CachePoison(CohortAttack):
     """A directed row in every upload, so that a cached row outlives its round
-    (SPEC §16 (c)): x = −s·n̄·v, v the unit honest mean, the attacker's own update or a
+    (docs/security.md §6b): x = −s·n̄·v, v the unit honest mean, the attacker's own update or a
     fixed seeded direction (module docstring)."""
 
     params_schema = CachePoisonParams

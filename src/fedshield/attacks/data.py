@@ -1,4 +1,5 @@
-"""Data-poisoning attacks (SPEC §6): the client trains honestly on poisoned data."""
+"""Data-poisoning attacks (DRAG paper, Sec. I-A; backdoors: docs/security.md §6): the client trains
+honestly on poisoned data."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from fedshield.attacks.base import ATTACKS, DataAttack
 
 @ATTACKS.register("label_flip", tags=["kind=data"])
 class LabelFlip(DataAttack):
-    """Train honestly on flipped labels l ↦ L − l − 1 for L classes (seed 000 [25]).
+    """Train honestly on flipped labels l ↦ L − l − 1 for L classes (the DRAG paper's label
+    flipping, Sec. I-A).
 
     Inputs are left untouched. A fixed permutation (0 ↔ L−1, 1 ↔ L−2, ...), so the poisoned
     client's updates stay plausible in norm and hard to spot, as the seed notes (§I-A). It

@@ -1,15 +1,15 @@
 """Min-Max and Min-Sum (Shejwalkar & Houmansadr, "Manipulating the Byzantine", NDSS 2021).
 
-SPEC §6: every attacker uploads the same ∇^m = ḡ + γ∇^p, ḡ the mean benign update and
-∇^p ∈ {unit_vec: −ḡ/‖ḡ‖, std: −std(g), sign: −sign(ḡ)}. γ is the largest value (to τ)
-that keeps ∇^m inside the benign cloud:
+Shejwalkar & Houmansadr (NDSS 2021; the DRAG paper's Min-Max/Min-Sum, Sec. I-A): every attacker
+uploads the same ∇^m = ḡ + γ∇^p, ḡ the mean benign update and ∇^p ∈ {unit_vec: −ḡ/‖ḡ‖, std:
+−std(g), sign: −sign(ḡ)}. γ is the largest value (to τ) that keeps ∇^m inside the benign cloud:
 
 * Min-Max: max_i ‖∇^m − g_i‖² ≤ max_{i,j} ‖g_i − g_j‖²
 * Min-Sum: Σ_i ‖∇^m − g_i‖² ≤ max_i Σ_j ‖g_i − g_j‖²
 
 found by the authors' halving search (:func:`halving_search`). The authors' released code
 compares squared distances, as we do, and uses min_i instead of max_i in the Min-Sum
-bound; the paper's equation (and SPEC) says max_i, our default. ``bound="min"``
+bound; the paper's equation says max_i, our default. ``bound="min"``
 reproduces the code.
 """
 
@@ -33,7 +33,8 @@ BOUNDS = ("max", "min")
 
 
 def perturbation(benign: Tensor, vector: str) -> Tensor:
-    """∇^p of SPEC §6 for the ``[n, d]`` benign rows (always pointing away from ḡ)."""
+    """∇^p of Shejwalkar & Houmansadr for the ``[n, d]`` benign rows (always pointing away from
+    ḡ)."""
     mean = benign.mean(dim=0)
     if vector == "unit_vec":
         norm = torch.linalg.vector_norm(mean)
@@ -164,7 +165,7 @@ class _GammaAttack(CohortAttack):
 class MinMax(_GammaAttack):
     """Min-Max: upload ḡ + γ∇^p, γ max with max_i ‖∇^m − g_i‖ ≤ max_ij ‖g_i − g_j‖.
 
-    Shejwalkar & Houmansadr, NDSS'21 (SPEC §6, seed 000 [26]). ``vector`` ∈
+    Shejwalkar & Houmansadr, NDSS'21 (the DRAG paper's ref. [26]). ``vector`` ∈
     unit_vec/std/sign (default std), ``gamma_init`` = 10, ``tau`` = 1e-5. The γ found is
     kept in ``last_gamma``."""
 
@@ -176,7 +177,7 @@ class MinMax(_GammaAttack):
 class MinSum(_GammaAttack):
     """Min-Sum: upload ḡ + γ∇^p, γ max with Σ_i ‖∇^m − g_i‖² ≤ max_i Σ_j ‖g_i − g_j‖².
 
-    Shejwalkar & Houmansadr, NDSS'21 (SPEC §6, seed 000 [26]). ``bound="min"`` uses min_i,
+    Shejwalkar & Houmansadr, NDSS'21 (the DRAG paper's ref. [26]). ``bound="min"`` uses min_i,
     as the authors' released code does."""
 
     params_schema = MinSumParams

@@ -1,4 +1,4 @@
-"""Omniscient update attacks built from benign statistics: ``alie`` and ``ipm`` (SPEC §6).
+"""Omniscient update attacks built from benign statistics: ``alie`` and ``ipm``.
 
 Both read the round's benign rows (as in the papers) and ignore the attacker's own
 update; every attacker uploads the same vector. With no benign row the statistics come
@@ -47,7 +47,7 @@ class IPMParams(Params):
 
 @ATTACKS.register("alie", tags=["kind=update", "omniscient"])
 class ALIE(CohortAttack):
-    """Upload μ − z·σ of the benign coordinate-wise mean and std (ALIE, SPEC §6).
+    """Upload μ − z·σ of the benign coordinate-wise mean and std (ALIE, Baruch et al. 2019).
 
     Baruch et al. 2019; σ is the unbiased std. ``z`` unset (default) uses the paper's z_max
     for n = S rows and f = number of Byzantine rows in this round (:func:`alie_z`); a
@@ -75,7 +75,7 @@ class ALIE(CohortAttack):
 
 @ATTACKS.register("ipm", tags=["kind=update", "omniscient"])
 class IPM(CohortAttack):
-    """Upload −ε·ḡ, ḡ the mean benign update: inner-product manipulation (SPEC §6).
+    """Upload −ε·ḡ, ḡ the mean benign update: inner-product manipulation (Xie et al. 2020).
 
     Xie, Koyejo & Gupta, UAI 2019. Default ε = 0.1, the paper's small-ε setting that makes
     the inner product with the true gradient negative while staying close to the benign

@@ -1,4 +1,4 @@
-"""``opportunist``: honest until the cohort's share wins (SPEC §16 (b), issue 32).
+"""``opportunist``: honest until the cohort's share wins (docs/security.md §6b).
 
 Fixed attackers under sampled cohorts hold a varying share of each cohort. The opportunist
 uploads its honest update (nothing to flag, nothing to suspend) in every round where the
@@ -65,7 +65,7 @@ def winning_count(context: AttackContext | None, cohort: int) -> int:
 @ATTACKS.register("opportunist", tags=["kind=update", "omniscient", "needs_rule"])
 class Opportunist(CohortAttack):
     """Honest unless the cohort holds enough attackers to own the rule's output, then −ū
-    just under the published step bound (SPEC §16 (b)).
+    just under the published step bound (docs/security.md §6b).
 
     Uploads the attackers' honest updates when fewer than ``threshold`` (default: the rule's
     cohort f + 1) are in the cohort; else x = −ρ·(B/|η_g|)·ū (module docstring)."""

@@ -1,6 +1,6 @@
-"""Non-omniscient update attacks of SPEC §6: ``noise``, ``sign_flip``, ``scaling``.
+"""Non-omniscient update attacks (DRAG paper, Sec. I-A): ``noise``, ``sign_flip``, ``scaling``.
 
-Seed 000 §I-A lists noise injection and sign flipping; scaling (model replacement style
+Sec. I-A of the DRAG paper lists noise injection and sign flipping; scaling (model replacement style
 boosting, k·g) is in the standard set. Each rewrites only the Byzantine rows.
 """
 
@@ -31,7 +31,8 @@ class ScalingParams(Params):
 
 @ATTACKS.register("noise", tags=["kind=update"])
 class Noise(CohortAttack):
-    """Upload a fresh N(0, σ²I) draw instead of the update (SPEC §6, seed 000 [23]).
+    """Upload a fresh N(0, σ²I) draw instead of the update (the DRAG paper's noise injection, Sec.
+    I-A).
 
     The draw comes from the ``generator`` the engine passes, so a run stays a pure
     function of (config, seed). Each attacker gets its own independent vector.
@@ -56,7 +57,7 @@ class Noise(CohortAttack):
 
 @ATTACKS.register("sign_flip", tags=["kind=update"])
 class SignFlip(CohortAttack):
-    """Upload −k·g, g the attacker's own honest update (SPEC §6, seed 000 [24]).
+    """Upload −k·g, g the attacker's own honest update (the DRAG paper's sign flipping, Sec. I-A).
 
     Note: ByzFL's ``SignFlipping`` is omniscient (−mean of the honest vectors); ours follows
     the seed and negates the attacker's own update. The two coincide for one input row.
@@ -72,7 +73,7 @@ class SignFlip(CohortAttack):
 
 @ATTACKS.register("scaling", tags=["kind=update"])
 class Scaling(CohortAttack):
-    """Upload k·g, the attacker's own honest update boosted by k (SPEC §6).
+    """Upload k·g, the attacker's own honest update boosted by k (model-replacement style).
 
     The default k = 10 is our choice: the usual boosting factor against plain averaging.
     """

@@ -1,4 +1,4 @@
-"""``stealth``: colluding attackers who "hug" the defense's radius (SPEC §16 (a), issue 32).
+"""``stealth``: colluding attackers who "hug" the defense's radius (docs/security.md §6b).
 
 Every attacker of the cohort uploads the same row
 
@@ -9,9 +9,9 @@ configured rule's own output on them), ū the unit mean of the honest rows, h �
 placement, and r the radius the server's defenses publish along −ū from c: the smallest of
 the radii of :mod:`fedshield.attacks._published` (reputation's τ × the median honest
 distance D from c, the step bound's κ × its history read as a distance, a clipping radius).
-With ``tau`` set, r = τ · D whatever is published — the attack of issue 32's measurement
-(x = med − 0.9·τ·med_j‖h_j − med‖·ū). With nothing published and ``tau`` unset,
-r = 3 · D (reputation's default τ).
+With ``tau`` set, r = τ · D whatever is published — the attack of the quiet-attacker measurement
+(docs/security.md §6b) (x = med − 0.9·τ·med_j‖h_j − med‖·ū). With nothing published and ``tau``
+unset, r = 3 · D (reputation's default τ).
 
 The rows stay inside every published radius, so no defense that thresholds on them fires
 (no suspension, no clipped step), while each round's aggregate is pulled against the honest
@@ -125,7 +125,7 @@ def stealth_row(pool: Tensor, centre: Tensor, h: float, radius: float) -> Tensor
 @ATTACKS.register("stealth", tags=["kind=update", "omniscient", "needs_rule"])
 class Stealth(CohortAttack):
     """Colluding rows at a fraction h of the defense's published radius from the honest
-    centre, opposite the honest mean (issue 32's "hug"; SPEC §16 (a)).
+    centre, opposite the honest mean (the "hug" of docs/security.md §6b).
 
     Uploads x = c − h·r·ū (module docstring), r read from the configured server's round
     defenses and rule (``tau`` set: r = τ × the median honest distance from c)."""

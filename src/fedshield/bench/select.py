@@ -10,8 +10,8 @@ any seed diverged is *diverged* — never a number — and is the worst case bef
 accuracy. (Allouah et al., "Fixing by Mixing", AISTATS 2023 §5; González et al., "ByzFL",
 2025: hyper-parameters chosen on held-out data by the worst case over attacks.)
 
-An attack with a placement ``search`` (SPEC §16: a quiet attacker searches where to put its
-rows against the defense it faces) enters the selection by its best placement on the
+An attack with a placement ``search`` (docs/security.md §6b: a quiet attacker searches where to put
+its rows against the defense it faces) enters the selection by its best placement on the
 validation split, and its cell is its best placement on test — the lowest mean test
 accuracy, a diverged placement first — with the placement named.
 """

@@ -5,7 +5,7 @@ seeds on one base config, with hyper-parameter candidates chosen per defense on 
 validation split (ByzFL's protocol, Allouah et al. 2023 / González et al. 2024: "the
 worst case over the attack set" on held-out data, then test accuracy reported for that
 choice) and each attack's placement ``search`` run in full, a cell reporting the
-attacker's best placement against that defense (SPEC §16)::
+attacker's best placement against that defense (docs/security.md §6b)::
 
     name = "my-bench"
     base = "brdrag-digits-cpu"          # a preset, or  file = "my.toml"
@@ -83,7 +83,7 @@ class DefenseSpec(_Strict):
 class AttackSpec(_Strict):
     """An attack with its parameters; ``search`` (attack parameter → candidates) is its
     placement grid: every combination runs, and a cell reports the attacker's best — the
-    lowest test accuracy — naming the placement that won (SPEC §16)."""
+    lowest test accuracy — naming the placement that won (docs/security.md §6b)."""
 
     name: str
     label: str | None = None

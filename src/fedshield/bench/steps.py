@@ -3,7 +3,7 @@ beside the largest one-round step ‖θ^{t+1} − θ^t‖ of the run ÷ the medi
 clean twin (the same defense, setting, tuning candidate and seed under the bench's
 ``clean`` attack — e.g. ``scaling`` with k = 1: the attackers upload their honest update).
 
-A robust rule bounds the share the attackers can move θ by in one round (issue 24: "no
+A robust rule bounds the share the attackers can move θ by in one round (docs/cross-round.md: "no
 robust rule moves θ beyond 10× the clean step"); accuracy at the last round alone hides a
 rule that is knocked far away and walks back. The ratio is the largest over the seeds (the
 worst case); a run that diverged, or whose twin is missing, shows ``diverged`` / ``-``.

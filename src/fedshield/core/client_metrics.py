@@ -1,4 +1,4 @@
-"""Numbers a client reports are untrusted like its upload (SPEC §12).
+"""Numbers a client reports are untrusted like its upload (docs/security.md).
 
 A client's ``metrics`` (its training loss, bytes sent, ...) come from the same party as its
 delta: a Byzantine client (or a bug) can send ``train/loss = 1.7e308``, and two such values

@@ -59,8 +59,8 @@ class Payload:
 
 @dataclass
 class ClientUpdate:
-    """What a client uploads: pseudo-gradient g = θ_local − θ_start (SPEC §1), its sample
-    count, its final buffers (BatchNorm statistics), optional per-parameter coverage mask
+    """What a client uploads: pseudo-gradient g = θ_local − θ_start (DRAG paper, Sec. II-A), its
+    sample count, its final buffers (BatchNorm statistics), optional per-parameter coverage mask
     (depth-limited subnets) and method extras (gradient prototypes, control-variate deltas)."""
 
     client_id: int

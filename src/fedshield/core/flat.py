@@ -1,7 +1,7 @@
 """Flatten a model's parameters and floating buffers into single contiguous vectors.
 
 The engine flattens once per client and unflattens once per round; aggregators see one
-dense ``[S, d]`` matrix (SPEC §1).
+dense ``[S, d]`` matrix (DRAG paper, Sec. II-A).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The upload check chain (SPEC §12): every field a client sends is untrusted.
+"""The upload check chain (docs/security.md): every field a client sends is untrusted.
 
 Every backend runs :func:`screen` on a round's uploads before anything reads them — the
 simulator (:mod:`fedshield.sim.engine`), the Flower strategy that wraps it and the

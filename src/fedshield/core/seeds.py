@@ -14,7 +14,8 @@ COHORT, BYZ, TORCH, BATCH, ATTACK, ROOT, FAULTS = range(7)
 
 
 def sample_cohort(seed: int, rnd: int, num_clients: int, per_round: int) -> tuple[int, ...]:
-    """S of M clients uniformly without replacement, seeded by (seed, round) (SPEC §1)."""
+    """S of M clients uniformly without replacement, seeded by (seed, round) (DRAG paper, Sec.
+    II-A; a run is a pure function of config and seed)."""
     rng = np.random.default_rng([seed, rnd, COHORT])
     return tuple(sorted(int(k) for k in rng.choice(num_clients, per_round, replace=False)))
 

@@ -1,4 +1,4 @@
-"""One checker for every piece of state read back (SPEC §12: state loaded is untrusted).
+"""One checker for every piece of state read back (docs/security.md: state loaded is untrusted).
 
 A resumed checkpoint (:mod:`fedshield.sim.resume`), a SuperNode's saved client state
 (:mod:`fedshield.flower.client_app`) and a ``strategy.state`` assigned to a Flower-native

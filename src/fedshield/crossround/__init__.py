@@ -1,4 +1,4 @@
-"""Defenses across rounds (issue 24, item 3): memory the server keeps from round to round.
+"""Defenses across rounds: memory the server keeps from round to round.
 
 A per-round defense bounds one step on one cohort's rows; these act on the run
 (:mod:`fedshield.crossround.base` for the contract, :mod:`fedshield.crossround.chain` for

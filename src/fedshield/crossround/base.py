@@ -1,7 +1,7 @@
 """The round-defense contract: state carried from round to round, in the server state.
 
 A per-round defense (the rule, the per-block bound, the upload checks) bounds one step on
-the rows of one cohort. Two things escape it (issue 24): a cohort that holds more
+the rows of one cohort. Two things escape it: a cohort that holds more
 attackers than the rule can outvote (fixed attackers, sampled cohorts: at M = 50, S = 10,
 30 %, one cohort in eight holds ≥ 5), and attackers that are the majority of a depth tier,
 who choose that block's direction every round. A **round defense** remembers what earlier

@@ -1,7 +1,7 @@
 """Cached aggregation: the rule sees every client's latest screened upload, so the
 Byzantine share it faces is the population's, not the sampled cohort's.
 
-With fixed attackers and sampled cohorts the share of one cohort varies (issue 24: at
+With fixed attackers and sampled cohorts the share of one cohort varies (docs/cross-round.md: at
 M = 50, S = 10 and 30 % attackers, cohorts hold 1–6, and a 5- or 6-attacker cohort
 outvotes Median). In the spirit of delayed momentum aggregation (D-Byz-SGDM, 2025: the
 server aggregates the latest momentum of *every* worker, fresh or delayed), the server

@@ -3,7 +3,7 @@ clients that send them again and again are suspended.
 
 Honest clients train on different data (and different batches), so no two of their
 uploads coincide; colluding attackers who place one crafted row for all of them — the
-quiet "hug" row of issue 32, an opportunist's −ū, a cache-poisoning direction — send rows
+quiet "hug" row (docs/security.md §6b), an opportunist's −ū, a cache-poisoning direction — send rows
 far closer to each other than any two honest ones. On the rows ``g_1..g_n`` it is handed,
 
     nn_i     = min_{j ≠ i} ‖g_i − g_j‖            (the nearest other row)

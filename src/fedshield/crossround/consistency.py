@@ -1,8 +1,8 @@
 """Direction consistency across rounds: a client whose upload leaves the cohort's centre
 against the applied step, round after round, is suspended.
 
-A quiet colluder stays inside every radius (issue 32's "hug" x = c − h·r·ū), so distance
-tests never fire; but its offset from the centre points against the honest mean every
+A quiet colluder stays inside every radius (the "hug" x = c − h·r·ū of docs/security.md §6b), so
+distance tests never fire; but its offset from the centre points against the honest mean every
 round, whatever h and whatever jitter it adds. After each applied step a = Δθ/η_g, every
 fresh upload g_m is judged by the cosine of its offset from the coordinate-wise median c
 of the round's uploads with the applied step,

@@ -1,6 +1,6 @@
 """Filling a short round from cached rows: an invited client that did not answer lends the
-rule its latest screened upload, so ordinary faults do not stop a robust run (issue 32,
-SPEC §16 "Liveness").
+rule its latest screened upload, so ordinary faults do not stop a robust run
+(docs/faults.md, "Liveness").
 
 A robust rule outvotes f rows only on enough rows (Median 2f + 1, Krum 2f + 3, ...), and f
 belongs to the *invited* cohort — silence never lowers it (:mod:`fedshield.algorithms.

@@ -1,11 +1,12 @@
-"""The configuration fedshield recommends per threat model (SPEC §16, issue 32), and its
-measured worst case: one table that the build-time statement, the docs and the bench read.
+"""The configuration fedshield recommends per threat model (docs/cross-round.md, "Recommended
+configuration"), and its measured worst case: one table that the build-time statement, the docs and
+the bench read.
 
 A threat model is (root data at the server or not; attack mode; fault model). The
 candidates (:data:`CONFIGURATIONS`) are whole server configurations — algorithm, rule,
 round defenses — and the bench (``bench/bench_quiet.py``) measures each on the grid of
-issue 32 (digits, mlp 64, Dirichlet 0.5, S/M 10/100 and 10/50, 30 % fixed attackers, 30
-rounds, seeds not tuned on) against noise, sign_flip, alie, ipm and the quiet attacks
+the quiet-attacker reproducer (digits, mlp 64, Dirichlet 0.5, S/M 10/100 and 10/50, 30 % fixed
+attackers, 30 rounds, seeds not tuned on) against noise, sign_flip, alie, ipm and the quiet attacks
 (stealth, its jittered variant and the variant that reads collusion and consistency,
 opportunist, cache_poison). Its cells are stored beside
 this module (``quiet_measured.json``, with the commit and command that made them). The
@@ -56,7 +57,8 @@ class Configuration:
         return f"server.algorithm={self.algorithm}, rule {rule}, round defenses [{defenses}]"
 
 
-#: The candidates the bench measures (``main`` is issue 32's baseline, not a candidate).
+#: The candidates the bench measures (``main`` is the quiet-attacker reproducer's configuration,
+#: not a candidate).
 CONFIGURATIONS: dict[str, Configuration] = {
     c.name: c
     for c in (
@@ -87,7 +89,8 @@ CONFIGURATIONS: dict[str, Configuration] = {
     )
 }
 
-#: Not a candidate: the configuration of issue 32's reproducer, measured for comparison.
+#: Not a candidate: the quiet-attacker reproducer's configuration (median + step_bound +
+#: reputation), measured for comparison.
 BASELINE = "main"
 
 #: The recommendation before any measurement exists (or when none fits).

@@ -2,8 +2,8 @@
 
 The rule bounds one round on its own rows; when a cohort (or a depth tier) holds more
 attackers than the rule can outvote, the step it returns is theirs — and with fixed
-attackers such cohorts recur (issue 24: Median ends at 0.40 vs 0.83 when the attackers
-are spread evenly). The step bound clips, per coverage block G (the columns held by the
+attackers such cohorts recur (docs/cross-round.md, "Measured": Median ends at 0.40 vs 0.83 when the
+attackers are spread evenly). The step bound clips, per coverage block G (the columns held by the
 same rows, :func:`fedshield.algorithms.server.aggregation.coverage_groups`; one block
 without masks), the applied step Δθ = θ^{t+1} − θ^t to
 

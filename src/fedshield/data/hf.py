@@ -169,7 +169,7 @@ def _images(values: list[Any], size: int | None, where: str) -> torch.Tensor:
         raise DataError(f"{where}: inputs of shape {x.shape[1:]}; expected images [H, W(, C)]")
     if x.dtype.kind in "iu" and x.size and x.min() >= 0 and x.max() <= 255:
         # Integer pixels (int lists saved with save_to_disk load as int64) are 8-bit
-        # images: uint8, read as x/255 like every other set (issue 25: they trained as
+        # images: uint8, read as x/255 like every other set (they used to train as
         # floats 0-255). Other integers are left for fedshield.data.check to refuse.
         x = x.astype(np.uint8)
     x = np.ascontiguousarray(x)

@@ -1,4 +1,4 @@
-"""Long-tailed transform of a training set (SPEC §9; Cao et al. 2019 profile).
+"""Long-tailed transform of a training set (docs/usage.md; Cao et al. 2019 profile).
 
 Class 0 is always the head: n_c = ⌊n_max · ρ^{−c/(C−1)}⌋. On a source whose classes are
 unequal (SVHN), n_max is the largest head size every class can meet,
@@ -25,7 +25,7 @@ def _exponent(c: int, num_classes: int) -> float:
 
 
 def long_tail_counts(n_max: int, num_classes: int, rho: float) -> list[int]:
-    """n_c = floor(n_max · rho^(−c/(C−1))), c = 0..C−1 (SPEC §9).
+    """n_c = floor(n_max · rho^(−c/(C−1))), c = 0..C−1 (docs/usage.md).
 
     CIFAR-10 with n_max = 5000 and rho = 50 gives [5000, 3237, ..., 100] (13,996 in all).
     """
@@ -52,7 +52,7 @@ def long_tail_n_max(counts: Sequence[int], rho: float) -> int:
 
 
 def make_long_tail(data: TensorData, num_classes: int, rho: float, seed: int) -> TensorData:
-    """Keep n_c samples of class c, chosen by a seeded shuffle (head = class 0, SPEC §9).
+    """Keep n_c samples of class c, chosen by a seeded shuffle (head = class 0, docs/usage.md).
 
     Every class must be present: an absent class would make the whole profile empty."""
     counts = data.class_counts(num_classes).tolist()

@@ -1,4 +1,4 @@
-"""Partitioners: split a train set's indices among M clients (SPEC §9).
+"""Partitioners: split a train set's indices among M clients (docs/usage.md).
 
 Each takes the label vector and returns M disjoint index tensors that together cover every
 sample exactly once. All randomness comes from a ``numpy.random.Generator`` seeded by the

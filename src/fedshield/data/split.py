@@ -23,7 +23,8 @@ def carve(
 ) -> tuple[TensorData, dict[str, TensorData]]:
     """Draw disjoint uniform random subsets of the given sizes; return (rest, subsets).
 
-    The subsets follow the training distribution and are disjoint from every client (SPEC §3).
+    The subsets follow the training distribution and are disjoint from every client (DRAG paper,
+    Sec. IV).
     """
     check_carve(len(data), sizes)
     perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed))

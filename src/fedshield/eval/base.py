@@ -24,7 +24,7 @@ class EvalInputs:
     seed: int
     round: int
     #: θ^0 as (params, buffers): the model before round 1, a pure function of the config
-    #: (seed 002 profiles clients on it). None when the caller has no such model.
+    #: (early-exit ViT paper profiles clients on it). None when the caller has no such model.
     initial: tuple[torch.Tensor, torch.Tensor] | None = None
     #: The run's last round (``rounds``), so an evaluator that runs every k rounds can keep
     #: its expensive part for the last one; None when the caller does not say.

@@ -1,4 +1,4 @@
-"""Robust evaluation of the inference model (SPEC §7): evaluators ``robust`` and ``groups``.
+"""Robust evaluation of the inference model (FedCART paper): evaluators ``robust`` and ``groups``.
 
 ``robust``: natural accuracy, FGSM(ε), PGD-20 (step ε/4, random start), CW∞ (CW margin,
 κ = 50, 30 steps), AutoAttack standard (via torchattacks; skipped with a warning and
@@ -7,7 +7,7 @@
 case ``robust/worst``: the fraction of samples that every attack of the round left
 correctly classified (per sample, on the samples all of them attacked). The worst case is
 the headline: no single attack ranks methods reliably (CalFAT's CW∞ accuracy sits 5–8
-points under its PGD-20 where FedCART's moves by ≤ 1, issue #20). With ``groups = true``
+points under its PGD-20 where FedCART's moves by ≤ 1). With ``groups = true``
 it adds the per-group metrics below from the same per-sample results.
 
 ``autoattack_rounds = "final"`` (default) runs AutoAttack at the run's last round only
@@ -17,9 +17,10 @@ cheap attacks, AutoAttack once (``robust/aa_skipped = 1`` in the other rounds, w
 
 ``groups``: natural and PGD-20 accuracy per class-frequency group. Classes are grouped by
 their training-set count n_c: Majority n_c > ``majority_min``, Minority n_c <
-``minority_max``, Medium in between (150 / 45 as for CIFAR-100-LT in seed 003).
+``minority_max``, Medium in between (150 / 45 as for CIFAR-100-LT in the FedCART paper).
 
-ε defaults to 8/255 on colour data and 0.1 on grayscale (SPEC §7, our choice);
+ε defaults to 8/255 on colour data and 0.1 on grayscale (our choice, the
+budgets common in the adversarial-training literature for CIFAR and MNIST-like data);
 ``max_samples`` evaluates a seeded random subset of the test set (for CPU runs), and
 ``autoattack_max_samples`` runs AutoAttack on a seeded random k of those (``robust/aa_n``);
 Robust AVG then averages each attack's accuracy on its own samples.
@@ -180,7 +181,7 @@ def _check_robust(p: RobustParams, num_classes: int) -> None:
 @EVALUATORS.register("robust", schema=RobustParams)
 def robust(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
     """The robust evaluator reports natural, FGSM, PGD-20, CW∞, AutoAttack and Robust AVG
-    accuracy of the inference model (SPEC §7).
+    accuracy of the inference model (FedCART paper).
 
     ``params`` are validated against :class:`RobustParams`, the schema the registry
     declares, so ``EVALUATORS.parse("robust", ...)`` at build time and this call accept and
@@ -252,7 +253,7 @@ def worst_case(results: dict[str, Tensor], subset: Tensor) -> Tensor:
 @EVALUATORS.register("groups", schema=GroupParams)
 def groups(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
     """The groups evaluator reports natural and PGD-20 accuracy per Majority / Medium /
-    Minority class-frequency group (SPEC §7), with :class:`GroupParams` as its schema."""
+    Minority class-frequency group (FedCART paper), with :class:`GroupParams` as its schema."""
     p = parse_params(GroupParams, params, "eval.params.groups")
     seed = inputs.seed if p.seed is None else p.seed
     eps = p.eps if p.eps is not None else default_eps(inputs.bundle.input_shape)

@@ -1,4 +1,4 @@
-"""Early-exit routing evaluators (SPEC §8 "Metrics"; seed 002 §III-D–G, §IV).
+"""Early-exit routing evaluators (early-exit ViT paper, Sec. III-D–G, §IV).
 
 ``routing`` — clean routing of the global multi-exit model:
 
@@ -9,17 +9,17 @@
 * client-local test data: mean / worst client accuracy and depth for all five policies
   (client-aware ones use the client's S_k, so they are evaluated only here, as the seed
   prescribes) and for full depth;
-* the client profile S_k and its two terms (SPEC §8 "Client profiling"), computed by
-  default on the model before round 1, θ^0 (``profile_on = "initial"``, seed 002:
+* the client profile S_k and its two terms (early-exit ViT paper, eqs. 4–7), computed by
+  default on the model before round 1, θ^0 (``profile_on = "initial"``, early-exit ViT paper:
   "profiled once before the first communication round"), or on the evaluated model
   (``profile_on = "final"``).
 
 ``routing_adv`` — the same global policies on FGSM and PGD-10 examples generated against
 the deepest exit (``model(x)``) with ε ∈ {1e-4, 1e-3, 1e-2}; no adversarial training.
 Beside each policy's accuracy and depth saving: every exit's accuracy on the attacked
-inputs and each policy's deferral gain per exit, Pr(D_e)(𝓔_{e|D_e} − 𝓔_{e+1|D_e}) (seed
-002's risk decomposition: deferring helps exactly where it is positive), so a routing
-claim under attack can be read against what the exits themselves do.
+inputs and each policy's deferral gain per exit, Pr(D_e)(𝓔_{e|D_e} − 𝓔_{e+1|D_e}) (the
+early-exit ViT paper's risk decomposition, eqs. 13–14: deferring helps exactly where it is
+positive), so a routing claim under attack can be read against what the exits themselves do.
 
 Our choices (all parameters): client-local test sets are drawn from the global test set
 with each client's training label distribution (``client_test_size`` samples, per-class
@@ -178,8 +178,8 @@ class RoutingParams(Params):
     )
     profile_on: Literal["initial", "final"] = Field(
         "initial",
-        description="profile clients on θ^0, the model before round 1 (seed 002), or on "
-        "the evaluated model",
+        description="profile clients on θ^0, the model before round 1 (early-exit ViT paper), "
+        "or on the evaluated model",
     )
     profile_samples: int = Field(
         512, ge=1, description="training samples per client used for the confidence term"
@@ -205,7 +205,7 @@ class RoutingAdvParams(Params):
         ["fgsm", "pgd"], description="attacks generated against the deepest exit"
     )
     eps: list[float] = Field([1e-4, 1e-3, 1e-2], description="ℓ∞ budgets ε (inputs in [0, 1])")
-    pgd_steps: int = Field(10, ge=1, description="PGD iterations (seed 002: 10)")
+    pgd_steps: int = Field(10, ge=1, description="PGD iterations (early-exit ViT paper: 10)")
     pgd_step_ratio: float = Field(0.25, gt=0.0, description="PGD step size as a multiple of ε")
     adv_samples: int | None = Field(
         None, ge=1, description="seeded random test subset to attack; None = all"
@@ -235,8 +235,8 @@ def _weights(model: nn.Module, state: tuple[Tensor, Tensor] | None) -> Iterator[
 
 
 def client_profile(model: nn.Module, inputs: EvalInputs, p: RoutingParams) -> ClientProfile:
-    """S_k of every client (SPEC §8) from its class counts and the shallow-exit confidence
-    of θ^0 (``profile_on = "initial"``) or of the evaluated model (``"final"``) on a
+    """S_k of every client (early-exit ViT paper) from its class counts and the shallow-exit
+    confidence of θ^0 (``profile_on = "initial"``) or of the evaluated model (``"final"``) on a
     seeded subset of ≤ ``profile_samples`` of its training samples."""
     if p.profile_on == "initial" and inputs.initial is None:
         raise ConfigError(
@@ -271,7 +271,7 @@ def client_profile(model: nn.Module, inputs: EvalInputs, p: RoutingParams) -> Cl
 @EVALUATORS.register("routing", schema=RoutingParams, tags=_NEEDS_EXITS)
 def routing_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
     """Evaluates clean routing of the global multi-exit model on the global test set and on
-    client-local test data, with the client profile S_k (SPEC §8)."""
+    client-local test data, with the client profile S_k (early-exit ViT paper)."""
     p = parse_params(RoutingParams, params, "eval.params.routing")
     assert isinstance(p, RoutingParams)
     _need_exits(model)
@@ -324,7 +324,7 @@ def routing_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[st
 @EVALUATORS.register("routing_adv", schema=RoutingAdvParams, tags=_NEEDS_EXITS)
 def routing_adv_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[str, float]:
     """Evaluates the global routing policies' accuracy and depth saving under FGSM and PGD
-    examples generated against the deepest exit (SPEC §8)."""
+    examples generated against the deepest exit (early-exit ViT paper)."""
     p = parse_params(RoutingAdvParams, params, "eval.params.routing_adv")
     assert isinstance(p, RoutingAdvParams)
     _need_exits(model)

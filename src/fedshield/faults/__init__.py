@@ -1,4 +1,4 @@
-"""System heterogeneity for the in-process simulator (issue 24): availability, dropout,
+"""System heterogeneity for the in-process simulator: availability, dropout,
 deadlines and partial work as registered fault models (``fedshield list faults``).
 
 Configured as ``[faults] models = ["diurnal", "dropout", "deadline"]`` with

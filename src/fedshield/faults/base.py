@@ -1,4 +1,5 @@
-"""The fault-model contract: who is online, who answers, how much work arrives (SPEC §1).
+"""The fault-model contract: who is online, who answers, how much work arrives (DRAG paper, Sec.
+II-A).
 
 System heterogeneity as the field's simulators model it (FLGo's client state machine,
 Wang et al. 2023; FedScale's device traces, Lai et al. ICML 2022): **availability** (which

@@ -7,7 +7,7 @@ response faults of the sampled ones. Attackers always answer unless
 ``faults.attackers_fail`` (the worst case: a Byzantine client is never the one that
 drops). With ``faults.invite = "population"`` the cohort is drawn from all M clients and an
 offline invitee is a missing row (``faults/offline``), so the attackers' share of the invited
-cohort is the population's even though attackers are always online (issue 32)."""
+cohort is the population's even though attackers are always online."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ both are imported from :mod:`fedshield.flower.strategies`. Only the training rou
 2. ``aggregate_train`` keeps one reply per sampled node answering its own instruction
    (:mod:`fedshield.flower.replies`), decodes each against the model's layout
    (:class:`~fedshield.flower.arrays.ModelLayout`: keys, shapes and dtypes checked before
-   decoding) into g_m = θ_m − θ_start (SPEC §1), then runs the one server round step of
-   every backend (:func:`fedshield.algorithms.server.step.server_round_step`: upload
+   decoding) into g_m = θ_m − θ_start (DRAG paper, Sec. II-A), then runs the one server round step
+   of every backend (:func:`fedshield.algorithms.server.step.server_round_step`: upload
    checks, capped weights, ``update``, ``post_step``, the finiteness guard) with the
    server state kept across rounds in ``strategy.state``.
 
@@ -21,12 +21,12 @@ What the clients upload besides θ is derived from the server algorithm's declar
 ``upload_spec`` of the client algorithm it needs (tag ``needs_client``), sized from
 ``model_fn()`` or from the model record.
 
-**Sample counts** (SPEC §12) are self-reported, so untrusted: ``weighting="uniform"`` ignores
-them (the default under a Byzantine defense), ``"samples"`` weights by them, capped at
+**Sample counts** (docs/security.md) are self-reported, so untrusted: ``weighting="uniform"``
+ignores them (the default under a Byzantine defense), ``"samples"`` weights by them, capped at
 ``max_num_examples`` when set and, under a robust rule, at ``count_cap`` × the round's
 median count.
 
-**f belongs to the sampled cohort** (issue 24): a robust rule outvotes the f of the nodes
+**f belongs to the sampled cohort**: a robust rule outvotes the f of the nodes
 *asked* this round — its own ``f``, else ``byzantine_f``, else its breakdown on the sampled
 cohort — however many replies arrive. Missing, late or duplicated replies (a node that did
 not answer, an id forged to censor it) never lower f; when too few replies are kept for
@@ -39,7 +39,7 @@ model (``arrays``) on your root data, returning the trained model; a ``server_ro
 keyword is passed when the function takes one — or ``root_data=(x, y)`` with
 ``model_fn()`` building the model, trained by fedshield's local SGD (``root_train``:
 ``lr``, ``batch_size``, ``steps`` or ``epochs``, ``momentum``, ``weight_decay``) with the
-mini-batches the simulator draws for the same ``seed``. r^t = θ_root − θ^t (SPEC §3).
+mini-batches the simulator draws for the same ``seed``. r^t = θ_root − θ^t (DRAG paper, Sec. IV).
 
 Not supported: client coverage masks (depth/width-limited clients) and update attacks
 (simulated by fedshield's own app, ``fedshield run --backend flower``). See
@@ -98,7 +98,8 @@ from fedshield.flower.replies import match_replies
 log = logging.getLogger("fedshield")
 
 class RootTrainParams(Params):
-    """Local SGD of the server on its root data (SPEC §3: the workers' η and batch size)."""
+    """Local SGD of the server on its root data (DRAG paper, Sec. IV: the workers' η and batch
+    size)."""
 
     lr: float = Field(0.05, gt=0.0, description="SGD step size η")
     batch_size: int = Field(32, ge=1, description="mini-batch size")
@@ -141,7 +142,7 @@ class _FunctionReference:
 
 
 class _DataReference:
-    """r^t = θ^{t,U} − θ^t from fedshield's local SGD on ``root_data`` (SPEC §3, eqs. 12–13),
+    """r^t = θ^{t,U} − θ^t from fedshield's local SGD on ``root_data`` (DRAG paper, eqs. 12–13),
     seeded by (seed, round) exactly as the simulator's ``Simulator.root_update``."""
 
     def __init__(

@@ -2,8 +2,8 @@
 
 Flower's convention is that a ClientApp returns its model's ``state_dict`` as an
 :class:`~flwr.app.ArrayRecord`. fedshield's server algorithms work on one flat parameter
-vector θ ∈ R^d and one flat vector of floating buffers (SPEC §1). A :class:`ModelLayout`,
-read from the global model the strategy sends, says which array is what:
+vector θ ∈ R^d and one flat vector of floating buffers (DRAG paper, Sec. II-A). A
+:class:`ModelLayout`, read from the global model the strategy sends, says which array is what:
 
 * **parameters** — every floating array that is not a buffer, in record order (the order
   of ``model.parameters()`` for a record made from ``model.state_dict()``);

@@ -269,7 +269,7 @@ class AttackedStrategy(Strategy):
         gen = make_generator(self.seed, server_round, _FLOWER_ATTACK)
         kwargs: dict[str, Any] = {}
         if self.attack.needs_rule:
-            # what a fedshield strategy publishes about its defenses (SPEC §16)
+            # what a fedshield strategy publishes about its defenses (docs/security.md §6b)
             server = getattr(self.strategy, "server", None)
             defenses = getattr(server, "round_defenses", None)
             chain = defenses.defenses if defenses is not None else ()

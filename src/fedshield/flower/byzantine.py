@@ -1,4 +1,4 @@
-"""Where a configured attack runs on Flower (SPEC §6 on a real network).
+"""Where a configured attack runs on Flower (DRAG paper, Sec. I-A on a real network).
 
 * **Data attacks** (``label_flip``): on the malicious SuperNode, which poisons its own data
   and then trains honestly.

@@ -24,7 +24,8 @@ def _given(**kwargs: Any) -> dict[str, Any]:
 
 
 class DRAG(FedshieldRule):
-    """DRAG (SPEC §2): calibrate every g_m towards the momentum reference r^t (eqs. 8–11)."""
+    """DRAG (DRAG paper, Sec. III): calibrate every g_m towards the momentum reference r^t (eqs.
+    8–11)."""
 
     def __init__(
         self,
@@ -45,7 +46,7 @@ class DRAG(FedshieldRule):
 
 
 class BRDRAG(FedshieldRule):
-    """BR-DRAG (SPEC §3): root-data reference r^t, updates rescaled to ‖r‖ and pulled
+    """BR-DRAG (DRAG paper, Sec. IV): root-data reference r^t, updates rescaled to ‖r‖ and pulled
     towards r (eq. 15). Needs ``reference_fn`` or ``root_data`` + ``model_fn``."""
 
     def __init__(self, c: float | None = None, **kwargs: Any) -> None:
@@ -55,7 +56,7 @@ class BRDRAG(FedshieldRule):
 
 
 class FLTrust(FedshieldRule):
-    """FLTrust (SPEC §5): ReLU-cosine trust scores against the root-data reference.
+    """FLTrust (DRAG paper, Sec. VI-B): ReLU-cosine trust scores against the root-data reference.
     Needs ``reference_fn`` or ``root_data`` + ``model_fn``."""
 
     def __init__(self, **kwargs: Any) -> None:
@@ -63,23 +64,24 @@ class FLTrust(FedshieldRule):
 
 
 class FedExP(FedshieldRule):
-    """FedExP (SPEC §4): extrapolated server step η_g = max{1, Σ‖g‖²/(2S(‖Δ‖² + ε))}."""
+    """FedExP (DRAG paper, Sec. VI-A): extrapolated server step η_g = max{1, Σ‖g‖²/(2S(‖Δ‖² +
+    ε))}."""
 
     def __init__(self, eps: float | None = None, **kwargs: Any) -> None:
         super().__init__(server="fedexp", server_args=_given(eps=eps), **kwargs)
 
 
 class FedACG(FedshieldRule):
-    """FedACG (SPEC §4): broadcast the look-ahead θ̂ = θ + λm; m ← λm + Δ. Clients train
-    from the arrays they receive (θ̂); add β/2‖θ − θ̂‖² to their loss for the full method."""
+    """FedACG (DRAG paper, Sec. VI-A): broadcast the look-ahead θ̂ = θ + λm; m ← λm + Δ. Clients
+    train from the arrays they receive (θ̂); add β/2‖θ − θ̂‖² to their loss for the full method."""
 
     def __init__(self, lam: float | None = None, **kwargs: Any) -> None:
         super().__init__(server="fedacg", server_args=_given(lam=lam), **kwargs)
 
 
 class SCAFFOLD(FedshieldRule):
-    """SCAFFOLD (SPEC §4): broadcasts h (``fs.h``); clients correct their gradients with
-    :class:`fedshield.flower.client_tools.ScaffoldClient` and upload Δh (``fs.dh``)."""
+    """SCAFFOLD (DRAG paper, Sec. VI-A): broadcasts h (``fs.h``); clients correct their gradients
+    with :class:`fedshield.flower.client_tools.ScaffoldClient` and upload Δh (``fs.dh``)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(server="scaffold", **kwargs)
@@ -95,7 +97,7 @@ class FedDyn(FedshieldRule):
 
 
 class FedCART(FedshieldRule):
-    """FedCART's server (SPEC §7): the configured rule on Δθ and, class by class, on the
+    """FedCART's server (FedCART paper): the configured rule on Δθ and, class by class, on the
     clients' gradient prototypes, then the CART step (virtual features matched to the
     prototypes, h' re-trained on them). ``model_fn`` builds the clients' ``DualHead``
     model; clients train with :class:`fedshield.flower.client_tools.FedCARTTrainer`.
@@ -157,7 +159,8 @@ class _GeoMedFamily(FedshieldRule):
 
 
 class GeoMed(_GeoMedFamily):
-    """Geometric median by smoothed Weiszfeld (SPEC §5), weighted as ``weighting`` says."""
+    """Geometric median by smoothed Weiszfeld (DRAG paper, Sec. VI-B), weighted as ``weighting``
+    says."""
 
 
 class RFA(_GeoMedFamily):
@@ -168,7 +171,7 @@ class RFA(_GeoMedFamily):
 
 
 class RAGA(_GeoMedFamily):
-    """RAGA: the uniform geometric median (SPEC §5)."""
+    """RAGA: the uniform geometric median (DRAG paper, Sec. VI-B)."""
 
     _rule = "raga"
 

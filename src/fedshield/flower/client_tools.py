@@ -4,7 +4,7 @@ Most strategies of :mod:`fedshield.flower.strategies` need nothing on the client
 return ``ArrayRecord(model.state_dict())`` and ``MetricRecord({"num-examples": n})``.
 Two methods have a client part, and both reuse fedshield's own code for it:
 
-* **SCAFFOLD** (SPEC §4) — :class:`ScaffoldClient`: the strategy broadcasts the server
+* **SCAFFOLD** (DRAG paper, Sec. VI-A) — :class:`ScaffoldClient`: the strategy broadcasts the server
   control variate h as the ``ArrayRecord`` ``fs.h`` (keyed like the model's parameters);
   the helper adds h − h_m to every gradient before the optimizer step and, after training,
   refreshes the client's h_m (kept in ``context.state``) and returns Δh_m as the
@@ -22,13 +22,13 @@ Two methods have a client part, and both reuse fedshield's own code for it:
                             "metrics": MetricRecord({"num-examples": n}),
                             **scaffold.reply()})
 
-* **DRAG's local calibration** (SPEC §2: "let the Flower client optionally do it
+* **DRAG's local calibration** (DRAG paper, Sec. III: "let the Flower client optionally do it
   locally") — :func:`drag_calibrate_local`: with ``DRAG(client_calibration=True)`` the
   strategy broadcasts r^t (``fs.ref``) and c (config key ``fs.drag-c``) from round 2 on;
   after local training the helper replaces the model's parameters by θ^t + v_m, v_m of
   eq. 11 (:func:`fedshield.aggregators.drag_calibrate`), and the server only averages.
 
-* **FedCART** (SPEC §7) — :class:`FedCARTTrainer`: fedshield's own FedCART client (L_CART
+* **FedCART** (FedCART paper) — :class:`FedCARTTrainer`: fedshield's own FedCART client (L_CART
   training of (r, h) with PGD examples, then the per-class gradient prototypes of h' at the
   *received* model) on your data and your :class:`~fedshield.models.dual_head.DualHead`
   model; :meth:`FedCARTTrainer.train` returns the reply's records (the trained model, the
@@ -143,7 +143,7 @@ class ScaffoldClient:
     """SCAFFOLD's client part in a user's training loop (see the module docstring).
 
     Build it after loading the received model into ``model`` (θ^t is read from it).
-    ``variant="seed"`` (seed 000's form, the default): h_m⁺ = the gradient of the first
+    ``variant="seed"`` (the DRAG paper's form, the default): h_m⁺ = the gradient of the first
     mini-batch at θ^t; ``"option2"`` (the original paper's option II, needs ``lr``):
     h_m⁺ = h_m − h + (θ^t − θ_m)/(U η), U = the number of :meth:`correct` calls.
     """
@@ -291,7 +291,7 @@ class AlgorithmClient:
 def drag_calibrate_local(
     model: nn.Module, msg: Message, arrays_key: str = "arrays"
 ) -> dict[str, float]:
-    """DRAG's calibration on the client (SPEC §2, eqs. 10–11): when ``msg`` carries r^t,
+    """DRAG's calibration on the client (DRAG paper, eqs. 10–11): when ``msg`` carries r^t,
     set ``model``'s parameters to θ^t + v_m with v_m = (1 − λ) g + λ (‖g‖/‖r‖) r,
     g = θ_m − θ^t, λ = c (1 − cos(g, r)). Returns ``{"drag/lambda", "drag/cos"}`` (empty
     in round 1, before the server has a reference, when the server calibrates itself).

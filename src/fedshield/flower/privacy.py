@@ -1,5 +1,5 @@
 """Client-level central DP for fedshield's Flower-native strategies, with each rule's own
-sensitivity (SPEC §13).
+sensitivity (docs/privacy.md).
 
 Flower's ``DifferentialPrivacyServerSideFixedClipping`` calibrates the noise as
 σ = z·C/n, the sensitivity of a *mean* of n clipped updates. Around a robust rule that is

@@ -1,4 +1,4 @@
-"""One reply per sampled node, to its own instruction (SPEC §12: *who* sent an upload is
+"""One reply per sampled node, to its own instruction (docs/security.md: *who* sent an upload is
 untrusted too), and one reason for every sampled node whose row did not arrive.
 
 A strategy keeps the instructions it returned from ``configure_train``; Flower's grids give

@@ -1,4 +1,4 @@
-"""Pure loss functions of the adversarial-training methods (SPEC §7).
+"""Pure loss functions of the adversarial-training methods (FedCART paper).
 
 No state, no model: every function maps tensors (logits, features, labels, priors) to a
 scalar loss, so each can be checked on a hand-worked example.

@@ -1,4 +1,4 @@
-"""CalFAT's logit calibration (Chen et al., NeurIPS 2022; SPEC §7).
+"""CalFAT's logit calibration (Chen et al., NeurIPS 2022; FedCART paper).
 
 Client k's logits are shifted by its class prior before the softmax,
 z̃ = z + τ·log π_k (τ = 0.1), and its local loss is CE(s·z̃, y) with scale s = 10 on the

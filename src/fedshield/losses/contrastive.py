@@ -1,4 +1,4 @@
-"""Supervised contrastive loss (Khosla et al., 2020) — FedCART's L_Align (SPEC §7).
+"""Supervised contrastive loss (Khosla et al., 2020) — FedCART's L_Align (FedCART paper).
 
 For 2B features {ẑ_i} ∪ {ẑ'_i} (natural and adversarial views, ℓ2-normalised: our choice),
 anchor i, positives P(i) (same label, any other index: the other view or another sample)
@@ -44,7 +44,7 @@ def supervised_contrastive(features: Tensor, labels: Tensor, tau: float = 0.1) -
 
 
 def align_loss(z_nat: Tensor, z_adv: Tensor, labels: Tensor, tau: float = 0.1) -> Tensor:
-    """L_Align of SPEC §7: SupCon over the 2B natural and adversarial features.
+    """L_Align of the FedCART paper: SupCon over the 2B natural and adversarial features.
 
     Every anchor has a positive (its other view), so the mean over anchors with a positive
     is the mean over all anchors: no data-dependent branch, and it runs inside ``vmap`` (the

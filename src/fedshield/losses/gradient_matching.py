@@ -1,5 +1,5 @@
 """Gradient prototypes of a linear classifier and virtual-feature gradient matching
-(FedCART's CART step, SPEC §7; after CReFF, Shang et al., IJCAI 2022).
+(FedCART paper, the CART step; after CReFF, Shang et al., IJCAI 2022).
 
 A linear classifier h'(z) = W z + b (W: [C, D], b: [C]) has, for one sample (z, y), the
 cross-entropy gradient in closed form:
@@ -76,8 +76,8 @@ def class_gradient_sums(
 def match_distance(g_syn: Tensor, g_real: Tensor, num_classes: int, kind: Distance) -> Tensor:
     """Σ_c dist(g_syn_c, g_real_c) over the rows of [K, P] gradients.
 
-    ``mse``: Σ ‖g_syn − g_real‖² (SPEC §7). ``cos``: CReFF's layer-wise distance, Σ over the
-    rows of the weight gradient of (1 − cos); CReFF ignores the bias there, and so do we.
+    ``mse``: Σ ‖g_syn − g_real‖² (FedCART paper, eq. 9). ``cos``: CReFF's layer-wise distance, Σ
+    over the rows of the weight gradient of (1 − cos); CReFF ignores the bias there, and so do we.
     """
     if kind == "mse":
         return (g_syn - g_real).pow(2).sum()
@@ -96,8 +96,8 @@ Optimizer = Literal["sgd", "adam"]
 
 
 def plateaued(history: Sequence[float], window: int, tol: float) -> bool:
-    """The stopping rule of both CART phases (SPEC §7): True when the loss improved by less
-    than the fraction ``tol`` over the last ``window`` entries,
+    """The stopping rule of both CART phases (ours; docs/results/cart_step.md): True when the loss
+    improved by less than the fraction ``tol`` over the last ``window`` entries,
 
         L[t − window] − L[t] ≤ tol · |L[t − window]|
 
@@ -142,7 +142,7 @@ def synthesize_features(
     window: int = 0,
     tol: float = 0.0,
 ) -> MatchResult:
-    """Gradient matching (SPEC §7; FedCART eq. 9): at most ``iters`` optimiser steps on the
+    """Gradient matching (FedCART paper, eq. 9): at most ``iters`` optimiser steps on the
     virtual features Z_v ([K, V, D], class ``classes[k]`` in row k) minimising
 
         Σ_k dist(∇_{h'} CE(h'(Z_{v,k}), c_k), ḡ_{c_k})

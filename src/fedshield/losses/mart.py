@@ -1,4 +1,4 @@
-"""MART (Wang et al., ICLR 2020; SPEC §7: β = 6), as in the authors' reference code.
+"""MART (Wang et al., ICLR 2020; β = 6 as its authors' code), as in the authors' reference code.
 
     BCE(p(x'), y) = −log p_y(x') − log(1 − max_{k≠y} p_k(x'))
     L = (1/B) Σ_i [ BCE_i + β · KL(p(x_i) ‖ p(x'_i)) · (1 − p_{y_i}(x_i)) ]

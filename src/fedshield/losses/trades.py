@@ -1,4 +1,4 @@
-"""TRADES' outer objective (Zhang et al., 2019; SPEC §7: β = 6).
+"""TRADES' outer objective (Zhang et al., 2019; β = 6 as its authors' code).
 
 L = CE(f(x), y) + β · (1/B) Σ_i KL(p(x_i) ‖ p(x'_i)), with gradients through both views as
 in the reference code (``criterion_kl(log_softmax(model(x_adv)), softmax(model(x)))``).

@@ -1,4 +1,4 @@
-"""Model registry (SPEC §9). ``build_model(name, input_shape, num_classes, **params)``;
+"""Model registry (docs/usage.md). ``build_model(name, input_shape, num_classes, **params)``;
 ``parse_model_params(name, params)`` validates ``model.params`` without building, and
 ``model_tags(name, params)`` gives the tags of the model those params build, and
 ``check_model(name, shape, classes, params)`` builds it on the meta device (a data-free full

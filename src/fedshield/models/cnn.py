@@ -1,6 +1,6 @@
-"""The seeds' CNNs (SPEC §9), a small grayscale CNN for CPU runs and an MLP.
+"""The DRAG paper's CNNs (Sec. VI), a small grayscale CNN for CPU runs and an MLP.
 
-The seeds' CNNs have a fixed architecture (no ``model.params``); ``cnn_small`` and ``mlp``
+The papers' CNNs have a fixed architecture (no ``model.params``); ``cnn_small`` and ``mlp``
 take their widths from their schema. Factories are called through
 :func:`fedshield.models.build_model`, which validates the parameters first.
 """
@@ -77,7 +77,7 @@ def cnn_small(
 
 @MODELS.register("cnn_emnist", schema=NoParams, tags=CLASSIFIER)
 def cnn_emnist(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000's EMNIST CNN: two conv5×5 layers (32, 64) with pooling, FC 512, FC C."""
+    """The DRAG paper's EMNIST CNN: two conv5×5 layers (32, 64) with pooling, FC 512, FC C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 32, 5, 2), nn.MaxPool2d(2), *_conv(32, 64, 5, 2), nn.MaxPool2d(2)
@@ -87,7 +87,7 @@ def cnn_emnist(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
 
 @MODELS.register("cnn_cifar10", schema=NoParams, tags=CLASSIFIER)
 def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000's CIFAR-10 CNN: two padded conv5×5(64) + pool stages, FC 384, 192, C."""
+    """The DRAG paper's CIFAR-10 CNN: two padded conv5×5(64) + pool stages, FC 384, 192, C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 64, 5, 2), nn.MaxPool2d(2), *_conv(64, 64, 5, 2), nn.MaxPool2d(2)
@@ -97,7 +97,7 @@ def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
 
 @MODELS.register("cnn_cifar100", schema=NoParams, tags=CLASSIFIER)
 def cnn_cifar100(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
-    """Seed 000's CIFAR-100 CNN: three padded conv3×3 + pool stages, FC 256, FC C."""
+    """The DRAG paper's CIFAR-100 CNN: three padded conv3×3 + pool stages, FC 256, FC C."""
     c = input_shape[0]
     trunk = nn.Sequential(
         *_conv(c, 32, 3, 1),

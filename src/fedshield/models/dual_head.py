@@ -1,5 +1,5 @@
-"""FedCART's dual-head model (SPEC §7, §9): a shared feature extractor r with a main
-classifier h (trained by the clients) and an auxiliary classifier h' (re-trained by the
+"""FedCART's dual-head model (FedCART paper, the dual classifier): a shared feature extractor r
+with a main classifier h (trained by the clients) and an auxiliary classifier h' (re-trained by the
 server on balanced virtual features, and the one used at inference).
 
 ``model(x)`` is always the inference model h'(r(x)), in train and eval mode alike, so

@@ -1,4 +1,4 @@
-"""Multi-exit ViT for depth-heterogeneous FL (SPEC §8 "Model"; seed 002 §III-A, §IV).
+"""Multi-exit ViT for depth-heterogeneous FL (early-exit ViT paper, Secs. III-A and IV).
 
 L stages (timm ``VisionTransformer`` blocks) and exits after ``exit_blocks`` (default: one
 after every block). Exit e reads the tokens z_e after its block and returns
@@ -70,7 +70,7 @@ def scalefl_exit_blocks(depth: int) -> list[int]:
 
 
 class ExitHead(nn.Module):
-    """u_e = LN(s_e), logits = W_e u_e + b_e (SPEC §8)."""
+    """u_e = LN(s_e), logits = W_e u_e + b_e (early-exit ViT paper, Sec. IV)."""
 
     def __init__(self, dim: int, num_classes: int) -> None:
         super().__init__()
@@ -411,9 +411,9 @@ class EarlyExitViT(Classifier):
 
     # -- subnets ------------------------------------------------------------------------
     def stage_of(self, name: str) -> int:
-        """Shallowest depth m whose subnet contains parameter ``name`` (SPEC §8 prefix:
-        patch embedding and tokens = 0, a block = the first exit at or after it, exit e and
-        its bottleneck = e, ReeFL's shared exit = 0)."""
+        """Shallowest depth m whose subnet contains parameter ``name`` (the prefix of the
+        early-exit ViT paper's subnets: patch embedding and tokens = 0, a block = the first exit at
+        or after it, exit e and its bottleneck = e, ReeFL's shared exit = 0)."""
         if match := re.match(r"vit\.blocks\.(\d+)\.", name):
             return self._block_stage[int(match.group(1))]
         if (e := self.exit_of(name)) is not None:
@@ -454,7 +454,8 @@ class EarlyExitViT(Classifier):
         self, x: Tensor, policy: Policy | str, client_score: Tensor | float = 0.0
     ) -> tuple[Tensor, Tensor]:
         """(0-based exit index, prediction) with real early exit: samples accepted at e
-        leave the batch, so deeper blocks run only on the deferred ones (SPEC §8 eq. 12)."""
+        leave the batch, so deeper blocks run only on the deferred ones (early-exit ViT paper, eq.
+        12)."""
         n, num_exits = x.shape[0], self.num_exits
         exit_idx = torch.full((n,), num_exits - 1, dtype=torch.long, device=x.device)
         preds = torch.empty(n, dtype=torch.long, device=x.device)
@@ -561,7 +562,7 @@ def load_pretrained(
         converted = checkpoint_filter_fn(raw, model.vit)
     except (RuntimeError, ValueError, KeyError) as err:
         raise DataError(f"{file}: not a timm ViT checkpoint for this model ({err})") from None
-    # The trunk has `depth` blocks; exit_blocks only places the exits (issue 25: cut to
+    # The trunk has `depth` blocks; exit_blocks only places the exits (it used to be cut to
     # the number of exits, a trunk with exits after [2, 4, 6] lost blocks 3..5).
     kept = truncate_vit_state_dict(converted, len(model.vit.blocks))
     load_exactly(model.vit, kept, file)
@@ -634,7 +635,7 @@ _MODEL_TAGS = ["family=multi_exit|width"]
 @MODELS.register("eevit", schema=EeViTParams, tags=_MODEL_TAGS)
 def eevit(input_shape: tuple[int, int, int], num_classes: int, **params: Any) -> EarlyExitViT:
     """Builds a multi-exit ViT of any size from timm blocks, with one exit per block by
-    default (SPEC §8).
+    default (early-exit ViT paper).
 
     Defaults: the CPU model (patch 4, dim 96, 3 heads, 6 blocks) at the input resolution;
     ``patch_size`` must divide ``img_size``. The exit options select the baselines' exit
@@ -655,12 +656,13 @@ def eevit(input_shape: tuple[int, int, int], num_classes: int, **params: Any) ->
 @MODELS.register("eevit_small", schema=EeViTSmallParams, tags=_MODEL_TAGS)
 def eevit_small(input_shape: tuple[int, int, int], num_classes: int, **params: Any) -> EarlyExitViT:
     """Builds the paper's multi-exit model, the first six blocks of ViT-S/16 (dim 384,
-    6 heads) at 224×224 with AugReg normalisation (seed 002 §IV).
+    6 heads) at 224×224 with AugReg normalisation (early-exit ViT paper, Sec. IV).
 
     Random init unless ``pretrained`` (the Hugging Face cache, downloaded there when
-    ``pretrained_download`` allows it) or ``pretrained_path`` is set (SPEC §8); the paper
-    presets set ``pretrained = true``, which fails with a clear error saying how to fill
-    the cache when the weights are neither cached nor downloadable."""
+    ``pretrained_download`` allows it) or ``pretrained_path`` is set (the paper starts from timm's
+    ViT-S/16 weights, Sec. IV); the paper presets set ``pretrained = true``, which fails with a
+    clear error saying how to fill the cache when the weights are neither cached nor
+    downloadable."""
     p = parse_params(EeViTSmallParams, params, "model.params").kwargs()
     mean, std = _AUGREG_MEAN_STD
     return eevit(

@@ -100,5 +100,5 @@ class WideResNet(Classifier):
 
 @MODELS.register("wrn28_4", schema=WRNParams, tags=TAGS)
 def wrn28_4(input_shape: tuple[int, int, int], num_classes: int, *, drop: float) -> WideResNet:
-    """Wide ResNet 28-4, pre-activation, for 32×32 inputs (seed 000, Fig. 6)."""
+    """Wide ResNet 28-4, pre-activation, for 32×32 inputs (DRAG paper, Fig. 6)."""
     return WideResNet(input_shape, num_classes, 28, 4, drop)

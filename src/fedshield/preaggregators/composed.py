@@ -16,7 +16,7 @@ the rule it wraps. Its minimum-row condition is the rule's on the rows that reac
 Randomness (Bucketing's permutation) comes from a generator seeded by the run's seed and
 the round only (:meth:`ComposedRule.for_round`, called by the round step), never from the
 rows: a fingerprint of the rows let attackers pick the permutation with one-ulp nudges to
-their own rows (issue 24). A resumed run draws the same buckets.
+their own rows. A resumed run draws the same buckets.
 
 f attackers spoil up to f buckets, so the rule behind gets the cohort's f, not f/s nor an
 f derived from the bucket rows: its minimum-row condition for that f is checked on the

@@ -1,4 +1,4 @@
-"""Differential privacy that composes with the defenses (SPEC §13).
+"""Differential privacy that composes with the defenses (docs/privacy.md).
 
 * client-level central DP (DP-FedAvg): :mod:`~fedshield.privacy.clipping`,
   :mod:`~fedshield.privacy.sensitivity`, :mod:`~fedshield.privacy.central`;

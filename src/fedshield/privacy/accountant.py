@@ -1,7 +1,7 @@
 """Privacy accounting with Opacus' RDP accountant (Mironov 2017; Mironov, Talwar & Zhang 2019).
 
 Every mechanism here is a sampled Gaussian mechanism applied ``steps`` times with noise
-multiplier z and sampling rate q: one DP-FedAvg round (q = S/M, SPEC §13) or one DP-SGD
+multiplier z and sampling rate q: one DP-FedAvg round (q = S/M, docs/privacy.md) or one DP-SGD
 step of a client (q = B/n_k). Its RDP at order α composes additively, so
 
     RDP(α; q, z, steps) = steps · RDP(α; q, z, 1)        (``opacus...rdp.compute_rdp``)

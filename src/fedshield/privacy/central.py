@@ -1,6 +1,6 @@
 """Client-level central DP: DP-FedAvg (McMahan et al., ICLR 2018), composed with any rule.
 
-One round, inside :meth:`FedAvg.aggregate` (SPEC §13):
+One round, inside :meth:`FedAvg.aggregate` (docs/privacy.md):
 
 1. every screened update is clipped, g_m ← g_m · min(1, C/‖g_m‖) (and the server's
    reference r too, for the rules that rescale rows to ‖r‖: BR-DRAG, FLTrust, DRAG);

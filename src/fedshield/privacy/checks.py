@@ -1,4 +1,4 @@
-"""``[privacy]`` compatibility, decided before any data (SPEC §13): which components a
+"""``[privacy]`` compatibility, decided before any data (docs/privacy.md): which components a
 DP mechanism can cover. Called by the builder on the meta-device model and by
 :func:`fedshield.flower.privacy.central_dp`; the runtime part (noise calibration from the
 client sizes, accounting) is :mod:`fedshield.sim.privacy`."""

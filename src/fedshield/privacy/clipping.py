@@ -1,4 +1,4 @@
-"""Per-client L2 clipping of the update matrix (DP-FedAvg, McMahan et al. 2018, SPEC §13).
+"""Per-client L2 clipping of the update matrix (DP-FedAvg, McMahan et al. 2018, docs/privacy.md).
 
     clip(g_m, C) = g_m · min(1, C / ‖g_m‖₂)
 

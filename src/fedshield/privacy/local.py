@@ -1,4 +1,4 @@
-"""Sample-level local DP-SGD through Opacus (Abadi et al., CCS 2016; SPEC §13).
+"""Sample-level local DP-SGD through Opacus (Abadi et al., CCS 2016; docs/privacy.md).
 
 On every client, each mini-batch gradient is replaced by Opacus' DP-SGD gradient
 

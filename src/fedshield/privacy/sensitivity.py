@@ -1,4 +1,4 @@
-"""L2 sensitivity of every aggregation rule on clipped updates (SPEC §13).
+"""L2 sensitivity of every aggregation rule on clipped updates (docs/privacy.md).
 
 The server adds N(0, σ²I) to the rule's output with σ = z · Δ₂, where Δ₂ bounds how far the
 output can move between two neighbouring cohorts — one client's update added or removed,

@@ -1,4 +1,4 @@
-"""Security-adaptive early-exit routing (SPEC §8; seed 002): pure functions on exit
+"""Security-adaptive early-exit routing (early-exit ViT paper): pure functions on exit
 probabilities.
 
 * :mod:`~fedshield.routing.signals` — Ĥ_e, C_e, M_e, Q_e, R_e per sample;

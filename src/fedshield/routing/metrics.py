@@ -1,5 +1,5 @@
 """Routing metrics: accuracy, exit histogram, depth saving and the accept/defer risk
-decomposition (SPEC §8 "Metrics"; seed 002, eq. 13–14 and the depth proxy).
+decomposition (early-exit ViT paper, eqs. 13–14, and eq. 17 for the depth proxy).
 
 For exit e < L, among the samples that reach e: A_e are accepted there, D_e deferred to
 e + 1. The two-stage risk is Pr(A_e) 𝓔_{e|A_e} + Pr(D_e) 𝓔_{e+1|D_e}; deferral lowers it

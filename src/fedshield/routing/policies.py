@@ -1,4 +1,4 @@
-"""Exit thresholds and routing: the policy family of SPEC §8 (seed 002, eq. 12, Table I).
+"""Exit thresholds and routing: the policy family of the early-exit ViT paper (eq. 12, Table I).
 
 τ_{k,e}(x) = clip(τ_0 + a S_k + b Q_e(x) + c R_e(x) − d e/L, τ_min, τ_max), e = 1..L.
 A sample leaves at the first exit with C_e(x) > τ_{k,e}(x); exit L always accepts.
@@ -26,7 +26,7 @@ ExitProbs = Tensor | Sequence[Tensor]
 @dataclass(frozen=True)
 class Policy:
     """One member of the eq. (12) family. ``client_aware`` policies use S_k, so they need
-    the client's identity and are evaluated on client-local data (SPEC §8)."""
+    the client's identity and are evaluated on client-local data (early-exit ViT paper)."""
 
     name: str
     a: float = 0.0
@@ -46,7 +46,7 @@ class Policy:
                 raise ConfigError(f"routing policy {self.name!r}: risk_weights: {exc}") from None
             object.__setattr__(self, "risk_weights", weights)
         for key in ("a", "b", "c", "d"):
-            if not getattr(self, key) >= 0:  # seed 002: a, b, c, d >= 0
+            if not getattr(self, key) >= 0:  # the early-exit ViT paper: a, b, c, d >= 0
                 raise ConfigError(f"routing policy {self.name!r}: {key} must be >= 0")
         if not self.tau_min <= self.tau_max:
             raise ConfigError(
@@ -60,7 +60,7 @@ class Policy:
 
 POLICIES: Registry[Callable[..., Policy]] = Registry("routing policy")
 
-# Table I of seed 002 (SPEC §8): (a, b, c, d) and the meaning of each row.
+# Table I of the early-exit ViT paper: (a, b, c, d) and the meaning of each row.
 _TABLE: dict[str, tuple[tuple[float, float, float, float], str]] = {
     "fixed": (
         (0.0, 0.0, 0.0, 0.0),
@@ -186,7 +186,7 @@ def route(
     the last exit whenever no earlier one accepts (its threshold is never consulted)."""
     p = stack_exits(probs)
     accept = p.amax(dim=-1) > thresholds(p, policy, client_score)
-    accept[-1] = True  # deterministic final fallback (seed 002)
+    accept[-1] = True  # deterministic final fallback (early-exit ViT paper, eq. 12)
     # argmax returns the first maximum, i.e. the first accepting exit.
     exit_idx = accept.to(torch.uint8).argmax(dim=0)
     preds = p.argmax(dim=-1)  # [L, N]

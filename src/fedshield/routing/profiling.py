@@ -1,4 +1,4 @@
-"""Client difficulty score S_k, computed once before round 1 (SPEC §8 "Client profiling").
+"""Client difficulty score S_k, computed once before round 1 (early-exit ViT paper, eqs. 4–7).
 
 S_k = w_H H̃_k + w_U Ũ_k, with H_k the normalised label entropy of the client's class counts,
 U_k = 1 − C̄_k its shallow-exit confidence deficit, and ~ a min–max normalisation over the
@@ -49,7 +49,8 @@ def shallow_confidence_deficit(
 
 
 def minmax_normalize(values: Tensor) -> Tensor:
-    """(v − min) / (max − min) over clients; all-equal values map to 0 (SPEC §8)."""
+    """(v − min) / (max − min) over clients, all-equal values map to 0 (early-exit ViT paper,
+    eq. 6)."""
     values = torch.as_tensor(values, dtype=torch.float64)
     lo, hi = values.min(), values.max()
     if hi == lo:  # no spread: no client is harder than another
@@ -73,7 +74,8 @@ def client_scores(
     entropy_weight: float = 0.6,
     confidence_weight: float = 0.4,
 ) -> Tensor:
-    """S_k = 0.6 H̃_k + 0.4 Ũ_k (SPEC §8's weights: label heterogeneity weighs more)."""
+    """S_k = 0.6 H̃_k + 0.4 Ũ_k (the early-exit ViT paper's weights: label heterogeneity weighs
+    more)."""
     if not (entropy_weight >= 0 and confidence_weight >= 0):
         raise ConfigError("routing profile weights must be >= 0")
     return entropy_weight * minmax_normalize(label_entropies) + (

@@ -1,4 +1,4 @@
-"""Per-sample uncertainty signals at one exit (SPEC §8 "Sample signals"; seed 002 §III-D).
+"""Per-sample uncertainty signals at one exit (early-exit ViT paper, Sec. III-D).
 
 All functions take softmax probabilities ``p`` of shape ``[..., C]`` and reduce the last
 dimension, so the same code serves one exit ``[N, C]`` or all exits ``[L, N, C]``.
@@ -19,7 +19,7 @@ from fedshield.errors import ConfigError
 class RiskWeights:
     """Weights of R_e = w_h Ĥ + w_c (1 − C) + w_m (1 − M).
 
-    0.4/0.4/0.2 is SPEC §8's choice ("equal primary weight, complementary margin").
+    0.4/0.4/0.2 is the early-exit ViT paper's choice ("equal primary weight, complementary margin").
     """
 
     entropy: float = 0.4

@@ -1,1 +1,2 @@
-"""The in-process simulator: the SPEC §1 round loop, checkpoints and run outputs."""
+"""The in-process simulator: the FL round loop (DRAG paper, Sec. II-A), checkpoints and run
+outputs."""

@@ -1,4 +1,5 @@
-"""Who arrives: the law of the rows a robust rule sees under ``[faults]`` (issue 32, SPEC §16).
+"""Who arrives: the law of the rows a robust rule sees under ``[faults]`` (docs/faults.md,
+"Liveness").
 
 Honest clients are online with probability a (the product of the availability models'
 :meth:`~fedshield.faults.base.FaultModel.rate`) and, once invited, answer with probability

@@ -168,7 +168,7 @@ def _budget_args(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def invited_count(cfg: ExperimentConfig, rule: Aggregator) -> int:
-    """S': the clients invited per round (``server.over_select``; issue 32): S unset,
+    """S': the clients invited per round (``server.over_select``): S unset,
     ⌈factor·S⌉ (at most M) for a number, the statement's choice for ``"auto"``
     (:func:`fedshield.sim.byzantine_budget.auto_invited`; S without [faults])."""
     s, m, over = cfg.server.clients_per_round, cfg.data.num_clients, cfg.server.over_select
@@ -369,7 +369,7 @@ def check_coverage(
     num_classes: int,
 ) -> None:
     """Refuse, before training, a rule that can run on no cohort at all for some parameters:
-    with depth/width-limited clients the rule runs per coverage group (SPEC §12), and a
+    with depth/width-limited clients the rule runs per coverage group (docs/security.md §2), and a
     group held by fewer clients than the rule's minimum (Krum's 2f + 3, ...) even under full
     participation is undefined. Smaller cohorts at run time degrade safely instead."""
     from fedshield.algorithms.server.aggregation import adapted_rule, coverage_groups
@@ -404,7 +404,8 @@ def check_coverage(
 
 
 def choose_byzantine(cfg: ExperimentConfig) -> tuple[int, ...]:
-    """The fixed Byzantine set A (SPEC §6): round(fraction·M) workers chosen by the seed."""
+    """The fixed Byzantine set A (DRAG paper, Sec. I-A): round(fraction·M) workers chosen by the
+    seed."""
     if cfg.attack.name == "none" or cfg.attack.mode != "fixed":
         return ()
     m = cfg.data.num_clients

@@ -1,4 +1,4 @@
-"""What a run states at build time about the Byzantine share its rule sees (issue 24 §2).
+"""What a run states at build time about the Byzantine share its rule sees.
 
 **Attackers per cohort.** Under ``attack.mode = "per_round"`` every cohort of S holds exactly
 ⌊fraction·S⌋ attackers, and that is the rule's f. Under ``"fixed"`` (the default) A =
@@ -20,7 +20,7 @@ half of the holders a cohort samples (2·min(f, h) ≥ min(h, S)), with what the
 there: a root-reference rule bounds it, the per-block bound caps each step's size (not its
 direction), or nothing does.
 
-**Rows that arrive** (issue 32, :mod:`fedshield.sim.arrivals`). Under ``[faults]`` the
+**Rows that arrive** (:mod:`fedshield.sim.arrivals`). Under ``[faults]`` the
 law of X is the one of the *invited* cohort (S' = S, or more with ``server.over_select``)
 under the fault model — attackers always online are over-represented when the cohort is
 drawn from the clients online — and the statement adds the attackers' expected share of
@@ -29,11 +29,11 @@ rule needs for f): the expected share of skipped rounds, with one warning line w
 above a tenth. ``server.over_select = "auto"`` invites the smallest S' ≥ S whose
 P(round skipped or its rule outvoted) is within 0.01 of the least over S' ≤ min(M, 4S).
 
-**The recommended configuration** (SPEC §16). For the run's threat model — root data at
-the server or not, ``attack.mode``, a ``[faults]`` model or not — the statement names the
-configuration fedshield recommends, its measured worst case on the published grid and what
-the configured server differs from it (:mod:`fedshield.crossround.recommended`: one table,
-chosen from the measured cells, which the docs render too).
+**The recommended configuration** (docs/cross-round.md, "Recommended configuration"). For the run's
+threat model — root data at the server or not, ``attack.mode``, a ``[faults]`` model or not — the
+statement names the configuration fedshield recommends, its measured worst case on the published
+grid and what the configured server differs from it (:mod:`fedshield.crossround.recommended`: one
+table, chosen from the measured cells, which the docs render too).
 
 Everything is a log line at build time and the ``byzantine`` field of summary.json.
 """

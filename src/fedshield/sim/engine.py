@@ -1,4 +1,4 @@
-"""The in-process simulator: the round loop of SPEC §1.
+"""The in-process simulator: the round loop of the DRAG paper, Sec. II-A.
 
 for round t = 1..T:
     cohort S^t (seeded by (seed, t)), Byzantine subset A^t
@@ -201,7 +201,7 @@ class Simulator:
         return self.comp.client.local_update(self.model, payload, data, ctx, state)
 
     def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
-        """Server-side U SGD steps on the root dataset (SPEC §3, eqs. 12–13)."""
+        """Server-side U SGD steps on the root dataset (DRAG paper, eqs. 12–13)."""
         if self.exp.root is None:
             raise ConfigError("this server algorithm needs data.root_size > 0")
         from fedshield.algorithms.client.sgd import LocalSGD
@@ -309,7 +309,7 @@ class Simulator:
         return self.exp.clients[k].class_counts(self.exp.bundle.num_classes)
 
     def upload_spec(self, plan: RoundPlan) -> UploadSpec:
-        """What a valid upload of this round looks like (SPEC §12, core.integrity)."""
+        """What a valid upload of this round looks like (docs/security.md §1, core.integrity)."""
         client = self.comp.client
         masks = None
         if "mask" in tags_of(client).get("uploads", ()):
@@ -349,7 +349,8 @@ class Simulator:
         if byz and isinstance(attack, UpdateAttack) and apply_update_attack:
             self._apply_update_attack(plan, updates)
         n_bytes = (st.params.numel() + st.buffers.numel()) * st.params.element_size()
-        # One-way bytes per client: the active prefix a subnet client reports (SPEC §8).
+        # One-way bytes per client: the active prefix a subnet client reports (early-exit ViT
+        # paper).
         sent = sum(_comm_bytes(u, n_bytes) for u in updates)
         # The one server round step of every backend (admit, screen, weights, rule, guard).
         out = server_round_step(
@@ -399,8 +400,8 @@ class Simulator:
         self, plan: RoundPlan, rows: list[ClientUpdate], matrix: Tensor
     ) -> AttackContext:
         """The configured rule and its weights, what the server publishes about its defenses
-        (SPEC §16); the server's reference r^t only for an attack of the threat model that
-        knows it (``needs_reference``)."""
+        (docs/security.md §6b, quiet attackers); the server's reference r^t only for an attack of
+        the threat model that knows it (``needs_reference``)."""
         st, server = self.state, self.comp.server
         ref = None
         if getattr(self.comp.attack, "needs_reference", False):
@@ -550,13 +551,14 @@ def _reported(u: ClientUpdate, key: str) -> Any:
 
 
 def _comm_bytes(u: ClientUpdate, default: int) -> int:
-    """The bytes a client reports for its active prefix (SPEC §8), within [0, default]."""
+    """The bytes a client reports for its active prefix (early-exit ViT paper, eq. 16), within [0,
+    default]."""
     value = finite_metric(u, "comm/bytes")
     return default if value is None else int(min(max(value, 0.0), default))
 
 
 def trusts_counts(cfg: Any, comp: Any) -> bool:
-    """Whether self-reported sample counts are believed (SPEC §12): ``server.trust_counts``
+    """Whether self-reported sample counts are believed (docs/security.md): ``server.trust_counts``
     when set, else only when no attack and no Byzantine-robust rule is configured."""
     if cfg.server.trust_counts is not None:
         return bool(cfg.server.trust_counts)

@@ -1,5 +1,5 @@
-"""Groups a minority of the cohort may own, held or refused at build time (issue 32 §4; SPEC
-§15 "Shares inside the model").
+"""Groups a minority of the cohort may own, held or refused at build time
+(docs/security.md §2c and §2, the per-block bound).
 
 Depth/width tiers aggregate per coverage group and FedCART aggregates class prototypes over
 a class's holders: a group with h holders of which up to min(f, h) may be attackers can be
@@ -10,7 +10,7 @@ Otherwise, what the run does:
 
 * **A coverage group** (the parameters a deeper tier holds) that its attackers can be half
   of is held by no rule: the per-block bound caps each step's size, not its direction, and
-  ``server.round_defenses`` act on the whole step. Measured (issue 32: early-exit ViT on
+  ``server.round_defenses`` act on the whole step. Measured (early-exit ViT on
   digits, 2 of the 3 full-depth clients attacking with sign_flip): the deep exits end at
   0.10 under median with or without round defenses; FLTrust with 100 root samples did not
   train the shrunk twin at all (0.10 clean, 0.11 attacked), so no root-referenced rule is

@@ -1,4 +1,4 @@
-"""Run outputs (SPEC §11): summary.json, plots, report.md."""
+"""Run outputs (docs/usage.md): summary.json, plots, report.md."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ HEADLINE = (
 _HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
 
 #: Final-record keys kept in a comparison's CSV files only (comparison.csv, cells.csv), for
-#: the result documents: per-exit accuracy and the routing risk decomposition (seed 002).
+#: the result documents: per-exit accuracy and the routing risk decomposition (early-exit ViT
+#: paper).
 DETAIL = (
     r"route/exit/[0-9]+/acc",
     r"route/[a-z_]+/exit/[0-9]+/(deferral_gain|frac)",

@@ -1,4 +1,4 @@
-"""Resumed state is checked like an upload (SPEC §12: state loaded from disk is untrusted).
+"""Resumed state is checked like an upload (docs/security.md: state loaded from disk is untrusted).
 
 A checkpoint's θ, buffers, server state and client states must have the shapes and dtypes
 the run itself starts with (a fresh build of the same config), finite values, buffers in

@@ -117,7 +117,7 @@ class TensorBoardLogger(_Logger):
         # purge_step: TensorBoard hides points of an earlier session at steps ≥ this one;
         # from the first kept round, which is then logged again from metrics.jsonl (a
         # round killed before its logger ran is filled in).
-        # A run killed before its first checkpoint starts over at round 1 (issue 25: its
+        # A run killed before its first checkpoint starts over at round 1 (its
         # rounds were logged twice, steps [1, 2, 1, 2, 3, ...]): purge from 1 then too.
         history = kept_records(sim, first_round)
         logdir = sim.out / "tensorboard"
@@ -202,7 +202,7 @@ class MLflowLogger(_Logger):
         """The MLflow run of ``out``: the one of an earlier session when the run resumes
         from a checkpoint; a new one when it starts at round 1 (a resume of a run killed
         before its first checkpoint starts over, so the earlier session's run, whose
-        rounds are replayed, is deleted: issue 25 logged them twice)."""
+        rounds are replayed, is deleted: they used to be logged twice)."""
         id_file = out / "mlflow_run_id"
         if id_file.exists():
             run_id = id_file.read_text().strip()

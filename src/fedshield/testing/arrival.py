@@ -1,4 +1,4 @@
-"""Fuzz WHICH rows arrive (issue 24 §5): the round step meets honest dropouts, late
+"""Fuzz WHICH rows arrive: the round step meets honest dropouts, late
 (partial) rows, duplicated rows and forged ids while the attackers always answer.
 
 The simulator side replays a real round (:meth:`Simulator.end_round`, via the
@@ -7,7 +7,7 @@ The simulator side replays a real round (:meth:`Simulator.end_round`, via the
 honest rows. The Flower side runs the same patterns through a Flower-native strategy's
 ``aggregate_train`` (:mod:`fedshield.testing.flower_fuzz`'s in-process nodes).
 
-Property (the issue's "done when"): θ stays finite; no robust rule moves θ beyond
+Property (docs/security.md §2c): θ stays finite; no robust rule moves θ beyond
 ``STEP_FACTOR`` × its clean round's step; and the f the round reports (``sys/f``) is never
 below the f of the full cohort — missing, late or duplicated rows never lower it
 (``docs/security.md`` §2c, :mod:`fedshield.algorithms.server.cohort`).
@@ -30,7 +30,7 @@ from fedshield.core.context import ClientUpdate
 from fedshield.testing import flower_fuzz as ff
 from fedshield.testing import fuzz
 
-#: The issue's bound on one round's step under a robust rule: 10× the clean step.
+#: The bound on one round's step under a robust rule: 10× the clean step.
 STEP_FACTOR = 10.0
 #: Attackers among the S = 10 sampled rows, and the largest share of the 8 honest rows
 #: that goes missing (70 %: 5 of 8).

@@ -1,4 +1,4 @@
-"""Fuzz the Flower-native strategies' transport (SPEC §12: *who* sent a reply is untrusted).
+"""Fuzz the Flower-native strategies' transport (docs/security.md: *who* sent a reply is untrusted).
 
 Each named strategy of :mod:`fedshield.flower.catalogue` runs one round on 10 in-process
 nodes whose honest replies move θ by a small seeded step; then the reply set is forged the
@@ -186,7 +186,7 @@ def run_cases() -> list[FlowerCase]:
     return out
 
 
-#: Quiet attackers (issue 32) in an :class:`~fedshield.flower.attacker.AttackedStrategy`:
+#: Quiet attackers in an :class:`~fedshield.flower.attacker.AttackedStrategy`:
 #: colluding rows at the published radius, an opportunist attacking whenever one attacker
 #: is in, directed rows a cache keeps.
 QUIET: tuple[tuple[str, dict[str, Any]], ...] = (

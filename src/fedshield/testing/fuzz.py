@@ -1,4 +1,4 @@
-"""Fuzz the real round loop with crafted uploads (SPEC §12; ``tests/test_round_fuzz.py``).
+"""Fuzz the real round loop with crafted uploads (docs/security.md; ``tests/test_round_fuzz.py``).
 
 For a (server algorithm, aggregator) pair the harness builds a small experiment on bundled
 data, trains one honest cohort with the configured client algorithm, and then replays the

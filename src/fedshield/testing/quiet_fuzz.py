@@ -1,4 +1,4 @@
-"""Fuzz the round loop with quiet attackers (issue 32, SPEC §16; ``tests/test_round_fuzz.py``).
+"""Fuzz the round loop with quiet attackers (docs/security.md §6b; ``tests/test_round_fuzz.py``).
 
 :mod:`fedshield.testing.fuzz` corrupts uploads after training; here the registered quiet
 attacks (``stealth``, ``opportunist``, ``cache_poison``) craft the Byzantine rows through the
@@ -43,8 +43,8 @@ ATTACKS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("cache_poison", {"direction": "own", "scale": 1e6}),
 )
 
-#: Round-defense chains the attacks meet (none, the issue's pair, all three, and the
-#: quiet-attack guards that ``stealth``'s ``evade`` reads).
+#: Round-defense chains the attacks meet (none, the quiet-attacker reproducer's pair, all three,
+#: and the quiet-attack guards that ``stealth``'s ``evade`` reads).
 DEFENSES: tuple[tuple[str, ...], ...] = (
     (),
     ("step_bound", "reputation"),

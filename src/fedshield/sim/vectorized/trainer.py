@@ -1,4 +1,4 @@
-"""The batched cohort trainer: a round's clients trained as one computation (SPEC §1).
+"""The batched cohort trainer: a round's clients trained as one computation (DRAG paper, Sec. II-A).
 
 For a chunk of C clients the parameters, buffers and SGD momentum are stacked on a
 leading client axis; every local step is one ``vmap(grad(loss))`` call over the clients
