@@ -65,10 +65,11 @@ def families(keys: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
-def _declared(part: str) -> tuple[int, str]:
-    """Columns in the order :data:`HEADLINE` names them (``natural`` before ``pgd20``),
-    those it does not name (a pattern's ``[a-z_]+``) after, by name."""
-    found = re.search(rf"(?<![\w.]){re.escape(part)}(?![\w.])", "|".join(HEADLINE))
+def _declared(family: str, part: str) -> tuple[int, str]:
+    """Columns in the order the family's :data:`HEADLINE` pattern names them (``natural``
+    before ``pgd20``), those it does not name (a ``[a-z_]+``) after, by name."""
+    text = "|".join(p for p in HEADLINE if p.startswith(f"{family}/"))
+    found = re.search(rf"(?<![\w.]){re.escape(part)}(?![\w.])", text)
     return (found.start() if found else 1 << 30), part
 
 
@@ -88,7 +89,7 @@ def family_table(family: str, keys: list[str], values: dict[str, Any]) -> FitTab
         if part != "<row>" or named[-1] != "<row>":  # a row label spans several parts
             named.append(part)
     title = "/".join(named)
-    cols = sorted(dict.fromkeys(p[vary[-1]] for p in split), key=_declared)
+    cols = sorted(dict.fromkeys(p[vary[-1]] for p in split), key=lambda c: _declared(family, c))
     row_of = ["/".join(p[i] for i in vary[:-1]) or family for p in split]
     rows: dict[str, dict[str, str]] = {}
     for key, parts, row in zip(keys, split, row_of):
