@@ -171,3 +171,30 @@ def test_the_bench_worst_case_table_fits(tmp_path, width, monkeypatch) -> None:
     for d, first, *_ in rows:
         lines = [x for x in text.splitlines() if _whole(x, d)]
         assert lines and _whole(lines[0], first), (d, text)
+
+
+def test_an_attacked_run_names_its_attack_and_its_defenses_events(
+    tmp_path, small_cfg, capsys, monkeypatch
+) -> None:
+    """summary.json and the console: the attack, and each defense counter summed over the
+    rounds (what metrics.jsonl holds round by round); report.md says the same."""
+    import json
+
+    import tomli_w
+
+    monkeypatch.setenv("COLUMNS", "80")
+    small_cfg |= {"rounds": 2, "attack": {"name": "sign_flip", "fraction": 0.34}}
+    small_cfg["server"] |= {"round_defenses": ["consistency"], "aggregator": "median"}
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(tomli_w.dumps(small_cfg))
+    out = tmp_path / "a"
+    assert cli.main(["run", str(cfg), "--out", str(out), "-q"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert summary["attack"] == "sign_flip"
+    for key in ("sys/rejected", "defense/consistency/flagged"):
+        assert summary["events"][key] == sum(r[key] for r in records)
+    printed = capsys.readouterr().out
+    words = ["sign_flip", "defense/consistency/flagged (total)", "sys/rejected (total)"]
+    _check(printed, 80, [*words, "report.md"])  # (the tmp path may be wider than 80)
+    assert "- **attack**: sign_flip" in (out / "report.md").read_text()
