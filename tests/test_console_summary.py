@@ -48,7 +48,7 @@ def _summary(name: str, keys: list[str], start: float, **extra: Any) -> dict[str
 
 
 FAMILIES = {
-    "demo": _summary("demo", ["comm/cum_gib"], 0.9012),
+    "demo": _summary("demo", ["comm/cum_gib"], 0.9012, events={"sys/rejected": 0.0}),
     "brdrag": _summary(
         "brdrag-mnist5k-alie-cpu", ["comm/cum_gib"], 0.8123, attack="alie",
         byzantine={"attackers": 3, "cohort": 10, "mode": "fixed"},
@@ -110,6 +110,8 @@ def test_one_runs_summary_shows_every_headline_metric_whole(family, width, monke
     if s["status"] == "diverged":
         words += ["diverged at round 9"]
     _check(text, width or 80, words)
+    if family == "demo":  # no attack, no defense acted: no "0 rejected" line
+        assert "sys/rejected" not in text
     if family == "eevit":  # a row per policy, a column per metric
         line = next(x for x in text.splitlines() if _whole(x, "global_resource") and "│" in x)
         assert _whole(line, fmt(s["route/global_resource/acc"]))
@@ -197,4 +199,5 @@ def test_an_attacked_run_names_its_attack_and_its_defenses_events(
     printed = capsys.readouterr().out
     words = ["sign_flip", "defense/consistency/flagged (total)", "sys/rejected (total)"]
     _check(printed, 80, [*words, "report.md"])  # (the tmp path may be wider than 80)
-    assert "- **attack**: sign_flip" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "- **attack**: sign_flip" in report and "defense/consistency/flagged" in report

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from fedshield.console_table import Cell, FitTable
 from fedshield.report import fmt, label_runs
-from fedshield.sim.outputs import HEADLINE, headline_keys
+from fedshield.sim.outputs import HEADLINE, headline_keys, shown_events
 
 #: The columns every run has, before its evaluators' headline metrics.
 BASE = (("rounds", "rounds"), ("final acc", "final_test_acc"), ("best acc", "best_test_acc"),
@@ -49,12 +49,8 @@ def attack_text(summary: dict[str, Any]) -> str | None:
 
 
 def event_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
-    """The defenses' events summed over the run (``events`` of summary.json), for an
-    attacked run or where a defense acted (none otherwise: "0 rejected" on every run)."""
-    events = summary.get("events") or {}
-    if not (summary.get("attack") or any(events.values())):
-        return []
-    return [(f"{k} (total)", f"{v:g}") for k, v in events.items()]
+    """The defenses' events summed over the run (:func:`~fedshield.sim.outputs.shown_events`)."""
+    return [(f"{k} (total)", f"{v:g}") for k, v in shown_events(summary).items()]
 
 
 def families(keys: Sequence[str]) -> dict[str, list[str]]:
@@ -76,8 +72,8 @@ def _declared(family: str, part: str) -> tuple[int, str]:
 def family_table(family: str, keys: list[str], values: dict[str, Any]) -> FitTable | None:
     """``keys`` of one family as a table: the parts that vary between them, the last a
     column and the others a row (``route_adv/fgsm/0.01/robust/acc``: row ``fgsm/0.01``,
-    column ``robust``); parts every key shares are dropped and named in the title
-    (``route_adv/*/*/*/acc``). None for one key alone (a key/value line instead)."""
+    column ``robust``); parts every key shares are dropped, and the title reads as the keys
+    do (``route_adv/<row>/<column>/acc``). None for one key alone (a key/value line)."""
     split = [k.split("/")[1:] for k in keys]
     if len(keys) < 2 or len({len(p) for p in split}) != 1:
         return None

@@ -24,8 +24,8 @@ HEADLINE = (
 _HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
 
 #: Per-round counters of what the server's defenses did, summed over the run into
-#: summary.json's ``events`` (the console's "defense" line): uploads rejected, and each
-#: cross-round defense's acts (docs/cross-round.md).
+#: summary.json's ``events`` (and shown by report.md and the console): uploads rejected,
+#: and each cross-round defense's acts (docs/cross-round.md).
 EVENTS = (
     r"sys/rejected",
     r"defense/[a-z_]+/(duplicates|flagged|suspended|filled|cached|clipped_blocks|reset)",
@@ -64,6 +64,13 @@ def event_totals(records: Sequence[dict[str, Any]]) -> dict[str, float]:
             if _EVENTS_RE.match(k) and is_num(v) and math.isfinite(v):
                 out[k] = out.get(k, 0.0) + float(v)
     return dict(sorted(out.items()))
+
+
+def shown_events(summary: dict[str, Any]) -> dict[str, float]:
+    """The ``events`` report.md and the console show: an attacked run's, or any run's where
+    a defense acted (not "sys/rejected 0" on every clean run)."""
+    events: dict[str, float] = summary.get("events") or {}
+    return events if summary.get("attack") or any(events.values()) else {}
 
 
 def detail_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
@@ -207,8 +214,8 @@ def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
             )
     if summary.get("attack"):
         lines.append(f"- **attack**: {summary['attack']}")
-    if summary.get("events"):  # what the defenses did, summed over the rounds
-        text = ", ".join(f"{k} {v:g}" for k, v in summary["events"].items())
+    if events := shown_events(summary):  # what the defenses did, summed over the rounds
+        text = ", ".join(f"{k} {v:g}" for k, v in events.items())
         lines.append(f"- **events** (run totals): {text}")
     if summary.get("faults"):  # [faults]: what the clients' availability and deadlines did
         text = ", ".join(f"{k} {v:.4g}" for k, v in summary["faults"].items())
