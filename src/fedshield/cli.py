@@ -149,42 +149,20 @@ def run_config(
 
 
 def print_summaries(summaries: list[dict[str, Any]], where: bool = True) -> None:
-    """The results table: every run's accuracy and its evaluators' headline metrics; with
-    ``where``, the folder(s) the runs are in (a report names its own output instead)."""
-    from fedshield.report import fmt, label_runs
-    from fedshield.sim.outputs import headline_keys
+    """The results at the width of the console (:mod:`fedshield.console_summary`): one run's
+    accuracy and headline metrics, or a table of runs; with ``where``, the folder(s) the
+    runs are in (a report names its own output instead)."""
+    from fedshield.console_summary import summary_renderables
 
-    label_runs(summaries)
-    heads = headline_keys(summaries)
-    status = any(s.get("status") == "diverged" for s in summaries)
-    table = Table(title="results")
-    cols = ("run", "rounds", "final acc", "best acc", "to target", *heads)
-    for col in (*cols, *(["status"] if status else [])):
-        table.add_column(col, no_wrap=col == "run", overflow="fold")
-    for s in summaries:
-        table.add_row(
-            s["label"],
-            str(s.get("rounds", "")),
-            fmt(s.get("final_test_acc")),
-            fmt(s.get("best_test_acc")),
-            fmt(s.get("rounds_to_target")),
-            *[fmt(s.get(k)) for k in heads],
-            *([_status(s)] if status else []),
-        )
-    console.print(table)
+    for part in summary_renderables(summaries):
+        console.print(part, highlight=False)
     if not where:
         return
     outs = sorted({str(Path(s["out"]).parent) for s in summaries if s.get("out")})
     if len(summaries) == 1 and summaries[0].get("out"):
-        console.print(f"outputs: {summaries[0]['out']}")
+        console.print(f"outputs: {summaries[0]['out']}", highlight=False)
     elif outs:
-        console.print(f"outputs under: {', '.join(outs)}")
-
-
-def _status(summary: dict[str, Any]) -> str:
-    if summary.get("status") != "diverged":
-        return "ok"
-    return f"[red]diverged at round {summary.get('diverged_round')}[/]"
+        console.print(f"outputs under: {', '.join(outs)}", highlight=False)
 
 
 LIST_KINDS = (

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fedshield.errors import DataError
 from fedshield.sim.checkpoint import JsonlLog, atomic_write_text
@@ -105,15 +105,12 @@ class TextTable:
         return "\n".join(lines) + "\n" + (f"\n{self.note}\n" if self.note else "")
 
     def rich(self) -> Any:
-        from rich.table import Table
+        """The table for ``console.print``, at whatever width it is printed (transposed,
+        split or in long form where it does not fit: :class:`~fedshield.console_table.FitTable`)."""
+        from fedshield.console_table import FitTable
 
-        table = Table(title=self.title, caption=self.note or None, title_justify="left")
-        for i, col in enumerate(self.columns):
-            side: Literal["left", "right"] = "left" if i == 0 else "right"
-            table.add_column(col, no_wrap=i == 0, overflow="fold", justify=side)
-        for row in self.rows:
-            table.add_row(*row)
-        return table
+        rows: list[list[Any]] = [list(r) for r in self.rows]
+        return FitTable(self.title, self.columns, rows, self.note, ("metric", "value"))
 
 
 def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:

@@ -111,6 +111,7 @@ def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
     backend flags and checks, the CLI's console). Every flag and file is checked before
     anything trains; the report is drawn from the folder's run files
     (:func:`fedshield.bench.folder.render`), so ``--only`` merges into a finished folder."""
+    from fedshield.bench.render import worst_table
     from fedshield.bench.runner import config_shas, execute
 
     if args.render is not None:
@@ -149,7 +150,7 @@ def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
 
     execute(p.runs, out, backend, args.group, not args.no_lockstep, tick, shas)
     files = render(out)
-    console.print(files["worst"].read_text(), highlight=False, markup=False)
+    console.print(worst_table(files["worst"].parent), highlight=False)
     console.print(
         f"tables and plots in {out} (worst.md, best.md, heatmap-*.png, curves-*.png, runs.csv;"
         f" per run: runs/<run>/config.toml, metrics.csv)"
@@ -163,8 +164,10 @@ def _render_only(args: argparse.Namespace, console: Any) -> int:
                             ("--out", args.out), ("--only", args.only)) if v]  # fmt: skip
     if given:
         raise ConfigError(f"--render DIR re-draws a finished folder; drop {given[0]}")
+    from fedshield.bench.render import worst_table
+
     files = render(Path(args.render))
-    console.print(files["worst"].read_text(), highlight=False, markup=False)
+    console.print(worst_table(files["worst"].parent), highlight=False)
     console.print(f"tables and plots re-drawn in {args.render}")
     return 0
 

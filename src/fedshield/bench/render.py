@@ -155,6 +155,19 @@ def write_all(
     return files
 
 
+def worst_table(out: Path) -> Any:
+    """worst.csv for the console: each defense's worst case per setting, at the console's
+    width (:class:`~fedshield.console_table.FitTable`; worst.md keeps the wide table)."""
+    from fedshield.console_table import FitTable
+
+    with (out / "worst.csv").open(newline="") as fh:
+        header, *rows = list(csv.reader(fh))
+    note = PM_NOTE if any(" ± " in x for r in rows for x in r) else ""
+    title = "worst test accuracy over the attacks (the attack named)"
+    cells: list[list[Any]] = [list(r) for r in rows]
+    return FitTable(title, header, cells, note, ("setting", "worst case"))
+
+
 def header(
     plan: Plan, results: dict[str, dict[str, Any]], command: list[str],
     updates: Sequence[list[str]] = (),
@@ -330,4 +343,7 @@ def _score(c: Choice) -> str:
     return "div." if c.worst.is_diverged else f"{c.worst_score:.2f}"
 
 
-__all__ = ["axes_of", "column", "heatmaps", "provenance", "spread", "write_all", "worst_text"]
+__all__ = [
+    "axes_of", "column", "heatmaps", "provenance", "spread", "worst_table", "write_all",
+    "worst_text",
+]

@@ -531,6 +531,8 @@ class Simulator:
         extra["provenance"] = run_provenance(self.config_text, self.device.type)
         if self.comp.budget is not None:  # f under sampling, groups a minority may own
             extra["byzantine"] = self.comp.budget.as_dict()
+        if self.comp.attack is not None:
+            extra["attack"] = self.cfg.attack.name
         if self.cfg.eval.target_acc is not None:
             extra["rounds_to_target"] = rounds_to(self.records, self.cfg.eval.target_acc)
             extra["target_acc"] = self.cfg.eval.target_acc

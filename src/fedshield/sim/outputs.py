@@ -23,6 +23,15 @@ HEADLINE = (
 )
 _HEADLINE_RE = re.compile("^(" + "|".join(HEADLINE) + ")$")
 
+#: Per-round counters of what the server's defenses did, summed over the run into
+#: summary.json's ``events`` (and shown by report.md and the console): uploads rejected,
+#: and each cross-round defense's acts (docs/cross-round.md).
+EVENTS = (
+    r"sys/rejected",
+    r"defense/[a-z_]+/(duplicates|flagged|suspended|filled|cached|clipped_blocks|reset)",
+)
+_EVENTS_RE = re.compile("^(" + "|".join(EVENTS) + ")$")
+
 #: Final-record keys kept in a comparison's CSV files only (comparison.csv, cells.csv), for
 #: the result documents: per-exit accuracy and the routing risk decomposition (early-exit ViT
 #: paper).
@@ -45,6 +54,24 @@ def headline_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
         return i, k
 
     return sorted(keys, key=rank)
+
+
+def event_totals(records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The :data:`EVENTS` counters summed over ``records`` (a zero says the defense ran and
+    never acted)."""
+    out: dict[str, float] = {}
+    for r in records:
+        for k, v in r.items():
+            if _EVENTS_RE.match(k) and is_num(v) and math.isfinite(v):
+                out[k] = out.get(k, 0.0) + float(v)
+    return dict(sorted(out.items()))
+
+
+def shown_events(summary: dict[str, Any]) -> dict[str, float]:
+    """The ``events`` report.md and the console show: an attacked run's, or any run's where
+    a defense acted (not "sys/rejected 0" on every clean run)."""
+    events: dict[str, float] = summary.get("events") or {}
+    return events if summary.get("attack") or any(events.values()) else {}
 
 
 def detail_keys(finals: Sequence[dict[str, Any]]) -> list[str]:
@@ -122,6 +149,9 @@ def summarize(name: str, records: list[dict[str, Any]], extra: dict[str, Any]) -
     if div is not None:
         summary.update(diverged_round=div["round"], diverged_keys=div["keys"])
     summary["final"] = records[-1] if records else {}
+    events = event_totals(records)
+    if events:
+        summary["events"] = events
     summary.update(headline_values(records))
     summary.update(extra)
     return summary
@@ -183,6 +213,11 @@ def write_report(out: Path, summary: dict[str, Any], config_text: str) -> None:
             lines.append(
                 f"- **{key}**: {val:.4f}" if isinstance(val, float) else f"- **{key}**: {val}"
             )
+    if summary.get("attack"):
+        lines.append(f"- **attack**: {summary['attack']}")
+    if events := shown_events(summary):  # what the defenses did, summed over the rounds
+        text = ", ".join(f"{k} {v:g}" for k, v in events.items())
+        lines.append(f"- **events** (run totals): {text}")
     if summary.get("faults"):  # [faults]: what the clients' availability and deadlines did
         text = ", ".join(f"{k} {v:.4g}" for k, v in summary["faults"].items())
         lines.append(f"- **faults**: {text}")
