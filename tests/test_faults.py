@@ -286,12 +286,13 @@ def test_a_round_nobody_answers_keeps_theta_and_the_run_goes_on(tmp_path):
 def test_attackers_always_answer_unless_they_fail():
     faults = {"models": ["dropout"], "params": {"dropout": {"p": 1.0}}}
     attack = {"name": "noise", "fraction": 0.3}
-    sim = simulate(raw_cfg(faults, attack=attack))
+    server = {"over_select": 1}  # S = 5 invited (no over-selection for the dead rounds)
+    sim = simulate(raw_cfg(faults, attack=attack, server=server))
     for r in sim.records:  # only the attackers' rows arrive: the worst case
         assert r["sys/kept"] == r["byz/count"] and r["faults/dropped"] == 5 - r["byz/count"]
         if r["byz/count"]:
             assert r["byz/share_kept"] == 1.0
-    sim = simulate(raw_cfg({**faults, "attackers_fail": True}, attack=attack))
+    sim = simulate(raw_cfg({**faults, "attackers_fail": True}, attack=attack, server=server))
     assert all(r["sys/kept"] == 0 and r["faults/dropped"] == 5 for r in sim.records)
 
 

@@ -184,18 +184,28 @@ def _raw(**server) -> dict:
 
 
 def test_one_warning_line_when_a_tenth_of_rounds_would_be_skipped(caplog) -> None:
+    """Opted out of over-selection (over_select = 1), 30 % dropout skips P = 0.851 of the
+    rounds (docs/faults.md's worked example): one warning naming the keys."""
     with caplog.at_level(logging.INFO, logger="fedshield"):
-        build_components(validate(_raw()))
+        build_components(validate(_raw(over_select=1)))
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING and
               r.getMessage().startswith("liveness:")]  # fmt: skip
     assert len(warned) == 1
     msg = warned[0].getMessage()
     assert "P(a round is skipped) = 0.851" in msg and "server.over_select" in msg
-    caplog.clear()
+
+
+@pytest.mark.parametrize("over_select", [None, "auto"], ids=["default", "auto"])
+def test_faults_over_select_by_default(caplog, over_select) -> None:
+    """Live by default: under [faults] an unset over_select is "auto" (S' = 20 here,
+    P(skipped) = 0.005), and no warning is left to give."""
+    server = {} if over_select is None else {"over_select": over_select}
     with caplog.at_level(logging.INFO, logger="fedshield"):
-        comp = build_components(validate(_raw(over_select="auto")))
+        comp = build_components(validate(_raw(**server)))
     assert comp.budget is not None and comp.budget.asked == 20
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    no_faults = {k: v for k, v in _raw(**server).items() if k != "faults"}
+    assert build_components(validate(no_faults)).budget.asked == 10
 
 
 @pytest.mark.parametrize(
@@ -289,7 +299,9 @@ def test_resume_with_fill_equals_the_uninterrupted_run(tmp_path) -> None:
         "data": {"dataset": "digits", "num_clients": 10, "partition": "iid"},
         "model": {"name": "mlp", "params": {"hidden": 8}},
         "client": {"lr": 0.1, "batch_size": 16, "local_steps": 2},
-        "server": {"aggregator": "median", "clients_per_round": 5, "round_defenses": ["fill"]},
+        # over_select = 1: S invited, so that rounds come up short and fill acts
+        "server": {"aggregator": "median", "clients_per_round": 5, "round_defenses": ["fill"],
+                   "over_select": 1},
         "faults": {"models": ["dropout"], "params": {"dropout": {"p": 0.4}}},
         "eval": {"every": 1}, "checkpoint": {"every": 1}, "run": {"progress": False},
     }  # fmt: skip
@@ -333,12 +345,12 @@ def _acc(faults: dict | None = None, attack: dict | None = None, **server) -> tu
 
 
 def test_clean_median_with_30_percent_dropout_keeps_training() -> None:
-    """30 % honest dropout used to skip most rounds (0.492 vs 0.903). With
-    ``over_select = "auto"`` no round is skipped and the run ends no more than 5 points
-    below the same run without faults (it may end above: ~14 rows reach the rule, not 10)."""
+    """30 % honest dropout used to skip most rounds (0.492 vs 0.903). With the defaults
+    (over_select unset: "auto" under [faults]) no round is skipped and the run ends no more
+    than 5 points below the same run without faults (it may end above: ~14 rows reach the
+    rule, not 10)."""
     ref, _ = _acc()
-    acc, skipped = _acc({"models": ["dropout"], "params": {"dropout": {"p": 0.3}}},
-                        over_select="auto")  # fmt: skip
+    acc, skipped = _acc({"models": ["dropout"], "params": {"dropout": {"p": 0.3}}})
     assert skipped == 0 and acc >= ref - 0.05, (acc, ref)
 
 

@@ -141,7 +141,7 @@ class ServerConfig(Section):
         None,
         description="invite ceil(over_select x S) clients a round so that enough rows arrive "
         "under [faults]; auto: the least S' whose P(round skipped or outvoted) is within 0.01 "
-        "of the best (docs/faults.md, liveness); unset: S",
+        "of the best (docs/faults.md, liveness); unset: auto under [faults], else S",
     )
 
     @field_validator("over_select")

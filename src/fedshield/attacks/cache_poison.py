@@ -50,9 +50,10 @@ def fixed_direction(d: int, seed: int) -> Tensor:
 
 @ATTACKS.register("cache_poison", tags=["kind=update", "omniscient"])
 class CachePoison(CohortAttack):
-    """A directed row in every upload, so that a cached row outlives its round
-    (docs/security.md §6b): x = −s·n̄·v, v the unit honest mean, the attacker's own update or a
-    fixed seeded direction (module docstring)."""
+    """A directed row in every upload, so that a cached row outlives its round: x = −s·n̄·v,
+    v the unit honest mean, the attacker's own update or a fixed seeded direction.
+
+    See docs/security.md §6b and the module docstring."""
 
     params_schema = CachePoisonParams
     #: On Flower it runs in the strategy: its norm reads the round's honest rows.

@@ -28,6 +28,7 @@ from fedshield.sim.byzantine_budget import (
     SKIP_WARN,
     ByzantineBudget,
     auto_invited,
+    default_invited,
     recommendation,
     run_budget,
 )
@@ -168,18 +169,21 @@ def _budget_args(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def invited_count(cfg: ExperimentConfig, rule: Aggregator) -> int:
-    """S': the clients invited per round (``server.over_select``): S unset,
-    ⌈factor·S⌉ (at most M) for a number, the statement's choice for ``"auto"``
-    (:func:`fedshield.sim.byzantine_budget.auto_invited`; S without [faults])."""
+    """S': the clients invited per round (``server.over_select``): ⌈factor·S⌉ (at most M)
+    for a number, the statement's choice for ``"auto"``
+    (:func:`fedshield.sim.byzantine_budget.auto_invited`; S without [faults]). Unset, it is
+    ``"auto"`` under [faults] where that makes the rounds live
+    (:func:`fedshield.sim.byzantine_budget.default_invited`) — a robust rule needs rows that
+    dropouts, availability and deadlines take away (a median named alone skipped 28 of 30
+    rounds at 30 % dropout; docs/faults.md, liveness) — and S otherwise;
+    ``over_select = 1`` opts out."""
     s, m, over = cfg.server.clients_per_round, cfg.data.num_clients, cfg.server.over_select
-    if over is None:
-        return s
-    if over != "auto":
+    if over is not None and over != "auto":
         return min(m, math.ceil(float(over) * s - 1e-9))
     args = _budget_args(cfg)
     if args["arrival"] is None:
         return s
-    return auto_invited(rule, **args)
+    return auto_invited(rule, **args) if over == "auto" else default_invited(rule, **args)
 
 
 def _budget(rule: Aggregator, cfg: ExperimentConfig, invited: int | None = None) -> ByzantineBudget:

@@ -340,6 +340,34 @@ def auto_invited(
     return next(s for s, p in fails if p <= best + AUTO_SLACK)
 
 
+def default_invited(rule: Any, **args: Any) -> int:
+    """``server.over_select`` unset under [faults]: S where the rounds are live already —
+    P(skipped or outvoted) at most :data:`SKIP_WARN` — else :func:`auto_invited`'s S' where
+    that makes them live, else S. Inviting more never helps where attackers who always
+    answer hold the arriving rows' majority (f grows with S': at 30 % fixed attackers and
+    30 % dropout S' = 38 still skips a quarter of the rounds), so there the run keeps S and
+    its statement names ``fill``."""
+    s = args["cohort"]
+    if _p_fails(rule, args, s) <= SKIP_WARN:
+        return s
+    chosen = auto_invited(rule, **args)
+    return chosen if _p_fails(rule, args, chosen) <= SKIP_WARN else s
+
+
+def _p_fails(rule: Any, args: dict[str, Any], invited: int) -> float:
+    """P(a round is skipped or its rule outvoted) with ``invited`` clients asked."""
+    budget, law = _budget_and_law(
+        rule, args["mode"], args["fraction"], args["population"], args["cohort"],
+        args.get("f_quantile", F_QUANTILE), args.get("attacked", True), args["arrival"],
+        invited,
+    )  # fmt: skip
+    assert law is not None  # arrival is given
+    need = rows_needed(rule, budget.f)
+    if need is None:
+        return 1.0
+    return law.p_rows_below(need) if budget.f is None else law.p_fails(budget.f, need)
+
+
 def _capped(f: int, breakdown: int | None) -> int:
     return f if breakdown is None else min(f, breakdown)
 
