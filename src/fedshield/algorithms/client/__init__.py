@@ -5,9 +5,10 @@ from fedshield.algorithms.client.base import (
     CLIENT_ALGORITHMS,
     ClientAlgorithm,
     ClientContext,
+    ClientRound,
     LocalSpec,
 )
 
 import_submodules(__name__)
 
-__all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm", "ClientContext", "LocalSpec"]
+__all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm", "ClientContext", "ClientRound", "LocalSpec"]

@@ -32,7 +32,6 @@ from fedshield.algorithms.client.base import (
     CLIENT_ALGORITHMS,
     GLOBAL_RNG,
     ClientAlgorithm,
-    ClientContext,
 )
 from fedshield.algorithms.client.pieces import Batch, ClientRound
 from fedshield.core.context import ClientUpdate, Payload
@@ -252,15 +251,8 @@ class FedTAET(AdversarialClient):
     params_schema = TAETParams
     params: TAETParams
 
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        return super().local_update(model, with_round(payload, ctx.round), data, ctx, state)
+    def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
+        return super().local_update(model, rnd.but(payload=with_round(rnd.payload, rnd.ctx.round)))
 
     def _stage(self, payload: Payload) -> int:
         return taet_stage(payload, self.params.stabilize_rounds)

@@ -43,7 +43,8 @@ from fedshield.algorithms.client.base import (
     autocast,
     batch_indices,
 )
-from fedshield.core.context import ClientUpdate, Payload
+from fedshield.algorithms.client.pieces import ClientRound
+from fedshield.core.context import ClientUpdate
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
@@ -400,14 +401,8 @@ class MultiExit(ClientAlgorithm):
         return torch.optim.SGD(groups, lr=self.spec.lr, momentum=self.spec.momentum)
 
     # -- the loop ---------------------------------------------------------------------------
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
+    def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
+        payload, data, ctx = rnd.payload, rnd.data, rnd.ctx
         vit = as_multi_exit(model)
         set_params(vit, payload.params)
         set_buffers(vit, payload.buffers)
@@ -471,7 +466,7 @@ class MultiExit(ClientAlgorithm):
             mask=mask,
             metrics=metrics,
         )
-        return self.finish(model, update, payload, data, ctx, state)
+        return self.finish(model, update, rnd)
 
 
 # -- DepthFL ------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ from fedshield.algorithms.client.multi_exit import (
     as_multi_exit,
     cycled,
 )
-from fedshield.core.context import ClientUpdate, Payload
+from fedshield.algorithms.client.pieces import ClientRound
+from fedshield.core.context import ClientUpdate
 from fedshield.core.flat import get_params, param_slices, set_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
@@ -324,19 +325,12 @@ class HeteroFL(WidthScaled):
             return net.mask
         return self._without_rows(model, net.mask, ~present)
 
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        update = super().local_update(model, payload, data, ctx, state)
+    def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
+        update = super().local_update(model, rnd)
         if self.hp.masked_ce and self.hp.class_rows == "all":
             # The rows of absent classes got no gradient; what weight decay did to them
             # locally is not uploaded: the client contributes "no change" there.
-            counts = data.class_counts(as_multi_exit(model).num_classes).to(update.delta.device)
+            counts = rnd.data.class_counts(as_multi_exit(model).num_classes).to(update.delta.device)
             rows = absent_class_rows(as_multi_exit(model), counts == 0)
             update.delta[rows] = 0.0
         return update

@@ -4,10 +4,11 @@ from fedshield._plugins import import_submodules
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerAlgorithm,
+    ServerRound,
     ServerServices,
     ServerStep,
 )
 
 import_submodules(__name__)
 
-__all__ = ["SERVER_ALGORITHMS", "ServerAlgorithm", "ServerServices", "ServerStep"]
+__all__ = ["SERVER_ALGORITHMS", "ServerAlgorithm", "ServerRound", "ServerServices", "ServerStep"]

@@ -10,15 +10,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
-from fedshield.algorithms.server.base import (
-    SERVER_ALGORITHMS,
-    ServerServices,
-    ServerStep,
-    State,
-    stack_deltas,
-)
-from fedshield.algorithms.server.fedavg import FedAvg
-from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.algorithms.server.base import SERVER_ALGORITHMS, ServerRound, ServerStep, State
+from fedshield.algorithms.server.fedavg import Aggregated, FedAvg
+from fedshield.core.context import Payload, RoundContext
 from fedshield.core.flat import stack_rows
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
@@ -32,6 +26,16 @@ def look_ahead(params: Tensor, state: State, lam: float) -> Tensor:
 def momentum(state: State, delta: Tensor, lam: float) -> Tensor:
     """FedACG's m^t = λ m^{t−1} + Δ^t (Δ^t in the first round)."""
     return lam * state["m"] + delta if "m" in state else delta
+
+
+def momentum_step(
+    lr: float, lam: float, rnd: ServerRound, agg: Aggregated, state: State | None = None
+) -> ServerStep:
+    """FedACG's step θ^{t+1} = θ^t + η_g m^t with m^t = λ m^{t−1} + Δ^t (state ``m``),
+    plus the state entries ``state``."""
+    m = momentum(rnd.state, agg.delta, lam)
+    metrics = {"agg/momentum_norm": float(m.norm())}
+    return agg.to_step(rnd, rnd.params + lr * m, (state or {}) | {"m": m}, metrics)
 
 
 def _ref_extras(state: State) -> dict[str, Tensor]:
@@ -76,36 +80,21 @@ class DRAG(FedAvg):
     ) -> Payload:
         return Payload(params, buffers, _ref_extras(state))
 
-    def reference(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> Tensor:
+    def reference(self, rnd: ServerRound) -> Tensor:
         """r^t from state; before the first round r^0 = (1/S) Σ g_m^0 over the screened
         updates — through the rule's robust field counterpart when the rule is a Byzantine
         defense (SPEC §12), so one attacker cannot set the first reference."""
-        if "ref" in state:
-            return state["ref"]
-        return self.aggregate_field(stack_deltas(updates), None)
+        if "ref" in rnd.state:
+            return rnd.state["ref"]
+        return self.aggregate_field(rnd.deltas(), None)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        ref = self.reference(params, buffers, state, updates, ctx, services)
+    def next_ref(self, rnd: ServerRound, agg: Aggregated) -> State:
+        """r^{t+1} = (1 − α) r^t + α Δ^t (eq. 8), as the state entry ``ref``."""
         alpha = self.params.alpha
-        new_state = state | agg.state | {"ref": (1 - alpha) * ref + alpha * agg.delta}
-        return ServerStep(params + self.lr * agg.delta, agg.buffers, new_state, agg.metrics)
+        return {"ref": (1 - alpha) * self.reference(rnd) + alpha * agg.delta}
+
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        return agg.to_step(rnd, rnd.params + self.lr * agg.delta, self.next_ref(rnd, agg))
 
 
 class FedExPParams(Params):
@@ -120,25 +109,15 @@ class FedExP(FedAvg):
     params_schema = FedExPParams
     params: FedExPParams
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
         # Σ‖g_m‖²/S through the rule's field counterpart (the median of the squared norms
         # under a robust rule): one huge upload cannot set the step size (SPEC §12).
-        sq = stack_deltas(updates).to(torch.float64).pow(2).sum(1, keepdim=True)
+        sq = rnd.deltas().to(torch.float64).pow(2).sum(1, keepdim=True)
         mean_sq = float(self.aggregate_field(sq, None)[0])
         eps = self.params.eps
         agg_sq = float(agg.delta.to(torch.float64).pow(2).sum())
         eta = max(1.0, mean_sq / (2 * (agg_sq + eps)))
-        metrics = agg.metrics | {"agg/eta_g": eta}
-        return ServerStep(params + eta * agg.delta, agg.buffers, state | agg.state, metrics)
+        return agg.to_step(rnd, rnd.params + eta * agg.delta, metrics={"agg/eta_g": eta})
 
 
 class FedACGParams(Params):
@@ -161,21 +140,8 @@ class FedACG(FedAvg):
         lam = self.params.lam
         return Payload(look_ahead(params, state, lam), buffers)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        lam = self.params.lam
-        m = momentum(state, agg.delta, lam)
-        metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
-        new_state = state | agg.state | {"m": m}
-        return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        return momentum_step(self.lr, self.params.lam, rnd, agg)
 
 
 class DragACGParams(DragParams):  # DragACG runs DRAG's steps: it has DRAG's fields
@@ -205,22 +171,8 @@ class DragACG(DRAG):
         lam = self.params.lam
         return Payload(look_ahead(params, state, lam), buffers, _ref_extras(state))
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        ref = self.reference(params, buffers, state, updates, ctx, services)
-        p: DragACGParams = self.params
-        m = momentum(state, agg.delta, p.lam)
-        metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
-        new_state = state | agg.state | {"ref": (1 - p.alpha) * ref + p.alpha * agg.delta, "m": m}
-        return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        return momentum_step(self.lr, self.params.lam, rnd, agg, self.next_ref(rnd, agg))
 
 
 @SERVER_ALGORITHMS.register("scaffold", tags=["needs_client=scaffold"])
@@ -236,20 +188,12 @@ class Scaffold(FedAvg):
     ) -> Payload:
         return Payload(params, buffers, {"h": state["h"]})
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        step = super().update(params, buffers, state, updates, ctx, services)
-        h = state["h"]
-        rows = [u.extras["dh"] for u in updates if "dh" in u.extras]  # skipped attackers: none
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        h = rnd.state["h"]
+        rows = [u.extras["dh"] for u in rnd.updates if "dh" in u.extras]  # skipped attackers
         if rows:
             # h ← h + (1/M) Σ_{m∈S} Δh_m = h + (K/M)·mean(Δh): the mean through the rule's
             # field counterpart, so one client's Δh cannot poison h (SPEC §12).
-            h = h + (len(rows) / ctx.num_clients) * self.aggregate_field(stack_rows(rows), None)
-        return ServerStep(step.params, step.buffers, step.state | {"h": h}, step.metrics)
+            k = len(rows) / rnd.ctx.num_clients
+            h = h + k * self.aggregate_field(stack_rows(rows), None)
+        return agg.to_step(rnd, rnd.params + self.lr * agg.delta, {"h": h})

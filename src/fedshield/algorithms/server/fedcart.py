@@ -57,13 +57,8 @@ from fedshield.aggregators.base import Aggregator
 from fedshield.aggregators.fields import aggregate_field, is_robust
 from fedshield.algorithms.client.base import batch_indices
 from fedshield.algorithms.client.fedcart import COUNTS, HEAD_SHAPE, PROTO_HEAD, PROTOTYPES
-from fedshield.algorithms.server.base import (
-    SERVER_ALGORITHMS,
-    ServerServices,
-    ServerStep,
-    State,
-)
-from fedshield.algorithms.server.fedavg import FedAvg
+from fedshield.algorithms.server.base import SERVER_ALGORITHMS, ServerRound, ServerStep, State
+from fedshield.algorithms.server.fedavg import Aggregated, FedAvg
 from fedshield.algorithms.server.prototype_bound import bound_prototypes
 from fedshield.config import MAX_EPOCHS, MAX_STEPS
 from fedshield.core.context import ClientUpdate, Payload, RoundContext, make_generator
@@ -396,19 +391,12 @@ class FedCARTServer(FedAvg):
             extras[PROTO_HEAD] = params.new_tensor(0.0 if self.p.aux_head else 1.0)
         return Payload(params, buffers, extras)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        step = super().update(params, buffers, state, updates, ctx, services)
-        new = dict(state)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        step = super().step(rnd, agg)
+        updates = rnd.updates
+        new = dict(rnd.state)
         if "head_shape" not in new:  # fixed by the model: read once, as most clients say
-            head_shape = _head_shape(updates, params.numel())
+            head_shape = _head_shape(updates, rnd.params.numel())
             if head_shape is None:
                 raise ConfigError(
                     "server.algorithm='fedcart' needs client.algorithm='fedcart' and "
@@ -418,7 +406,7 @@ class FedCARTServer(FedAvg):
         c, d = (int(v) for v in new["head_shape"].tolist())
         shape = (c, c * d + c)
         stats: dict[str, float] = {}
-        agg = (
+        protos = (
             aggregate_prototypes(
                 updates, self.aggregator, shape, self.p.proto_weighting,
                 num_features=d, bias_max=self.proto_bias_max, stats=stats,
@@ -427,8 +415,8 @@ class FedCARTServer(FedAvg):
             else None
         )
         step.metrics.update(stats)
-        if agg is not None:
-            mean, total = agg
+        if protos is not None:
+            mean, total = protos
             seen = total > 0
             proto = new.get("proto", torch.zeros_like(mean))
             # Absent classes keep their last prototype (our choice, see module docstring).
@@ -442,9 +430,8 @@ class FedCARTServer(FedAvg):
             )
         return ServerStep(step.params, step.buffers, new, step.metrics)
 
-    def post_step(
-        self, step: ServerStep, ctx: RoundContext, services: ServerServices
-    ) -> ServerStep:
+    def post_step(self, step: ServerStep, rnd: ServerRound) -> ServerStep:
+        ctx = rnd.ctx
         c, d = (int(v) for v in step.state["head_shape"].tolist())
         p_len = c * d + c
         n = step.params.numel()
