@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedshield.algorithms.server.base import ServerAlgorithm, ServerRound, ServerStep
-from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.core.context import ClientUpdate
 from fedshield.crossround.base import ROUND_DEFENSES, BoundInput, RoundDefense, State
 from fedshield.errors import ConfigError
 
@@ -44,19 +44,16 @@ class RoundDefenses:
         return tuple(k for d in self.defenses for k in d.state_keys())
 
     def complete(
-        self,
-        kept: list[ClientUpdate],
-        state: State,
-        ctx: RoundContext,
-        needed: int | None,
-        sent: set[int],
+        self, rnd: ServerRound, needed: int | None, sent: set[int]
     ) -> tuple[list[ClientUpdate], State, dict[str, float]]:
-        """Each defense's :meth:`~fedshield.crossround.base.RoundDefense.complete` in order:
-        the rows, the state entries they wrote and their metrics."""
+        """Each defense's :meth:`~fedshield.crossround.base.RoundDefense.complete` in order
+        (``rnd.updates``: the kept rows): the rows, the state entries they wrote and their
+        metrics."""
         new: State = {}
         metrics: dict[str, float] = {}
+        kept = rnd.updates
         for d in self.defenses:
-            kept, acted = d.complete(kept, state, ctx, needed, sent)
+            kept, acted = d.complete(rnd.but(updates=kept), needed, sent)
             new |= acted.state
             metrics |= acted.metrics
         return kept, new, metrics

@@ -48,7 +48,6 @@ docs/flower-strategies.md.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -76,6 +75,7 @@ from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
 from fedshield.algorithms.client.base import root_round
 from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerAlgorithm, ServerRound
 from fedshield.algorithms.server.step import COUNT_CAP, server_round_step
+from fedshield.core.callables import accepts
 from fedshield.core.context import (
     ClientUpdate,
     Payload,
@@ -116,10 +116,7 @@ class _FunctionReference:
     def __init__(self, fn: Callable[..., ArrayRecord], owner: FedshieldRule) -> None:
         self.fn = fn
         self.owner = owner
-        try:
-            self.takes_round = "server_round" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            self.takes_round = False
+        self.takes_round = accepts(fn, "server_round")
 
     def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
         layout, rnd = self.owner.layout, self.owner._round

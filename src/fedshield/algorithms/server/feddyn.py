@@ -41,22 +41,18 @@ class FedDyn(FedAvg):
     params_schema = FedDynParams
     params: FedDynParams
 
-    @property
-    def alpha(self) -> float:
-        return self.params.alpha
-
     def init_state(self, params: Tensor) -> State:
         return super().init_state(params) | {"h": params.new_zeros(params.shape)}
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
-        return Payload(params, buffers, {ALPHA: params.new_tensor(self.alpha)})
+        return Payload(params, buffers, {ALPHA: params.new_tensor(self.params.alpha)})
 
     def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
-        share = len(rnd.updates) / rnd.ctx.num_clients
-        h = rnd.state["h"] - self.alpha * share * agg.delta
-        return agg.to_step(rnd, rnd.params + self.lr * agg.delta - h / self.alpha, {"h": h})
+        alpha, share = self.params.alpha, len(rnd.updates) / rnd.ctx.num_clients
+        h = rnd.state["h"] - alpha * share * agg.delta
+        return agg.to_step(rnd, rnd.params + self.lr * agg.delta - h / alpha, {"h": h})
 
 
 __all__ = ["FedDyn", "FedDynParams"]

@@ -182,7 +182,7 @@ def server_round_step(
     fresh = kept
     if defenses is not None and kept:  # a short round completed from cached rows (fill)
         sent = {u.client_id for u in admitted}
-        kept, filled, notes = defenses.complete(kept, start.state, ctx, budget.needed, sent)
+        kept, filled, notes = defenses.complete(start.but(updates=kept), budget.needed, sent)
         metrics |= notes
         out.state = start.state | filled
     if uniform_counts:
