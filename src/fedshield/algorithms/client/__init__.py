@@ -1,4 +1,5 @@
-"""Local update rules (SPEC §1, §4, §7, §8). Every module here registers itself."""
+"""Local update rules (docs/references.md: the papers and baselines). Every module here
+registers itself."""
 
 from fedshield._plugins import import_submodules
 from fedshield.algorithms.client.base import (

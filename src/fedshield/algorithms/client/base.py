@@ -1,4 +1,5 @@
-"""The client-algorithm contract and the shared local-SGD loop (SPEC §1).
+"""The client-algorithm contract and the shared local-SGD loop (FedAvg's local rule; DRAG
+paper, Sec. II-A).
 
 ``local_update(model, rnd) -> ClientUpdate``, ``rnd`` one client's round
 (:class:`~fedshield.algorithms.client.pieces.ClientRound`). An algorithm is defined
@@ -157,7 +158,7 @@ class ClientAlgorithm:
 
     # -- what this algorithm uploads (the server checks it: core.integrity) -----------
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
-        """The extras this algorithm may upload, with their exact shapes (SPEC §12); an
+        """The extras this algorithm may upload, with their exact shapes (docs/security.md §1); an
         upload carrying any other extra is rejected."""
         return {}
 
@@ -169,7 +170,7 @@ class ClientAlgorithm:
     def known_extras(self, class_counts: Tensor) -> dict[str, Tensor]:
         """Extras whose true value the server knows from the partition (e.g. per-class
         sample counts, from the client's label counts ``class_counts``): where self-reported
-        counts are not trusted they replace what the client uploads (SPEC §12)."""
+        counts are not trusted they replace what the client uploads (docs/security.md §1)."""
         return {}
 
     def expected_mask(
@@ -374,7 +375,7 @@ _NO_DATA = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
 def root_round(
     payload: Payload, data: TensorData, seed: int, rnd: int, device: torch.device
 ) -> ClientRound:
-    """The server's training on its root dataset (Zhu et al., BR-DRAG, eqs. 12–13) as one
+    """The server's training on its root dataset (DRAG paper, eqs. 12–13) as one
     client's round: client id −1 and random numbers from (``seed``, ``rnd``, root), the
     global RNG (dropout) seeded from them as the engine seeds it for a client."""
     seed_global_rng(derive_seed(seed, rnd, ROOT, TORCH), device)

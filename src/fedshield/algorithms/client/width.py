@@ -1,4 +1,5 @@
-"""Width-scaled baselines on the multi-exit ViT family (SPEC §8 "Baselines").
+"""Width-scaled baselines on the multi-exit ViT family (the early-exit ViT paper's baselines,
+Sec. IV).
 
 * ``heterofl`` (Diao et al., ICLR 2021): client k trains the width-nested submodel of
   rate r_k at full depth, CE on the last exit, with HeteroFL's scaler, its masked
@@ -291,7 +292,7 @@ class HeteroFL(WidthScaled):
       their classifier rows). HeteroFL's server also averages each output row over the
       clients holding its class (official ``combine``, with the label splits it knows):
       ``class_rows = "holders"``, the default — the server predicts each upload's mask from
-      the client's tier and label counts (SPEC §12). ``"all"`` uploads those rows with a
+      the client's tier and label counts (docs/security.md §1). ``"all"`` uploads those rows with a
       zero update instead (a non-holder then damps a row's update by its weight).
     * Normalisation: HeteroFL's static BatchNorm exists because BN keeps running
       statistics that differ between width submodels and clients; it tracks none during

@@ -28,7 +28,8 @@ class ServerServices(Protocol):
     """What the round loop offers a server algorithm beyond the updates."""
 
     def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
-        """Train a copy of θ on the server's root dataset with the client rule (SPEC §3)."""
+        """Train a copy of θ on the server's root dataset with the client rule (DRAG paper,
+        eqs. 12–13)."""
         ...
 
 
@@ -56,8 +57,8 @@ class ServerRound:
         return stack_deltas(self.updates)
 
     def root_update(self) -> ClientUpdate:
-        """θ^t trained on the server's root dataset with the client rule (Zhu et al.,
-        BR-DRAG, eqs. 12–13)."""
+        """θ^t trained on the server's root dataset with the client rule (DRAG paper,
+        eqs. 12–13)."""
         if self.services is None:
             raise ConfigError("this server algorithm trains on root data, which this round lacks")
         return self.services.root_update(self.params, self.buffers, self.ctx)
@@ -78,7 +79,8 @@ def stack_deltas(updates: list[ClientUpdate]) -> Tensor:
 
 def client_weights(updates: list[ClientUpdate], weighting: str, like: Tensor) -> Tensor | None:
     """Sample-count weights (``samples``) or ``None`` for the uniform 1/S form. The counts
-    are the screened ones: the server's own partition sizes when it knows them (SPEC §12)."""
+    are the screened ones: the server's own partition sizes when it knows them
+    (docs/security.md §1)."""
     if weighting == "uniform":
         return None
     return torch.tensor(
@@ -160,8 +162,9 @@ class ServerAlgorithm:
     def aggregate_buffers(
         self, buffers: Tensor, updates: list[ClientUpdate], weights: Tensor | None
     ) -> Tensor:
-        """Buffers (BatchNorm statistics): the weighted mean (SPEC §1), or the robust
-        counterpart of the configured rule when it is a Byzantine defense (SPEC §12)."""
+        """Buffers (BatchNorm statistics): the weighted mean (DRAG paper, Sec. II-A), or the
+        robust counterpart of the configured rule when it is a Byzantine defense
+        (docs/security.md §2)."""
         if buffers.numel() == 0:
             return buffers
         return self.aggregate_field(stack_rows([u.buffers for u in updates]), weights)

@@ -1,8 +1,8 @@
-"""BR-DRAG with the per-round DoD scale c^t of seed 000's Theorem 2 (``brdrag_ct``).
+"""BR-DRAG with the per-round DoD scale c^t of the DRAG paper's Theorem 2 (``brdrag_ct``).
 
 Theorem 2's first case takes c^t = w^t / (w^t − x^t) ∈ [1/2, 1], w^t the round's Byzantine
 share and x^t a sum over the malicious rows of their cosine with the trusted reference.
-The seed's text omits the definition (its eq. 23); our reading, marked as such, is
+The DRAG paper's text omits the definition (its eq. 23); our reading, marked as such, is
 
     x^t = (1/S) Σ_{m∈A^t} cos(g_m^t, r^t)  ∈ [−w^t, w^t],
 
@@ -70,7 +70,7 @@ def theorem_c(cos: Tensor, attacker: Tensor, c_min: float = 0.5, c_max: float = 
     "brdrag_ct", tags=["needs_root", "needs_aggregator=dod_scale"]
 )
 class BRDragCt(BRDRAG):
-    """BR-DRAG whose DoD scale is the theorem's per-round c^t ∈ [1/2, 1] (seed 000 Thm. 2)."""
+    """BR-DRAG whose DoD scale is the theorem's per-round c^t ∈ [1/2, 1] (DRAG paper, Thm. 2)."""
 
     params_schema = BRDragCtParams
     params: BRDragCtParams

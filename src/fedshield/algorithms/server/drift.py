@@ -1,4 +1,5 @@
-"""Drift-mitigating servers of seed 000: DRAG (SPEC §2), FedExP, FedACG, SCAFFOLD (SPEC §4),
+"""Drift-mitigating servers of the DRAG paper: DRAG (Secs. III–IV), FedExP, FedACG, SCAFFOLD
+(Sec. VI-A),
 and DRAG's calibration under FedACG's look-ahead momentum (``drag_acg``, our composition)."""
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ def _ref_extras(state: State) -> dict[str, Tensor]:
 
 class DragParams(Params):
     # Our default: α = 0.25 from the bundled-data sweep (docs/results/drag.md): 0.01 and 0.05
-    # lag behind, 0.25 and 0.5 are best and within 1 point; the seed finds > 0.25 too large.
+    # lag behind, 0.25 and 0.5 are best and within 1 point; the DRAG paper finds > 0.25 too large.
     alpha: float = Field(0.25, gt=0.0, lt=1.0, description="reference momentum α (eq. 8)")
 
 
 @SERVER_ALGORITHMS.register("drag", tags=["needs_aggregator=needs_reference"])
 class DRAG(FedAvg):
-    """DRAG: calibrate each g_m towards the momentum reference r^t (SPEC §2, eqs. 8–11).
+    """DRAG: calibrate each g_m towards the momentum reference r^t (DRAG paper, eqs. 8–11).
 
     r^0 = (1/S) Σ g_m^0; r^t = (1 − α) r^{t−1} + α Δ^{t−1}. State ``ref`` holds the
     reference for the next round; it is broadcast so a client may calibrate locally."""
@@ -83,7 +84,7 @@ class DRAG(FedAvg):
     def reference(self, rnd: ServerRound) -> Tensor:
         """r^t from state; before the first round r^0 = (1/S) Σ g_m^0 over the screened
         updates — through the rule's robust field counterpart when the rule is a Byzantine
-        defense (SPEC §12), so one attacker cannot set the first reference."""
+        defense (docs/security.md §2), so one attacker cannot set the first reference."""
         if "ref" in rnd.state:
             return rnd.state["ref"]
         return self.aggregate_field(rnd.deltas(), None)
@@ -103,7 +104,7 @@ class FedExPParams(Params):
 
 @SERVER_ALGORITHMS.register("fedexp")
 class FedExP(FedAvg):
-    """FedExP (Jhunjhunwala et al. 2023; SPEC §4):
+    """FedExP (Jhunjhunwala et al., ICLR 2023; DRAG paper, Sec. VI-A):
     η_g = max{1, Σ‖g_m‖² / (2S(‖Δ̃‖² + ε))}, θ^{t+1} = θ^t + η_g Δ̃."""
 
     params_schema = FedExPParams
@@ -111,7 +112,7 @@ class FedExP(FedAvg):
 
     def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
         # Σ‖g_m‖²/S through the rule's field counterpart (the median of the squared norms
-        # under a robust rule): one huge upload cannot set the step size (SPEC §12).
+        # under a robust rule): one huge upload cannot set the step size (docs/security.md §2).
         sq = rnd.deltas().to(torch.float64).pow(2).sum(1, keepdim=True)
         mean_sq = float(self.aggregate_field(sq, None)[0])
         eps = self.params.eps
@@ -126,7 +127,7 @@ class FedACGParams(Params):
 
 @SERVER_ALGORITHMS.register("fedacg", tags=["central_dp"])
 class FedACG(FedAvg):
-    """FedACG (Kim et al. 2024; SPEC §4): broadcast θ̂ = θ^t + λ m^{t−1};
+    """FedACG (Kim et al., CVPR 2024; DRAG paper, Sec. VI-A): broadcast θ̂ = θ^t + λ m^{t−1};
     m^t = λ m^{t−1} + AGG(g) with g relative to θ̂; θ^{t+1} = θ^t + m^t.
     Pair with the ``fedacg`` client (proximal term towards θ̂)."""
 
@@ -154,7 +155,7 @@ class DragACG(DRAG):
     """DRAG's calibration inside FedACG's look-ahead momentum loop (our composition).
 
     FedACG wins the drift table with an effective server step up to 1/(1 − λ) times
-    FedAvg's (issue #20); this asks whether DRAG's directions add to that step.
+    FedAvg's (docs/results/drag.md); this asks whether DRAG's directions add to that step.
     Broadcast θ̂ = θ^t + λ m^{t−1} (FedACG); clients (the ``fedacg`` client: proximal
     term towards θ̂) return g_m relative to θ̂; the ``drag`` rule calibrates them towards
     DRAG's reference r^t (eq. 10–11), Δ^t = (1/S) Σ v_m; then r^{t+1} = (1 − α) r^t +
@@ -177,7 +178,7 @@ class DragACG(DRAG):
 
 @SERVER_ALGORITHMS.register("scaffold", tags=["needs_client=scaffold"])
 class Scaffold(FedAvg):
-    """SCAFFOLD's server (SPEC §4): broadcast h; h ← h + (1/M) Σ_{m∈S} Δh_m.
+    """SCAFFOLD's server (Karimireddy et al., ICML 2020): broadcast h; h ← h + (1/M) Σ_{m∈S} Δh_m.
     Pair with the ``scaffold`` client."""
 
     def init_state(self, params: Tensor) -> State:
@@ -193,7 +194,7 @@ class Scaffold(FedAvg):
         rows = [u.extras["dh"] for u in rnd.updates if "dh" in u.extras]  # skipped attackers
         if rows:
             # h ← h + (1/M) Σ_{m∈S} Δh_m = h + (K/M)·mean(Δh): the mean through the rule's
-            # field counterpart, so one client's Δh cannot poison h (SPEC §12).
+            # field counterpart, so one client's Δh cannot poison h (docs/security.md §2).
             k = len(rows) / rnd.ctx.num_clients
             h = h + k * self.aggregate_field(stack_rows(rows), None)
         return agg.to_step(rnd, rnd.params + self.lr * agg.delta, {"h": h})

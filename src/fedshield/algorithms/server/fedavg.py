@@ -1,9 +1,10 @@
-"""FedAvg and every "aggregate then step" server (SPEC §1, §5).
+"""FedAvg and every "aggregate then step" server (FedAvg, McMahan et al. 2017; the
+Byzantine defenses of the DRAG paper, Sec. VI-B; docs/defenses.md).
 
 θ^{t+1} = θ^t + η_g · AGG({g_m}, {n_m}). With the ``mean`` rule this is FedAvg
-(sample-weighted, or the seed's uniform 1/S form); with ``krum``, ``median``, ... it is the
+(sample-weighted, or the DRAG paper's uniform 1/S form); with ``krum``, ``median``, ... it is the
 corresponding Byzantine defense; rules that need a reference (``fltrust``, ``brdrag``) get
-the root-data direction r^t = θ^{t,U}_root − θ^t (SPEC §3, eqs. 12–13).
+the root-data direction r^t = θ^{t,U}_root − θ^t (DRAG paper, eqs. 12–13).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ log = logging.getLogger("fedshield")
 
 
 def coverage_mean(deltas: Tensor, weights: Tensor | None, masks: Tensor) -> Tensor:
-    """Per-parameter weighted mean over the clients that cover it (SPEC §8, eq. 15);
+    """Per-parameter weighted mean over the clients that cover it (early-exit ViT paper, eq. 15);
     parameters nobody covers get a zero update (θ unchanged)."""
     w = masks.to(deltas.dtype)
     if weights is not None:
@@ -46,7 +47,7 @@ def benign_geometry(
     ctx: RoundContext,
     c: float | None = None,
 ) -> dict[str, float]:
-    """Seed 000 Fig. 10 quantities over the benign rows B: min/max of ρ_m = ‖r‖/‖g_m‖, the
+    """The DRAG paper's Fig. 10 quantities over the benign rows B: min/max of ρ_m = ‖r‖/‖g_m‖, the
     mean cos(g_m, r), the Assumption 4 quantity (1/(S(1 − w))) Σ_{m∈B} cos(g_m, r) ρ_m —
     the mean of cos·ρ over B, since S(1 − w) = |B| — and, for the DoD rules (``c`` given),
     the mean λ_m = c(1 − cos) over B. The rule's own ``agg/*`` diagnostics cover every row."""
@@ -104,9 +105,9 @@ class FedAvg(ServerAlgorithm):
 
     def aggregate(self, rnd: ServerRound, ref: Tensor | None = None) -> Aggregated:
         """The configured rule on the screened updates: on the whole cohort, or per
-        coverage group when clients upload masks (SPEC §12); buffers by the rule's field
+        coverage group when clients upload masks (docs/security.md §2); buffers by the rule's field
         counterpart; the centre of Centered Clipping carried in server state. Under
-        ``[privacy.central]`` (SPEC §13): clip every row (and r) to C → the rule → Gaussian
+        ``[privacy.central]`` (docs/privacy.md): clip every row (and r) to C → the rule → Gaussian
         noise calibrated to the rule's sensitivity (:mod:`fedshield.privacy.central`).
         ``ref``: the reference already formed this round (default: :meth:`reference`)."""
         updates, ctx, state = rnd.updates, rnd.ctx, rnd.state
@@ -152,7 +153,7 @@ class FedAvg(ServerAlgorithm):
             )
         new_state: State = {}
         if center is not None:
-            # The next centre: this round's aggregate where there was one (SPEC §5).
+            # The next centre: this round's aggregate where there was one (Karimireddy et al. 2021).
             cov = outcome.covered
             new_state["center"] = (
                 outcome.delta if cov is None else torch.where(cov, outcome.delta, center)
@@ -172,13 +173,13 @@ class FedAvg(ServerAlgorithm):
 
 @SERVER_ALGORITHMS.register("brdrag", tags=["needs_root", "central_dp"])
 class BRDRAG(FedAvg):
-    """BR-DRAG (SPEC §3): root-data reference + the ``brdrag`` calibration (eq. 15)."""
+    """BR-DRAG (DRAG paper, Sec. IV): root-data reference + the ``brdrag`` calibration (eq. 15)."""
 
     default_aggregator = "brdrag"
 
 
 @SERVER_ALGORITHMS.register("fltrust", tags=["needs_root", "central_dp"])
 class FLTrust(FedAvg):
-    """FLTrust (Cao et al. 2021; SPEC §5): root-data reference + trust-weighted mean."""
+    """FLTrust (Cao et al., NDSS 2021): root-data reference + trust-weighted mean."""
 
     default_aggregator = "fltrust"

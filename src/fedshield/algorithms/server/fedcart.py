@@ -1,14 +1,16 @@
-"""FedCART's server (SPEC §7; seed 003 §3–4): aggregate, then the CART step.
+"""FedCART's server (FedCART paper: gradient prototypes, the CART step): aggregate, then
+the CART step.
 
 ``update``: the model through the configured aggregator (FedAvg or any Byzantine rule —
 composition is a feature), and the clients' gradient prototypes class by class through the
-same rule (:func:`aggregate_prototypes`; SPEC §12): under a non-robust rule the
+same rule (:func:`aggregate_prototypes`; docs/security.md §2): under a non-robust rule the
 count-weighted mean
 
     ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c}     (clients holding class c),
 
 every holder's row first held to what an honest prototype can be
-(:mod:`~fedshield.algorithms.server.prototype_bound`; issue 32: a class of two holders, one
+(:mod:`~fedshield.algorithms.server.prototype_bound`; the quiet-attacker reproducer,
+docs/security.md §6b: a class of two holders, one
 sending its row × 1e30, had a prototype of 1.9e29 under every rule).
 
 ``post_step`` (the CART step, on the aggregated flat vector):
@@ -25,7 +27,7 @@ improvement below a tolerance over a window). Re-training stops on the same rule
 full-data CE, or at a target loss, but never before ``retrain_min_epochs`` passes: the
 previous default (300 warm-started *steps*, rule over 3 passes, no minimum) stopped after
 96 steps on round 1's flat start with h' untrained and hit its cap while the loss still fell
-in every later round (issue #20). The defaults were chosen by the sweeps in
+in every later round (the re-measurement). The defaults were chosen by the sweeps in
 ``docs/results/cart_step.md`` (``tools/cart_step_sweep.py``). Logged per round:
 ``cart/match_start``, ``cart/match_end``, ``cart/match_steps``, ``cart/retrain_start``,
 ``cart/retrain_loss`` (full-data CE of h' on Z_v after re-training), ``cart/retrain_steps``,
@@ -91,7 +93,8 @@ MAX_VIRTUAL = 100_000
 
 
 class FedCARTServerParams(Params):
-    """The CART step's switches, sizes, optimisers and stopping rules (SPEC §7)."""
+    """The CART step's switches, sizes, optimisers and stopping rules (FedCART paper, eqs.
+    9–10; defaults: CReFF and docs/results/cart_step.md)."""
 
     cart: bool = Field(
         True, description="Run the CART step; false is the ablation 'no CART' (h' := h)."
@@ -125,7 +128,7 @@ class FedCARTServerParams(Params):
         MATCH_TOL, ge=0.0, description="Relative-improvement tolerance of the matching plateau."
     )
     distance: Distance = Field(
-        "mse", description="Gradient distance: 'mse' (SPEC) or 'cos' (CReFF's cosine)."
+        "mse", description="Gradient distance: 'mse' (FedCART eq. 9) or 'cos' (CReFF's cosine)."
     )
     warm_start_features: bool = Field(True, description="Keep Z_v across rounds (warm start).")
     feature_init_std: float = Field(
@@ -181,7 +184,7 @@ class FedCARTServerParams(Params):
     proto_weighting: Literal["class_counts", "client_samples"] = Field(
         "class_counts",
         description="Weights of the prototype mean over the holders of a class: their class "
-        "counts n_{k,c} (SPEC) or their sample counts N_k (seed 003's formula).",
+        "counts n_{k,c} (ours) or their sample counts N_k (the FedCART paper's formula).",
     )
 
     @model_validator(mode="after")
@@ -220,8 +223,8 @@ def aggregate_prototypes(
     as weights: the count-weighted mean ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c} under a
     non-robust rule (``rule = None`` too), the configured robust rule (holders weighted
     alike: a self-reported count cannot buy a class) or the coordinate-wise median otherwise
-    (SPEC §12); the simulator also replaces the counts by the label counts it knows.
-    ``weighting = "client_samples"`` is seed 003's formula, ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k
+    (docs/security.md §2); the simulator also replaces the counts by the label counts it knows.
+    ``weighting = "client_samples"`` is the FedCART paper's formula, ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k
     with N_k the client's sample count (over the holders of c: a client without the class
     has no g_{k,c}); a class-c prototype of a client with many samples but few of class c
     then weighs as much as its head classes'. A class nobody holds gets a zero row and a
@@ -363,7 +366,7 @@ def _head_shape(updates: list[ClientUpdate], num_params: int) -> Tensor | None:
 @SERVER_ALGORITHMS.register("fedcart", tags=["needs_client=fedcart"])
 class FedCARTServer(FedAvg):
     """FedCART's server aggregates with the configured rule, then synthesizes class-balanced
-    virtual features and re-trains the inference head h' on them (SPEC §7)."""
+    virtual features and re-trains the inference head h' on them (FedCART paper, eqs. 9–10)."""
 
     params_schema = FedCARTServerParams
     params: FedCARTServerParams

@@ -1,4 +1,4 @@
-"""One server round step (SPEC §1, §12), the same on every backend.
+"""One server round step (docs/security.md §0), the same on every backend.
 
     admit → screen → weights → server.update → server.post_step → guard
 
@@ -211,7 +211,7 @@ def server_round_step(
         else:
             step = server.post_step(server.update(rnd), rnd)
     except (ValueError, ArithmeticError) as err:
-        # A rule that cannot run on this round's rows must not end a long run (SPEC §12).
+        # A rule that cannot run on this round's rows must not end a long run (docs/security.md §4).
         log.warning("round %d: the server step failed (%s); θ unchanged", ctx.round, err)
         metrics["sys/failed_step"] = 1.0
         return out
