@@ -403,7 +403,9 @@ class Simulator:
         if getattr(self.comp.attack, "needs_reference", False):
             reference = getattr(server, "reference", None)
             if reference is not None:
-                ref = reference(st.params, st.buffers, st.server_state, rows, plan.ctx, self)
+                ref = reference(
+                    ServerRound(st.params, st.buffers, st.server_state, rows, plan.ctx, self)
+                )
             if ref is None:
                 ref = st.server_state.get("center")  # Centered Clipping's reference
         defenses = getattr(server, "round_defenses", None)
