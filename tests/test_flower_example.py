@@ -53,7 +53,7 @@ def example_order(cls: type) -> type:
     class ExampleOrder(cls):
         def local_update(self, model, rnd):
             g = task.batch_generator(SEED, rnd.ctx.round, rnd.ctx.client_id)
-            return super().local_update(model, rnd.but(ctx=replace(rnd.ctx, generator=g)))
+            return super().local_update(model, rnd.replace(ctx=replace(rnd.ctx, generator=g)))
 
     return ExampleOrder
 

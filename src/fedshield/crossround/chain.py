@@ -53,7 +53,7 @@ class RoundDefenses:
         metrics: dict[str, float] = {}
         kept = rnd.updates
         for d in self.defenses:
-            kept, acted = d.complete(rnd.but(updates=kept), needed, sent)
+            kept, acted = d.complete(rnd.replace(updates=kept), needed, sent)
             new |= acted.state
             metrics |= acted.metrics
         return kept, new, metrics
@@ -89,7 +89,7 @@ class RoundDefenses:
         if rule is not server.aggregator:  # servers own no mutable state: a copy is enough
             run = copy.copy(server)
             run.aggregator = rule
-        seen_by_server = rnd.but(state=own, updates=rows)
+        seen_by_server = rnd.replace(state=own, updates=rows)
         step = run.post_step(run.update(seen_by_server), seen_by_server)
         after = step.params
         for d in self.defenses:

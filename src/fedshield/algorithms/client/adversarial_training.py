@@ -253,7 +253,8 @@ class FedTAET(AdversarialClient):
     params: TAETParams
 
     def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
-        return super().local_update(model, rnd.but(payload=with_round(rnd.payload, rnd.ctx.round)))
+        staged = rnd.replace(payload=with_round(rnd.payload, rnd.ctx.round))
+        return super().local_update(model, staged)
 
     def _stage(self, payload: Payload) -> int:
         return taet_stage(payload, self.params.stabilize_rounds)

@@ -245,7 +245,7 @@ class ClientAlgorithm:
             model.train()
         spec, data, ctx = self.spec, rnd.data, rnd.ctx
         payload = self.round_payload(rnd.payload, ctx.round)
-        rnd = rnd.but(payload=payload)
+        rnd = rnd.replace(payload=payload)
         consts = self.constants(model, rnd)
         adjusts = _overrides(type(self), "adjust")
         start = split_like(payload.params, params) if adjusts else []

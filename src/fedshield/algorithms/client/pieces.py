@@ -77,7 +77,7 @@ class ClientRound:
     def device(self) -> torch.device:
         return self.ctx.device
 
-    def but(self, **changes: Any) -> ClientRound:
+    def replace(self, **changes: Any) -> ClientRound:
         """This round with some inputs changed (the payload as the pieces see it)."""
         return replace(self, **changes)
 

@@ -48,7 +48,7 @@ class ServerRound:
     ctx: RoundContext
     services: ServerServices | None = None
 
-    def but(self, **changes: Any) -> ServerRound:
+    def replace(self, **changes: Any) -> ServerRound:
         """This round with some inputs changed (the rows a defense chose, its own state)."""
         return replace(self, **changes)
 

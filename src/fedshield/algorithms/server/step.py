@@ -182,7 +182,7 @@ def server_round_step(
     fresh = kept
     if defenses is not None and kept:  # a short round completed from cached rows (fill)
         sent = {u.client_id for u in admitted}
-        kept, filled, notes = defenses.complete(start.but(updates=kept), budget.needed, sent)
+        kept, filled, notes = defenses.complete(start.replace(updates=kept), budget.needed, sent)
         metrics |= notes
         out.state = start.state | filled
     if uniform_counts:
@@ -202,7 +202,7 @@ def server_round_step(
         return out
     rule = server.aggregator
     server.aggregator = rule.for_round(ctx.round)  # Bucketing's draw: (seed, round) only
-    rnd = start.but(updates=kept)
+    rnd = start.replace(updates=kept)
     try:
         if defenses is not None:  # cached rows, step bound: around update and post_step
             # This round's own uploads are the first len(fresh) rows (fill appends after).
