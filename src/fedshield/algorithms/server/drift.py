@@ -127,7 +127,7 @@ class FedACGParams(Params):
 
 @SERVER_ALGORITHMS.register("fedacg", tags=["central_dp"])
 class FedACG(FedAvg):
-    """FedACG (Kim et al., CVPR 2024; DRAG paper, Sec. VI-A): broadcast θ̂ = θ^t + λ m^{t−1};
+    """FedACG (Kim et al., CVPR 2024): broadcast θ̂ = θ^t + λ m^{t−1};
     m^t = λ m^{t−1} + AGG(g) with g relative to θ̂; θ^{t+1} = θ^t + m^t.
     Pair with the ``fedacg`` client (proximal term towards θ̂)."""
 
