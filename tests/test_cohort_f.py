@@ -21,9 +21,10 @@ from scipy.stats import hypergeom
 
 from fedshield import config as cfgmod
 from fedshield.aggregators import AGGREGATORS
+from fedshield.algorithms.server import ServerRound
 from fedshield.algorithms.server.cohort import cap_for_f, cohort_f, round_budget, rows_needed
 from fedshield.algorithms.server.fedavg import FedAvg
-from fedshield.algorithms.server.step import RoundStart, server_round_step
+from fedshield.algorithms.server.step import server_round_step
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.integrity import UploadSpec
 from fedshield.errors import ConfigError
@@ -59,11 +60,8 @@ def _step(rule, updates, cohort: int, stated=None, weighting="uniform", **kw) ->
     ctx = RoundContext(1, tuple(range(cohort)), (), 0, cohort, torch.device("cpu"))
     out = server_round_step(
         server,
-        RoundStart(params, torch.zeros(0), server.init_state(params)),
-        updates,
+        ServerRound(params, torch.zeros(0), server.init_state(params), list(updates), ctx),
         UploadSpec(num_params=D, dtype=torch.float32, num_buffers=0),
-        ctx,
-        None,  # type: ignore[arg-type]
         uniform_counts=weighting == "uniform",
         **kw,
     )

@@ -395,7 +395,7 @@ def _client_cases() -> list[Any]:
 
 def _local_update(entry, family: str, client_id: int):
     from fedshield.algorithms.client import LocalSpec
-    from fedshield.algorithms.client.base import ClientContext
+    from fedshield.algorithms.client.base import ClientContext, ClientRound
     from fedshield.core.context import RoundContext, make_generator, seed_global_rng
     from fedshield.core.flat import get_buffers, get_params
     from fedshield.data.bundle import TensorData
@@ -421,7 +421,7 @@ def _local_update(entry, family: str, client_id: int):
     payload = server.broadcast(theta, bufs, server.init_state(theta), rctx)
     seed_global_rng(7, torch.device("cpu"))
     ctx = ClientContext(client_id, 1, make_generator(0, 1, client_id), torch.device("cpu"))
-    update = algo.local_update(model, payload, data, ctx, {})
+    update = algo.local_update(model, ClientRound(payload, data, {}, ctx))
     return algo, model, data, theta, bufs, update
 
 

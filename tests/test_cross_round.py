@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fedshield import config
-from fedshield.algorithms.server.step import RoundStart, server_round_step
+from fedshield.algorithms.server import ServerRound
+from fedshield.algorithms.server.step import server_round_step
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.integrity import UploadSpec
 from fedshield.crossround import ROUND_DEFENSES, build, build_round_defenses
@@ -238,15 +239,15 @@ def test_round_step_carries_defense_state_and_outvotes_a_bad_cohort_with_cached_
     comp.server.round_defenses = build_round_defenses(["cache", "step_bound"], {})
     d = 5
     spec = UploadSpec(num_params=d, dtype=torch.float32, num_buffers=0)
-    start = RoundStart(torch.zeros(d), torch.zeros(0), {})
     honest = [ClientUpdate(k, torch.full((d,), 0.1), 1, torch.zeros(0)) for k in range(3)]
-    out = server_round_step(comp.server, start, honest, spec, ctx(1, (0, 1, 2), 6), None)
+    start = ServerRound(torch.zeros(d), torch.zeros(0), {}, honest, ctx(1, (0, 1, 2), 6))
+    out = server_round_step(comp.server, start, spec)
     assert torch.allclose(out.params, torch.full((d,), 0.1))
     assert {"cache/rows", "step_bound/steps"} <= set(out.state)
     # round 2: a cohort of three attackers and no honest row: the cached honest rows win
     bad = [ClientUpdate(k, torch.full((d,), 1e6), 1, torch.zeros(0)) for k in (3, 4, 5)]
-    start = RoundStart(out.params, out.buffers, out.state)
-    out = server_round_step(comp.server, start, bad, spec, ctx(2, (3, 4, 5), 6), None)
+    start = ServerRound(out.params, out.buffers, out.state, bad, ctx(2, (3, 4, 5), 6))
+    out = server_round_step(comp.server, start, spec)
     assert out.applied and out.metrics["defense/cache/rows"] == 6.0
     # median of {0.1 ×3, 1e6 ×3} per coordinate is their mean (5e5): the step bound caps it
     step = out.params - start.params

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fedshield import aggregators, config
-from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientContext, LocalSpec
-from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientContext, ClientRound, LocalSpec
+from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerRound
 from fedshield.core.context import ClientUpdate, Payload, RoundContext
 from fedshield.core.flat import get_params
 from fedshield.core.params import parse_params
@@ -33,13 +33,13 @@ def _server(name, agg="mean", **params):
 def test_fedexp_step_is_at_least_one_and_matches_formula():
     srv = _server("fedexp", eps=1e-3)
     ups = _updates([[1.0, 0.0], [-1.0, 0.2]])  # nearly cancelling updates → large step
-    step = srv.update(torch.zeros(2), torch.zeros(0), {}, ups, CTX, None)
+    step = srv.update(ServerRound(torch.zeros(2), torch.zeros(0), {}, ups, CTX))
     mean = torch.tensor([0.0, 0.1])
     eta = (1.0 + 1.04) / (2 * 2 * (0.01 + 1e-3))
     assert step.metrics["agg/eta_g"] == pytest.approx(eta, rel=1e-5)
     torch.testing.assert_close(step.params, eta * mean)
     aligned = srv.update(
-        torch.zeros(2), torch.zeros(0), {}, _updates([[1.0, 0], [1.0, 0]]), CTX, None
+        ServerRound(torch.zeros(2), torch.zeros(0), {}, _updates([[1.0, 0], [1.0, 0]]), CTX)
     )
     assert aligned.metrics["agg/eta_g"] == 1.0
 
@@ -48,7 +48,7 @@ def test_drag_reference_momentum():
     srv = _server("drag", agg="drag", alpha=0.25)
     ups = _updates([[1.0, 0.0], [0.0, 1.0]])
     assert "ref" not in srv.broadcast(torch.zeros(2), torch.zeros(0), {}, CTX).extras
-    step = srv.update(torch.zeros(2), torch.zeros(0), {}, ups, CTX, None)
+    step = srv.update(ServerRound(torch.zeros(2), torch.zeros(0), {}, ups, CTX))
     r0 = torch.tensor([0.5, 0.5])  # r^0 = (1/S) Σ g^0
     v, _, _ = aggregators.drag_calibrate(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), r0, 0.2)
     delta = v.mean(0)
@@ -65,7 +65,8 @@ def test_fedacg_lookahead_and_momentum():
     assert torch.equal(
         srv.broadcast(theta, torch.zeros(0), state, CTX).params, torch.tensor([2.0, 1.0])
     )
-    step = srv.update(theta, torch.zeros(0), state, _updates([[0.0, 1.0], [0.0, 3.0]]), CTX, None)
+    ups = _updates([[0.0, 1.0], [0.0, 3.0]])
+    step = srv.update(ServerRound(theta, torch.zeros(0), state, ups, CTX))
     m = torch.tensor([1.0, 2.0])  # λ m + mean g
     torch.testing.assert_close(step.state["m"], m)
     torch.testing.assert_close(step.params, theta + m)
@@ -77,7 +78,7 @@ def test_scaffold_server_control_variate():
     ups = _updates([[1.0, 1.0], [1.0, 1.0]])
     ups[0].extras["dh"] = torch.tensor([4.0, 0.0])
     ups[1].extras["dh"] = torch.tensor([0.0, 8.0])
-    step = srv.update(torch.zeros(2), torch.zeros(0), state, ups, CTX, None)
+    step = srv.update(ServerRound(torch.zeros(2), torch.zeros(0), state, ups, CTX))
     torch.testing.assert_close(step.state["h"], torch.tensor([1.0, 2.0]))  # (1/M) Σ Δh, M = 4
 
 
@@ -97,7 +98,7 @@ def _local(name, params, payload_extras, state, steps=3):
     theta = get_params(model)
     payload = Payload(theta.clone(), torch.zeros(0), payload_extras)
     ctx = ClientContext(0, 1, torch.Generator().manual_seed(0), torch.device("cpu"))
-    return algo.local_update(model, payload, data, ctx, state), model, data, theta
+    return algo.local_update(model, ClientRound(payload, data, state, ctx)), model, data, theta
 
 
 def test_scaffold_client_seed_form_stores_first_gradient():
@@ -203,13 +204,13 @@ def test_drag_acg_with_lambda_zero_is_drag():
     ups = _updates([[1.0, 0.0], [0.0, 1.0]])
     drag = _server("drag", agg="drag", alpha=0.25)
     both = _server("drag_acg", agg="drag", alpha=0.25, lam=0.0)
-    a = drag.update(torch.zeros(2), torch.zeros(0), {}, ups, CTX, None)
-    b = both.update(torch.zeros(2), torch.zeros(0), {}, ups, CTX, None)
+    a = drag.update(ServerRound(torch.zeros(2), torch.zeros(0), {}, ups, CTX))
+    b = both.update(ServerRound(torch.zeros(2), torch.zeros(0), {}, ups, CTX))
     torch.testing.assert_close(a.params, b.params)
     torch.testing.assert_close(a.state["ref"], b.state["ref"])
     ups2 = _updates([[0.5, -1.0], [2.0, 0.0]])
-    a2 = drag.update(a.params, torch.zeros(0), a.state, ups2, CTX, None)
-    b2 = both.update(b.params, torch.zeros(0), b.state, ups2, CTX, None)
+    a2 = drag.update(ServerRound(a.params, torch.zeros(0), a.state, ups2, CTX))
+    b2 = both.update(ServerRound(b.params, torch.zeros(0), b.state, ups2, CTX))
     torch.testing.assert_close(a2.params, b2.params)
 
 
@@ -223,8 +224,8 @@ def test_drag_acg_with_c_zero_is_fedacg_and_broadcasts_the_lookahead():
     torch.testing.assert_close(payload.params, torch.tensor([2.0, 1.0]))  # θ + λ m
     torch.testing.assert_close(payload.extras["ref"], state["ref"])
     ups = _updates([[0.0, 1.0], [0.0, 3.0]])
-    a = acg.update(theta, torch.zeros(0), state, ups, CTX, None)
-    b = both.update(theta, torch.zeros(0), state, ups, CTX, None)
+    a = acg.update(ServerRound(theta, torch.zeros(0), state, ups, CTX))
+    b = both.update(ServerRound(theta, torch.zeros(0), state, ups, CTX))
     torch.testing.assert_close(a.params, b.params)  # θ + λ m + mean g
     torch.testing.assert_close(b.state["m"], torch.tensor([1.0, 2.0]))
 
@@ -235,7 +236,8 @@ def test_drag_acg_calibrates_before_the_momentum():
     state = {"m": torch.tensor([1.0, 1.0]), "ref": r}
     both = _server("drag_acg", agg="drag", lam=0.5, alpha=0.25)
     rows = torch.tensor([[0.0, 2.0], [-1.0, 0.0]])
-    step = both.update(theta, torch.zeros(0), state, _updates(rows.tolist()), CTX, None)
+    ups = _updates(rows.tolist())
+    step = both.update(ServerRound(theta, torch.zeros(0), state, ups, CTX))
     v, _, _ = aggregators.drag_calibrate(rows, r, 0.2)
     delta = v.mean(0)
     torch.testing.assert_close(step.state["m"], 0.5 * state["m"] + delta)
@@ -296,7 +298,8 @@ def test_brdrag_ct_calibrates_with_the_rounds_c():
     x = torch.tensor(rows)
     for rule, c_t in (("estimate", 0.5 / (0.5 + (1 + 2**-0.5) / 4)), ("oracle", 0.25 / 0.5)):
         srv = _server("brdrag_ct", agg="brdrag", c_rule=rule)
-        step = srv.update(torch.zeros(2), torch.zeros(0), {}, _updates(rows), ctx, _Root(r))
+        rnd_in = ServerRound(torch.zeros(2), torch.zeros(0), {}, _updates(rows), ctx, _Root(r))
+        step = srv.update(rnd_in)
         assert step.metrics["agg/c_t"] == pytest.approx(c_t)
         v, _, _ = aggregators.brdrag_calibrate(x, r, c_t)
         torch.testing.assert_close(step.params, v.mean(0))

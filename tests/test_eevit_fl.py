@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from fedshield import config
 from fedshield.aggregators.mean import Mean
-from fedshield.algorithms.client.base import ClientContext, LocalSpec
+from fedshield.algorithms.client.base import ClientContext, ClientRound, LocalSpec
 from fedshield.algorithms.client.multi_exit import (
     DepthFL,
     DepthFLParams,
@@ -39,6 +39,7 @@ from fedshield.algorithms.client.width import (
     narrow_model,
     width_index,
 )
+from fedshield.algorithms.server import ServerRound
 from fedshield.algorithms.server.fedavg import FedAvg, coverage_mean
 from fedshield.core.context import ClientUpdate, Payload, RoundContext
 from fedshield.core.flat import get_buffers, get_params, param_slices, set_params
@@ -125,7 +126,7 @@ def _upd(k: int, delta: torch.Tensor, n: int, mask: torch.Tensor | None) -> Clie
 
 def _server_step(updates: list[ClientUpdate], params: torch.Tensor) -> torch.Tensor:
     ctx = RoundContext(1, tuple(range(len(updates))), (), 0, len(updates), torch.device("cpu"))
-    step = FedAvg(Mean()).update(params, torch.zeros(0), {}, updates, ctx, services=None)  # type: ignore[arg-type]
+    step = FedAvg(Mean()).update(ServerRound(params, torch.zeros(0), {}, updates, ctx))
     return step.params
 
 
@@ -175,7 +176,7 @@ def _data(n: int = 24) -> TensorData:
 def _train(client, model, k: int, steps: int = 2) -> ClientUpdate:
     params, buffers = get_params(model), get_buffers(model)
     ctx = ClientContext(k, 1, torch.Generator().manual_seed(k), torch.device("cpu"))
-    return client.local_update(model, Payload(params, buffers), _data(), ctx, {})
+    return client.local_update(model, ClientRound(Payload(params, buffers), _data(), {}, ctx))
 
 
 def test_depth_tiers_are_cycled_and_updates_stay_in_the_prefix() -> None:
@@ -280,7 +281,7 @@ def test_heterofl_classifier_rows_of_absent_classes() -> None:
     def run(client):
         ctx = ClientContext(0, 1, torch.Generator().manual_seed(0), torch.device("cpu"))
         payload = Payload(get_params(model).clone(), get_buffers(model))
-        return client.local_update(model, payload, data, ctx, {})
+        return client.local_update(model, ClientRound(payload, data, {}, ctx))
 
     # "all": the tier's mask (the server predicts it), absent rows not updated.
     client = HeteroFL(spec, HeteroFLParams(widths=[1.0], class_rows="all"))

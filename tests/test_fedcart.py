@@ -10,7 +10,7 @@ from torch import nn
 from torch.func import grad, vmap
 
 from fedshield.adversarial import pgd
-from fedshield.algorithms.client.base import ClientContext, LocalSpec
+from fedshield.algorithms.client.base import ClientContext, ClientRound, LocalSpec
 from fedshield.algorithms.client.fedcart import (
     COUNTS,
     HEAD_SHAPE,
@@ -19,6 +19,7 @@ from fedshield.algorithms.client.fedcart import (
     FedCARTClient,
     FedCARTParams,
 )
+from fedshield.algorithms.server import ServerRound
 from fedshield.algorithms.server.fedcart import (
     FedCARTServer,
     FedCARTServerParams,
@@ -233,7 +234,7 @@ def _received_model_update(cl: FedCARTClient, m: DualHead, d: TensorData, flag: 
     received = get_params(m).clone()
     payload = Payload(received, get_buffers(m), {PROTO_HEAD: torch.tensor(flag)})
     torch.manual_seed(7)
-    up = cl.local_update(m, payload, d, ctx(), {})
+    up = cl.local_update(m, ClientRound(payload, d, {}, ctx()))
     return up, received
 
 
@@ -281,7 +282,7 @@ def test_prototype_averages_natural_and_adversarial_views():
 
 def test_no_prototypes_unless_the_server_asks():
     m, d = model(), data()
-    up = client().local_update(m, Payload(get_params(m), get_buffers(m)), d, ctx(), {})
+    up = client().local_update(m, ClientRound(Payload(get_params(m), get_buffers(m)), d, {}, ctx()))
     assert PROTOTYPES not in up.extras and HEAD_SHAPE in up.extras
 
 
@@ -423,9 +424,10 @@ def _round(srv: FedCARTServer, rnd: int = 1, state=None, signal: bool = False):
     for k in range(2):
         torch.manual_seed(k)
         c = ClientContext(k, rnd, torch.Generator().manual_seed(k), torch.device("cpu"))
-        ups.append(cl.local_update(m, payload, data(seed=k, signal=signal), c, {}))
-    step = srv.update(theta, buffers, state, ups, rctx(rnd), None)  # type: ignore[arg-type]
-    return theta, step, srv.post_step(step, rctx(rnd), None), payload  # type: ignore[arg-type]
+        ups.append(cl.local_update(m, ClientRound(payload, data(seed=k, signal=signal), {}, c)))
+    rnd_in = ServerRound(theta, buffers, state, ups, rctx(rnd))
+    step = srv.update(rnd_in)
+    return theta, step, srv.post_step(step, rnd_in), payload
 
 
 P = C * 8 + C  # one head's entries (C = 4 classes, D = 8 features)
@@ -475,7 +477,7 @@ def test_server_needs_fedcart_clients():
     theta = get_params(m)
     plain = [ClientUpdate(0, torch.zeros_like(theta), 4, get_buffers(m))]
     with pytest.raises(ConfigError, match="client.algorithm='fedcart'"):
-        srv.update(theta, get_buffers(m), {}, plain, rctx(), None)  # type: ignore[arg-type]
+        srv.update(ServerRound(theta, get_buffers(m), {}, plain, rctx()))
 
 
 def test_cart_step_logs_its_losses_and_stops_each_phase_on_a_plateau():
@@ -513,7 +515,7 @@ def test_extreme_finite_prototypes_never_make_theta_non_finite():
         srv = server(match_iters=5, match_optimizer=optimizer)
         _, agg, _, _ = _round(srv)
         agg.state["proto"] = torch.full_like(agg.state["proto"], 1e30)
-        out = srv.post_step(agg, rctx(), None)  # type: ignore[arg-type]
+        out = srv.post_step(agg, ServerRound(agg.params, agg.buffers, agg.state, [], rctx()))
         assert torch.isfinite(out.params).all() and torch.isfinite(out.state["proto"]).all()
         if optimizer == "sgd":  # SGD's step overflows: the phase is skipped, θ kept
             assert out.metrics["cart/skipped"] == 1.0
@@ -568,5 +570,5 @@ def test_fedtaet_client_is_natural_ce_then_harl_and_reads_the_round():
     cl.loss = lambda model, x, y, payload, consts=None: (  # type: ignore[method-assign]
         seen.append(float(payload.extras["taet/round"])) or real_loss(model, x, y, payload, consts)
     )
-    cl.local_update(m, base, d, ctx(rnd=5), {})
+    cl.local_update(m, ClientRound(base, d, {}, ctx(rnd=5)))
     assert seen == [5.0]

@@ -14,10 +14,10 @@ from torch import nn
 
 from fedshield import config
 from fedshield.aggregators import AGGREGATORS
-from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientContext, LocalSpec
+from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientContext, ClientRound, LocalSpec
 from fedshield.algorithms.client.feddyn import ALPHA
 from fedshield.algorithms.client.pieces import GradStep, Trained
-from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerRound
 from fedshield.core.context import ClientUpdate, Payload, RoundContext
 from fedshield.core.flat import get_params
 from fedshield.data.bundle import TensorData
@@ -80,7 +80,7 @@ def test_server_step_on_a_worked_example():
         ClientUpdate(0, torch.tensor([1.0, 0.0]), 10, torch.zeros(0)),
         ClientUpdate(1, torch.tensor([0.0, 2.0]), 30, torch.zeros(0)),
     ]
-    step = server.update(theta, torch.zeros(0), state, ups, ctx, None)  # type: ignore[arg-type]
+    step = server.update(ServerRound(theta, torch.zeros(0), state, ups, ctx))
     torch.testing.assert_close(step.state["h"], torch.tensor([0.075, -0.65]))
     torch.testing.assert_close(step.params, torch.tensor([1.35, 4.3]))
 
@@ -99,7 +99,7 @@ def test_local_optimum_state_is_the_true_gradient():
     for rnd in (1, 2):
         payload = Payload(theta, torch.zeros(0), {ALPHA: torch.tensor(0.5)})
         ctx = ClientContext(0, rnd, torch.Generator().manual_seed(rnd), torch.device("cpu"))
-        up = client.local_update(model, payload, data, ctx, state)
+        up = client.local_update(model, ClientRound(payload, data, state, ctx))
         model.zero_grad()
         F.cross_entropy(model(data.x), data.y).backward()
         true_grad = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -112,7 +112,8 @@ def test_client_without_the_servers_alpha_is_a_config_error():
     data = TensorData(torch.randn(8, 4), torch.arange(8) % 3)
     ctx = ClientContext(0, 1, torch.Generator(), torch.device("cpu"))
     with pytest.raises(ConfigError, match="server.algorithm='feddyn'"):
-        _client().local_update(model, Payload(get_params(model), torch.zeros(0)), data, ctx, {})
+        payload = Payload(get_params(model), torch.zeros(0))
+        _client().local_update(model, ClientRound(payload, data, {}, ctx))
 
 
 def _raw(**sections):

@@ -51,9 +51,9 @@ def example_order(cls: type) -> type:
     """fedshield client algorithm ``cls`` drawing its mini-batches in the example's order."""
 
     class ExampleOrder(cls):
-        def local_update(self, model, payload, data, ctx, state):
-            g = task.batch_generator(SEED, ctx.round, ctx.client_id)
-            return super().local_update(model, payload, data, replace(ctx, generator=g), state)
+        def local_update(self, model, rnd):
+            g = task.batch_generator(SEED, rnd.ctx.round, rnd.ctx.client_id)
+            return super().local_update(model, rnd.replace(ctx=replace(rnd.ctx, generator=g)))
 
     return ExampleOrder
 

@@ -33,7 +33,7 @@ from flwr.serverapp import strategy as flwr_strategy
 
 from fedshield.aggregators import AGGREGATORS
 from fedshield.algorithms.server import SERVER_ALGORITHMS
-from fedshield.algorithms.server.base import ServerStep
+from fedshield.algorithms.server.base import ServerRound, ServerStep
 from fedshield.algorithms.server.cohort import round_budget
 from fedshield.algorithms.server.step import cap_counts
 from fedshield.core.context import ClientUpdate, RoundContext
@@ -194,8 +194,8 @@ def reference(strategy: S.FedshieldRule, grid: LocalGrid, rounds: int = ROUNDS):
             # the round step's count caps: 2× the median, then below half for the cohort's f
             f = round_budget(server.aggregator, len(ctx.cohort)).f
             updates = cap_counts(updates, strategy.count_cap, f)[0]
-        step = server.update(params, buffers, state, updates, ctx, services)
-        step = server.post_step(step, ctx, services)
+        rnd_in = ServerRound(params, buffers, state, updates, ctx, services)
+        step = server.post_step(server.update(rnd_in), rnd_in)
         params, buffers, state = step.params, step.buffers, step.state
     return params, buffers, state
 
@@ -428,8 +428,9 @@ def test_non_finite_step_keeps_the_model_and_the_state(monkeypatch):
     run(strategy, grid, rounds=1)
     state = {k: v.clone() for k, v in strategy.state.items()}
 
-    def nan_step(params, buffers, st, updates, ctx, services):
-        return ServerStep(params * math.nan, buffers, {"center": st["center"] * math.nan})
+    def nan_step(rnd):
+        nan_center = rnd.state["center"] * math.nan
+        return ServerStep(rnd.params * math.nan, rnd.buffers, {"center": nan_center})
 
     monkeypatch.setattr(strategy.server, "update", nan_step)
     replies = grid.send_and_receive(strategy.configure_train(2, initial(), ConfigRecord(), grid))
@@ -662,7 +663,7 @@ def test_feddyn_client_part_in_a_users_loop_is_fedshields_own_update():
     import torch.nn.functional as F
 
     from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
-    from fedshield.algorithms.client.base import ClientContext, batch_indices
+    from fedshield.algorithms.client.base import ClientContext, ClientRound, batch_indices
     from fedshield.core.context import Payload
     from fedshield.core.flat import get_params, set_params
     from fedshield.data.bundle import TensorData
@@ -694,7 +695,7 @@ def test_feddyn_client_part_in_a_users_loop_is_fedshields_own_update():
         part.reply()
         ctx = ClientContext(0, rnd, torch.Generator().manual_seed(rnd), torch.device("cpu"))
         payload = Payload(theta, theta.new_zeros(0), alpha)
-        want = ref.local_update(ref_model, payload, data, ctx, state)
+        want = ref.local_update(ref_model, ClientRound(payload, data, state, ctx))
         torch.testing.assert_close(get_params(model) - theta, want.delta, rtol=0, atol=1e-6)
         saved = part.state["grad"]
         torch.testing.assert_close(saved, state["grad"], rtol=0, atol=1e-6)
@@ -729,7 +730,7 @@ def test_scaffold_option2_client_part_divides_by_the_given_lr():
     too small) and refused lr=. With lr it gives fedshield's own SCAFFOLD client's Δθ, Δh_m
     and h_m over two participations with different server h."""
     from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
-    from fedshield.algorithms.client.base import ClientContext
+    from fedshield.algorithms.client.base import ClientContext, ClientRound
     from fedshield.core.context import Payload
     from fedshield.core.flat import get_params, set_params
     from fedshield.data.bundle import TensorData
@@ -753,7 +754,7 @@ def test_scaffold_option2_client_part_divides_by_the_given_lr():
         reply = part.reply()
         ctx = ClientContext(0, rnd, torch.Generator().manual_seed(rnd), torch.device("cpu"))
         payload = Payload(theta, theta.new_zeros(0), {"h": h})
-        want = ref.local_update(ref_model, payload, data, ctx, state)
+        want = ref.local_update(ref_model, ClientRound(payload, data, state, ctx))
         torch.testing.assert_close(get_params(model) - theta, want.delta, rtol=0, atol=1e-6)
         got_dh = flat_params(reply[DH], model)
         torch.testing.assert_close(got_dh, want.extras["dh"], rtol=1e-5, atol=1e-6)

@@ -192,7 +192,7 @@ def test_local_update_refuses_a_client_without_data() -> None:
     """`local_update` on an empty dataset looped for ever (every epoch was empty)."""
     import torch
 
-    from fedshield.algorithms.client.base import ClientContext, LocalSpec
+    from fedshield.algorithms.client.base import ClientContext, ClientRound, LocalSpec
     from fedshield.algorithms.client.sgd import LocalSGD
     from fedshield.core.context import Payload
     from fedshield.core.flat import get_buffers, get_params
@@ -212,7 +212,8 @@ def test_local_update_refuses_a_client_without_data() -> None:
     signal.alarm(10)
     try:
         with pytest.raises(ConfigError, match="0 samples cannot train"):
-            LocalSGD(LocalSpec(lr=0.1, batch_size=4)).local_update(model, payload, empty, ctx, {})
+            client = LocalSGD(LocalSpec(lr=0.1, batch_size=4))
+            client.local_update(model, ClientRound(payload, empty, {}, ctx))
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from fedshield.aggregators import AGGREGATORS
+from fedshield.algorithms.server import ServerRound
 from fedshield.algorithms.server.fedavg import FedAvg
-from fedshield.algorithms.server.step import RoundStart, server_round_step
+from fedshield.algorithms.server.step import server_round_step
 from fedshield.config import validate
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.integrity import UploadSpec
@@ -244,9 +245,8 @@ def _round(server, state, rnd: int, ups: list[ClientUpdate]) -> tuple[torch.Tens
     params = torch.zeros(D)
     ctx = RoundContext(rnd, tuple(range(10)), (8, 9), 0, 10, torch.device("cpu"))
     out = server_round_step(
-        server, RoundStart(params, torch.zeros(0), state), ups,
-        UploadSpec(num_params=D, dtype=torch.float32, num_buffers=0), ctx,
-        None, uniform_counts=True,  # type: ignore[arg-type]
+        server, ServerRound(params, torch.zeros(0), state, ups, ctx),
+        UploadSpec(num_params=D, dtype=torch.float32, num_buffers=0), uniform_counts=True,
     )  # fmt: skip
     return out.params, out.metrics, out.state
 

@@ -22,6 +22,7 @@ import torch
 
 from fedshield import config as cfgmod
 from fedshield.algorithms.client.fedcart import COUNTS, PROTOTYPES
+from fedshield.algorithms.server import ServerRound
 from fedshield.algorithms.server.fedcart import aggregate_prototypes
 from fedshield.algorithms.server.prototype_bound import (
     PROTO_KAPPA,
@@ -177,8 +178,8 @@ def _cart_run(scale: float | None, rounds: int = 3) -> tuple[float, float, float
             u.delta = torch.zeros_like(theta)
             u.extras[HEAD_SHAPE] = torch.tensor([NC, ND], dtype=torch.float32)
             ups.append(u)
-        step = srv.update(theta, torch.zeros(0), state, ups, ctx, None)  # type: ignore[arg-type]
-        step = srv.post_step(step, ctx, None)  # type: ignore[arg-type]
+        rnd_in = ServerRound(theta, torch.zeros(0), state, ups, ctx)
+        step = srv.post_step(srv.update(rnd_in), rnd_in)
         theta, state = step.params, step.state
     w, b = theta[-p:][: NC * ND].view(NC, ND), theta[-p:][NC * ND :]
     acc = float(((test[0][1] @ w.T + b).argmax(1) == 0).float().mean())

@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshield import aggregators, config
-from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientContext, LocalSpec
+from fedshield.algorithms.client import CLIENT_ALGORITHMS, ClientContext, ClientRound, LocalSpec
 from fedshield.algorithms.client.base import batch_indices
+from fedshield.algorithms.server import ServerRound
 from fedshield.algorithms.server.fedavg import FedAvg
 from fedshield.core.context import ClientUpdate, Payload, RoundContext, derive_seed, make_generator
 from fedshield.core.flat import get_params
@@ -100,7 +101,9 @@ def _aggregate(server: FedAvg, rows: torch.Tensor, s: int, services, state=None,
     ups = [ClientUpdate(i, r.clone(), 10, torch.zeros(0)) for i, r in enumerate(rows)]
     ctx = RoundContext(rnd, tuple(range(s)), (), 0, 2 * s, torch.device("cpu"))
     d = rows.shape[1]
-    return server.aggregate(torch.zeros(d), torch.zeros(0), state or {}, ups, ctx, services)
+    return server.aggregate(
+        ServerRound(torch.zeros(d), torch.zeros(0), state or {}, ups, ctx, services)
+    )
 
 
 def _neighbours(
@@ -434,7 +437,7 @@ def test_dp_sgd_client_equals_opacus_make_private():
     start = get_params(model)
     client = _client("sgd", z, clip)
     ctx = _ctx()
-    up = client.local_update(model, Payload(start, torch.zeros(0)), data, ctx, {})
+    up = client.local_update(model, ClientRound(Payload(start, torch.zeros(0)), data, {}, ctx))
 
     ref = _net()
     batches = _batches((0, 2, 1, 4), len(data), 3)
@@ -535,7 +538,7 @@ def test_dp_sgd_matches_per_sample_reference(name):
     start = get_params(model)
     ctx = _ctx()
     torch.manual_seed(11)  # the attacks' random starts (the engine seeds per client)
-    up = client.local_update(model, Payload(start, start.new_zeros(0)), data, ctx, {})
+    up = client.local_update(model, ClientRound(Payload(start, start.new_zeros(0)), data, {}, ctx))
 
     ref = _net().double()
     loss = {"fedprox": _CE(), "fedtrades": _Trades(client), "fedfat": _FAT(client)}[name]
@@ -559,13 +562,13 @@ def test_dp_sgd_leaves_the_model_as_it_was():
 
     used, never = fresh(), fresh()
     payload = Payload(get_params(used), torch.zeros(0))
-    _client("sgd", 1.0, 1.0).local_update(used, payload, _data(), _ctx(), {})
+    _client("sgd", 1.0, 1.0).local_update(used, ClientRound(payload, _data(), {}, _ctx()))
     relus = [m for m in used.modules() if isinstance(m, nn.ReLU)]
     assert relus and all(m.inplace for m in relus)
     assert not any(m._forward_hooks or m._backward_hooks for m in used.modules())
     plain = CLIENT_ALGORITHMS.get("sgd")(LocalSpec(lr=0.3, batch_size=8, steps=3))
-    a = plain.local_update(used, payload, _data(), _ctx(), {})
-    b = plain.local_update(never, payload, _data(), _ctx(), {})
+    a = plain.local_update(used, ClientRound(payload, _data(), {}, _ctx()))
+    b = plain.local_update(never, ClientRound(payload, _data(), {}, _ctx()))
     torch.testing.assert_close(a.delta, b.delta)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedshield.aggregators import build as build_rule
+from fedshield.algorithms.server import ServerRound
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.crossround import build, build_round_defenses
 from fedshield.crossround.base import BoundInput
@@ -126,18 +127,21 @@ def test_collusion_through_the_chain_runs_the_rule_with_the_lowered_f():
         aggregator = build_rule("trimmed_mean", f=3)
         lr = 1.0
 
-        def update(self, params, buffers, state, rows, c, services):
+        def update(self, rnd):
             from fedshield.algorithms.server.base import ServerStep
 
+            rows = rnd.updates
             seen.append((len(rows), self.aggregator.f))
             return ServerStep(
-                params + self.aggregator(torch.stack([u.delta for u in rows])), buffers, {}, {}
-            )
+                rnd.params + self.aggregator(torch.stack([u.delta for u in rows])),
+                rnd.buffers, {}, {},
+            )  # fmt: skip
 
-        def post_step(self, step, c, services):
+        def post_step(self, step, rnd):
             return step
 
-    out = defenses.step(Server(), torch.zeros(16), torch.zeros(0), {}, kept, ctx(1, ()), None)
+    start = ServerRound(torch.zeros(16), torch.zeros(0), {}, kept, ctx(1, ()))
+    out = defenses.step(Server(), start)
     assert seen == [(7, 0)]  # trimmed mean of 7 rows with f = 3 − 3: the honest mean
     torch.testing.assert_close(out.params, honest.mean(0), rtol=1e-5, atol=1e-5)
 

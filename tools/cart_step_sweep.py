@@ -45,6 +45,7 @@ import torch
 
 from fedshield import config
 from fedshield.adversarial import EVAL_ATTACKS, robust_correct
+from fedshield.algorithms.server import ServerRound
 from fedshield.algorithms.server.fedcart import (
     FedCARTServer,
     FedCARTServerParams,
@@ -201,8 +202,8 @@ def replay_round(ckpt_dir: Path) -> tuple[Simulator, Any, Any]:
     updates = sim.train_cohort(plan)
     server = sim.comp.server
     st = sim.state
-    step = server.update(st.params, st.buffers, st.server_state, updates, plan.ctx, sim)
-    return sim, plan.ctx, step
+    rnd_in = ServerRound(st.params, st.buffers, st.server_state, updates, plan.ctx, sim)
+    return sim, rnd_in, server.update(rnd_in)
 
 
 def real_feature_oracle(
@@ -235,7 +236,8 @@ def real_feature_oracle(
 
 def measure(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
-    sim, ctx, step = replay_round(Path(args.ckpt))
+    sim, rnd_in, step = replay_round(Path(args.ckpt))
+    ctx = rnd_in.ctx
     server = sim.comp.server
     ev = Evaluator(sim)
     records: list[dict[str, Any]] = []
@@ -250,7 +252,7 @@ def measure(args: argparse.Namespace) -> None:
             params=parse_params(type(server.params), params, "server.params"),
         )
         t0 = time.perf_counter()
-        out = srv.post_step(step, ctx, sim)
+        out = srv.post_step(step, rnd_in)
         wall = time.perf_counter() - t0
         m = {k.removeprefix("cart/"): v for k, v in out.metrics.items() if k.startswith("cart/")}
         acc = ev.natural_groups(out.params, out.buffers)
@@ -306,14 +308,14 @@ def record(args: argparse.Namespace) -> None:
         features.setdefault(current[-1], []).append((z.detach().cpu(), y.detach().cpu()))
         return real_sums(z, w, b, y, c)
 
-    def finish(model, update, payload, data, ctx, state):
-        current.append((ctx.round, ctx.client_id))
-        return real_finish(model, update, payload, data, ctx, state)
+    def finish(model, update, rnd_k):
+        current.append((rnd_k.ctx.round, rnd_k.ctx.client_id))
+        return real_finish(model, update, rnd_k)
 
-    def post_step(step, ctx, services):
-        rounds.append({"round": ctx.round, "params": step.params.cpu().clone(),
+    def post_step(step, rnd_in):
+        rounds.append({"round": rnd_in.ctx.round, "params": step.params.cpu().clone(),
                        "buffers": step.buffers.cpu().clone()})  # fmt: skip
-        return real_post(step, ctx, services)
+        return real_post(step, rnd_in)
 
     client_mod.class_gradient_sums = sums  # type: ignore[assignment]
     client.finish = finish  # type: ignore[method-assign]
@@ -384,8 +386,8 @@ def replay_run(
             u.extras = {PROTOTYPES: protos, COUNTS: counts,
                         HEAD_SHAPE: torch.tensor([float(c), float(d)])}  # fmt: skip
             ups.append(u)
-        step = srv.update(theta, buffers, state, ups, ctx, sim)
-        step = srv.post_step(step, ctx, sim)
+        rnd_in = ServerRound(theta, buffers, state, ups, ctx, sim)
+        step = srv.post_step(srv.update(rnd_in), rnd_in)
         theta, buffers, state = step.params, step.buffers, step.state
         out["cart"].append({k.removeprefix("cart/"): v for k, v in step.metrics.items()
                             if k.startswith("cart/")})  # fmt: skip

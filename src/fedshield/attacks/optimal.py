@@ -38,24 +38,15 @@ def line_search(
     the sign of ``delta`` is explored (ByzFL's choice; a negative δ searches the other side).
     """
     best_x, best_y = start, objective(start)
-    remaining = evals - 1
-    while remaining > 0:
+    expanding = True
+    for _ in range(evals - 1):
         prop = best_x + delta
         y = objective(prop)
-        remaining -= 1
-        if y > best_y:
+        better = y > best_y
+        if better:
             best_x, best_y = prop, y
-            delta *= 2
-        else:
-            delta *= ratio
-            break
-    while remaining > 0:
-        prop = best_x + delta
-        y = objective(prop)
-        remaining -= 1
-        if y > best_y:
-            best_x, best_y = prop, y
-        delta *= ratio
+        expanding = expanding and better  # the first failure ends the expansion for good
+        delta *= 2 if expanding else ratio
     return best_x
 
 

@@ -98,10 +98,7 @@ class AttackSpec(_Strict):
     @field_validator("search")
     @classmethod
     def _search(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for key, values in v.items():
-            if not values:
-                raise ValueError(f"search.{key}: needs at least one candidate")
-        return v
+        return _with_candidates(v, "search.")
 
     def placements(self) -> list[dict[str, Any]]:
         """Every combination of the ``search`` grid ([{}] without one)."""
@@ -183,14 +180,20 @@ class BenchSpec(_Strict):
     @field_validator("tune")
     @classmethod
     def _tune(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for key, values in v.items():
-            if not values:
-                raise ValueError(f"{key}: needs at least one candidate")
+        for key, values in _with_candidates(v).items():
             if key == DECLARED_F and not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in values
             ):
                 raise ValueError(f"{DECLARED_F}: offsets to ⌊wS⌋ are integers, got {values}")
         return v
+
+
+def _with_candidates(v: dict[str, list[Any]], where: str = "") -> dict[str, list[Any]]:
+    """``v`` when every key has at least one candidate value (errors name ``where`` + key)."""
+    for key, values in v.items():
+        if not values:
+            raise ValueError(f"{where}{key}: needs at least one candidate")
+    return v
 
 
 def parse_spec(raw: dict[str, Any], source: str = "bench") -> BenchSpec:

@@ -125,26 +125,27 @@ def _valid_count(n: object, cap: int | None) -> bool:
     return cap is None or n <= cap
 
 
+def _flat_reason(name: str, t: Tensor, size: int, dtype: torch.dtype) -> str | None:
+    """Why the flat field ``name`` (``delta``, ``buffers``) is rejected, or None."""
+    if _no_data(t):
+        return f"{name}_device"
+    if not is_dense(t) or tuple(t.shape) != (size,):
+        return f"{name}_shape"
+    if t.dtype != dtype:
+        return f"{name}_dtype"
+    if not _finite(t):
+        return f"{name}_nonfinite"
+    return None
+
+
 def check_upload(u: ClientUpdate, spec: UploadSpec) -> str | None:
     """The reason ``u`` must be rejected, or None when every field is valid."""
-    d = u.delta
-    if _no_data(d):
-        return "delta_device"
-    if not is_dense(d) or tuple(d.shape) != (spec.num_params,):
-        return "delta_shape"
-    if d.dtype != spec.dtype:
-        return "delta_dtype"
-    if not _finite(d):
-        return "delta_nonfinite"
+    reason = _flat_reason("delta", u.delta, spec.num_params, spec.dtype) or _flat_reason(
+        "buffers", u.buffers, spec.num_buffers, spec.dtype
+    )
+    if reason is not None:
+        return reason
     b = u.buffers
-    if _no_data(b):
-        return "buffers_device"
-    if not is_dense(b) or tuple(b.shape) != (spec.num_buffers,):
-        return "buffers_shape"
-    if b.dtype != spec.dtype:
-        return "buffers_dtype"
-    if not _finite(b):
-        return "buffers_nonfinite"
     if spec.buffer_min is not None and b.numel():
         low = spec.buffer_min.to(b.device, b.dtype)
         if not bool((b >= low).all()):

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
+from fedshield.algorithms.server.base import ServerRound
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.params import Configured
 from fedshield.registry import Registry
@@ -84,18 +85,14 @@ class RoundDefense(Configured):
         return tuple(self.key(p) for p in self.state_parts)
 
     def complete(
-        self,
-        kept: list[ClientUpdate],
-        state: State,
-        ctx: RoundContext,
-        needed: int | None,
-        sent: set[int],
+        self, rnd: ServerRound, needed: int | None, sent: set[int]
     ) -> tuple[list[ClientUpdate], Acted]:
         """Rows for a round that kept fewer than ``needed`` (the rows the rule needs for the
-        cohort's f; None: no number suffices); ``sent``: the clients whose uploads were
-        admitted this round, kept or rejected. Default: ``kept``. Its state entries are
-        kept even when the round is then skipped."""
-        return kept, Acted()
+        cohort's f; None: no number suffices); ``rnd.updates``: the rows kept so far;
+        ``sent``: the clients whose uploads were admitted this round, kept or rejected.
+        Default: the kept rows. Its state entries are kept even when the round is then
+        skipped."""
+        return rnd.updates, Acted()
 
     def rows(
         self, kept: list[ClientUpdate], state: State, ctx: RoundContext

@@ -22,10 +22,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
-from torch import Tensor
-
-from fedshield.algorithms.server.base import ServerAlgorithm, ServerServices, ServerStep
-from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.algorithms.server.base import ServerAlgorithm, ServerRound, ServerStep
+from fedshield.core.context import ClientUpdate
 from fedshield.crossround.base import ROUND_DEFENSES, BoundInput, RoundDefense, State
 from fedshield.errors import ConfigError
 
@@ -46,19 +44,16 @@ class RoundDefenses:
         return tuple(k for d in self.defenses for k in d.state_keys())
 
     def complete(
-        self,
-        kept: list[ClientUpdate],
-        state: State,
-        ctx: RoundContext,
-        needed: int | None,
-        sent: set[int],
+        self, rnd: ServerRound, needed: int | None, sent: set[int]
     ) -> tuple[list[ClientUpdate], State, dict[str, float]]:
-        """Each defense's :meth:`~fedshield.crossround.base.RoundDefense.complete` in order:
-        the rows, the state entries they wrote and their metrics."""
+        """Each defense's :meth:`~fedshield.crossround.base.RoundDefense.complete` in order
+        (``rnd.updates``: the kept rows): the rows, the state entries they wrote and their
+        metrics."""
         new: State = {}
         metrics: dict[str, float] = {}
+        kept = rnd.updates
         for d in self.defenses:
-            kept, acted = d.complete(kept, state, ctx, needed, sent)
+            kept, acted = d.complete(rnd.replace(updates=kept), needed, sent)
             new |= acted.state
             metrics |= acted.metrics
         return kept, new, metrics
@@ -66,18 +61,15 @@ class RoundDefenses:
     def step(
         self,
         server: ServerAlgorithm,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        kept: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
+        rnd: ServerRound,
         judged: list[ClientUpdate] | None = None,
         written: State | None = None,
     ) -> ServerStep:
-        """``server.update`` then ``server.post_step`` behind the defenses. ``judged``: this
-        round's own screened uploads (default ``kept``; rows :meth:`complete` added are not
-        this round's); ``written``: state entries :meth:`complete` already wrote."""
+        """``server.update`` then ``server.post_step`` behind the defenses, on the round
+        ``rnd`` (its updates: the kept rows). ``judged``: this round's own screened uploads
+        (default the kept rows; rows :meth:`complete` added are not this round's);
+        ``written``: state entries :meth:`complete` already wrote."""
+        state, ctx, kept = rnd.state, rnd.ctx, rnd.updates
         judged = kept if judged is None else judged
         own = {k: v for k, v in state.items() if not self.owns(k)}
         new: State = dict(written or {})
@@ -97,11 +89,11 @@ class RoundDefenses:
         if rule is not server.aggregator:  # servers own no mutable state: a copy is enough
             run = copy.copy(server)
             run.aggregator = rule
-        step = run.update(params, buffers, own, rows, ctx, services)
-        step = run.post_step(step, ctx, services)
+        seen_by_server = rnd.replace(state=own, updates=rows)
+        step = run.post_step(run.update(seen_by_server), seen_by_server)
         after = step.params
         for d in self.defenses:
-            seen = BoundInput(params, after, rows, server.lr, judged)
+            seen = BoundInput(rnd.params, after, rows, server.lr, judged)
             after, acted = d.bound(seen, state, ctx)
             new |= acted.state
             metrics |= acted.metrics

@@ -96,8 +96,6 @@ class Collusion(Suspending):
 
     params_schema = CollusionParams
     rho: float
-    decay: float
-    threshold: float
 
     def rows(
         self, kept: list[ClientUpdate], state: State, ctx: RoundContext

@@ -68,8 +68,6 @@ class Consistency(Suspending):
 
     params_schema = ConsistencyParams
     gamma: float
-    decay: float
-    threshold: float
 
     def flag(self, rows: Tensor, step: Tensor) -> Tensor:
         return against_step(rows, step, self.gamma)

@@ -36,9 +36,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedshield.core.context import ClientUpdate, RoundContext
+from fedshield.algorithms.server.base import ServerRound
+from fedshield.core.context import ClientUpdate
 from fedshield.core.params import Params
-from fedshield.crossround.base import ROUND_DEFENSES, Acted, RoundDefense, State
+from fedshield.crossround.base import ROUND_DEFENSES, Acted, RoundDefense
 from fedshield.crossround.cache import Table, load_table
 
 
@@ -92,13 +93,9 @@ class FillMissing(RoundDefense):
     max_age: int | None
 
     def complete(
-        self,
-        kept: list[ClientUpdate],
-        state: State,
-        ctx: RoundContext,
-        needed: int | None,
-        sent: set[int],
+        self, rnd: ServerRound, needed: int | None, sent: set[int]
     ) -> tuple[list[ClientUpdate], Acted]:
+        kept, state, ctx = rnd.updates, rnd.state, rnd.ctx
         if not kept:
             return kept, Acted()
         capacity = max(ctx.num_clients, len(kept))

@@ -54,8 +54,6 @@ class Reputation(Suspending):
 
     params_schema = ReputationParams
     tau: float
-    decay: float
-    threshold: float
 
     def flag(self, rows: Tensor, step: Tensor) -> Tensor:
         return flags(rows, step, self.tau)

@@ -48,7 +48,6 @@ docs/flower-strategies.md.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -73,21 +72,18 @@ from torch import Tensor, nn
 from fedshield.aggregators.base import AGGREGATORS
 from fedshield.aggregators.fields import is_robust
 from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
-from fedshield.algorithms.client.base import ClientContext
-from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerAlgorithm
-from fedshield.algorithms.server.step import COUNT_CAP, RoundStart, server_round_step
+from fedshield.algorithms.client.base import root_round
+from fedshield.algorithms.server import SERVER_ALGORITHMS, ServerAlgorithm, ServerRound
+from fedshield.algorithms.server.step import COUNT_CAP, server_round_step
+from fedshield.core.callables import accepts
 from fedshield.core.context import (
     ClientUpdate,
     Payload,
     RoundContext,
-    derive_seed,
-    make_generator,
-    seed_global_rng,
 )
 from fedshield.core.flat import float_buffers
 from fedshield.core.integrity import FieldSpec, UploadSpec
 from fedshield.core.params import Params, parse_params
-from fedshield.core.seeds import ROOT, TORCH
 from fedshield.core.state_check import check_scale, check_table
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
@@ -121,10 +117,7 @@ class _FunctionReference:
     def __init__(self, fn: Callable[..., ArrayRecord], owner: FedshieldRule) -> None:
         self.fn = fn
         self.owner = owner
-        try:
-            self.takes_round = "server_round" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            self.takes_round = False
+        self.takes_round = accepts(fn, "server_round")
 
     def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
         layout, rnd = self.owner.layout, self.owner._round
@@ -177,9 +170,8 @@ class _DataReference:
             )
 
     def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
-        g = ClientContext(-1, ctx.round, make_generator(self.seed, ctx.round, ROOT), self.device)
-        seed_global_rng(derive_seed(self.seed, ctx.round, ROOT, TORCH), self.device)
-        return self.trainer.local_update(self.model, Payload(params, buffers), self.data, g, {})
+        root = root_round(Payload(params, buffers), self.data, self.seed, ctx.round, self.device)
+        return self.trainer.local_update(self.model, root)
 
 
 def _tensor(a: Any, dtype: torch.dtype | None = None) -> Tensor:
@@ -608,13 +600,11 @@ class FedshieldRule(FlowerFedAvg):
         ctx = RoundContext(
             server_round + self.round_offset, asked, (), self.seed, rnd.num_clients, self.device
         )
+        start = ServerRound(rnd.params, rnd.buffers, self.state, updates, ctx, self.services)
         out = server_round_step(
             server,
-            RoundStart(rnd.params, rnd.buffers, self.state),
-            updates,
+            start,
             self._upload_spec(),
-            ctx,
-            self.services,
             count_cap=self.count_cap,
             uniform_counts=self.weighting == "uniform",
             rejected_before=rejected,

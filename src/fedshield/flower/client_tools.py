@@ -48,7 +48,13 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from torch import Tensor, nn
 
 from fedshield.aggregators.drag import drag_calibrate
-from fedshield.algorithms.client.base import ClientAlgorithm, ClientContext, LocalSpec
+from fedshield.algorithms.client.base import (
+    ClientAlgorithm,
+    ClientContext,
+    ClientRound,
+    LocalSpec,
+    hand_round,
+)
 from fedshield.algorithms.client.fedcart import (
     COUNTS,
     HEAD_SHAPE,
@@ -114,9 +120,6 @@ def param_record(vec: Tensor, model: nn.Module) -> ArrayRecord:
     return ArrayRecord(out)
 
 
-#: The data argument of ClientAlgorithm.finish in a user's own loop: the step count comes
-#: from the spec, so no rows are needed.
-_NO_DATA = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
 #: A spec for building an algorithm before its step size is known (only to ask it
 #: :meth:`~fedshield.algorithms.client.base.ClientAlgorithm.reads_step_size`).
 _ANY_SPEC = LocalSpec(lr=1.0, batch_size=1, steps=1)
@@ -173,6 +176,7 @@ class ScaffoldClient:
         saved = context.state.array_records.get(SCAFFOLD_STATE)
         if saved is not None:
             self.state["h"] = flat_params(saved, model)
+        self.round = hand_round(self.payload, self.state)
         self.steps = 0
 
     def _algorithm(self) -> _FedshieldScaffold:
@@ -182,7 +186,7 @@ class ScaffoldClient:
     def correct(self) -> None:
         """g ← g + h − h_m on every parameter's gradient; call it between
         ``loss.backward()`` and ``optimizer.step()``."""
-        self._algorithm().adjust_grads(self.model, self.payload, self.state, [], self.steps)
+        self._algorithm().adjust_grads(self.model, self.round, [], self.steps)
         self.steps += 1
 
     def reply(self) -> dict[str, ArrayRecord]:
@@ -191,8 +195,7 @@ class ScaffoldClient:
             raise RuntimeError("ScaffoldClient.correct() was never called")
         delta = get_params(self.model) - self.start
         update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
-        ctx = ClientContext(0, 0, torch.Generator(), delta.device)
-        out = self._algorithm().finish(self.model, update, self.payload, _NO_DATA, ctx, self.state)
+        out = self._algorithm().finish(self.model, update, self.round)
         self.context.state[SCAFFOLD_STATE] = param_record(self.state["h"], self.model)
         return {DH: param_record(out.extras["dh"], self.model)}
 
@@ -260,12 +263,13 @@ class AlgorithmClient:
         saved = context.state.array_records.get(self._state_key)
         if saved is not None:
             self.state = {k: torch.from_numpy(np.array(a.numpy())) for k, a in saved.items()}
+        self.round = hand_round(self.payload, self.state)
         self.steps = 0
 
     def correct(self) -> None:
         """The algorithm's gradient correction on ``model``'s ``p.grad``; call it between
         ``loss.backward()`` and ``optimizer.step()``."""
-        self.algorithm.adjust_grads(self.model, self.payload, self.state, [], self.steps)
+        self.algorithm.adjust_grads(self.model, self.round, [], self.steps)
         self.steps += 1
 
     def reply(self) -> dict[str, ArrayRecord]:
@@ -273,10 +277,9 @@ class AlgorithmClient:
         ``context.state``."""
         delta = get_params(self.model) - self.start
         update = ClientUpdate(0, delta, 0, delta.new_zeros(0))
-        ctx = ClientContext(0, 0, torch.Generator(), delta.device)
         # finish() reads the number of steps taken from the spec (steps given: no data needed).
         self.algorithm.spec = LocalSpec(lr=self.lr, batch_size=1, steps=max(self.steps, 1))
-        out = self.algorithm.finish(self.model, update, self.payload, _NO_DATA, ctx, self.state)
+        out = self.algorithm.finish(self.model, update, self.round)
         self.context.state[self._state_key] = ArrayRecord(
             {k: Array(v.detach().cpu().numpy()) for k, v in self.state.items()}
         )
@@ -373,7 +376,7 @@ class FedCARTTrainer:
             partition_id, rnd, make_generator(self.seed, rnd, partition_id, _BATCH), device
         )
         data = TensorData(x, y.to(torch.int64))
-        upd = self.algo.local_update(model, payload, data, ctx, {})
+        upd = self.algo.local_update(model, ClientRound(payload, data, {}, ctx))
         # finish() left the received model in place (prototypes are taken at θ^t)
         set_params(model, payload.params + upd.delta)
         set_buffers(model, upd.buffers)

@@ -23,7 +23,6 @@ a pure function of the node configs, never of the (random) node ids.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import time
 import uuid
@@ -44,6 +43,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from fedshield.core.callables import accepts
 from fedshield.core.context import ClientUpdate
 from fedshield.errors import FedshieldError
 from fedshield.flower import codec
@@ -59,10 +59,7 @@ RoundCallback = Callable[..., None]
 
 
 def _takes_wall_time(fn: RoundCallback | None) -> bool:
-    try:
-        return fn is not None and "wall_s" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # builtins without a signature
-        return False
+    return accepts(fn, "wall_s")
 
 
 class FlowerRunError(FedshieldError):

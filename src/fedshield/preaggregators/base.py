@@ -32,7 +32,7 @@ from fedshield.registry import Registry
 
 
 class PreAggregator(Configured):
-    """Base class: set ``params_schema`` and implement :meth:`__call__`."""
+    """Base class: set ``params_schema`` and implement :meth:`transform`."""
 
     #: True when the output depends on a random draw (Bucketing's permutation): the
     #: composed rule then passes a generator seeded from the run's seed and the rows.
@@ -47,6 +47,14 @@ class PreAggregator(Configured):
     def __call__(
         self, updates: Tensor, weights: Tensor | None, *, generator: torch.Generator | None = None
     ) -> tuple[Tensor, Tensor | None]:
+        """The rows (and weights) the rule sees: :meth:`transform` of checked inputs."""
+        check_rows(self.name, updates, weights)
+        return self.transform(updates, weights, generator)
+
+    def transform(
+        self, updates: Tensor, weights: Tensor | None, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The pre-aggregator itself, on a non-empty floating ``[n, d]`` (and ``[n]``)."""
         raise NotImplementedError
 
     def rows_out(self, num_rows: int) -> int:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from fedshield.aggregators._ops import W
 from fedshield.core.params import Params
-from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator, check_rows, mix_rows
+from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator, mix_rows
 
 
 class BucketingParams(Params):
@@ -62,10 +62,9 @@ class Bucketing(PreAggregator):
     random = True
     s: int
 
-    def __call__(
-        self, updates: Tensor, weights: Tensor | None, *, generator: torch.Generator | None = None
+    def transform(
+        self, updates: Tensor, weights: Tensor | None, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor | None]:
-        check_rows("bucketing", updates, weights)
         device = generator.device if generator is not None else torch.device("cpu")
         perm = torch.randperm(updates.shape[0], generator=generator, device=device)
         return bucketing(updates, self.s, perm, weights)

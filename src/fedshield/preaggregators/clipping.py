@@ -23,7 +23,7 @@ from torch import Tensor
 from fedshield.aggregators._ops import W, row_norms
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
-from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator, check_rows
+from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator
 from fedshield.preaggregators.nnm import default_f, rule_f
 
 
@@ -88,10 +88,9 @@ class StaticClip(PreAggregator):
     params_schema = ClipParams
     c: float
 
-    def __call__(
-        self, updates: Tensor, weights: Tensor | None, *, generator: torch.Generator | None = None
+    def transform(
+        self, updates: Tensor, weights: Tensor | None, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor | None]:
-        check_rows("clip", updates, weights)
         return clip(updates, self.c), weights
 
 
@@ -103,10 +102,9 @@ class ARC(PreAggregator):
     params_schema = ARCParams
     f: int | None
 
-    def __call__(
-        self, updates: Tensor, weights: Tensor | None, *, generator: torch.Generator | None = None
+    def transform(
+        self, updates: Tensor, weights: Tensor | None, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor | None]:
-        check_rows("arc", updates, weights)
         n = updates.shape[0]
         f = (n - 1) // 2 if self.f is None else min(self.f, n)
         return arc(updates, f), weights

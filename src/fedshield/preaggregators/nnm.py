@@ -22,7 +22,7 @@ from torch import Tensor
 from fedshield.aggregators._ops import W, column_blocks, pairwise_sq_dists
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
-from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator, check_rows, mix_rows
+from fedshield.preaggregators.base import PRE_AGGREGATORS, PreAggregator, mix_rows
 
 _F_HELP = (
     "Byzantine rows tolerated: each row becomes the mean of its n − f nearest; unset: "
@@ -99,10 +99,9 @@ class NNM(PreAggregator):
     params_schema = NNMParams
     f: int | None
 
-    def __call__(
-        self, updates: Tensor, weights: Tensor | None, *, generator: torch.Generator | None = None
+    def transform(
+        self, updates: Tensor, weights: Tensor | None, generator: torch.Generator | None
     ) -> tuple[Tensor, Tensor | None]:
-        check_rows("nnm", updates, weights)
         return nnm(updates, default_f(self.f, updates.shape[0])), weights
 
     def validate(self, num_rows: int) -> None:

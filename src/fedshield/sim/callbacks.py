@@ -103,13 +103,10 @@ class OnRound(Callback):
     ``fn(record, wall_s=...)`` when ``fn`` takes the round's wall time."""
 
     def __init__(self, fn: Callable[..., None]) -> None:
-        import inspect
+        from fedshield.core.callables import accepts
 
         self.fn = fn
-        try:
-            self.timed = "wall_s" in inspect.signature(fn).parameters
-        except (TypeError, ValueError):
-            self.timed = False
+        self.timed = accepts(fn, "wall_s")
 
     def after_round(self, sim: RunView, record: Record, timing: Record) -> None:
         if self.timed:

@@ -6,7 +6,7 @@ for round t = 1..T:
     updates = [client.local_update(model, payload, data_k) for k in S^t]  (data attacks here)
     updates = attack(updates, A^t)                                          (update attacks)
     drop non-finite / wrong-shaped updates (logged, counted)
-    step = server.update(θ, state, updates); step = server.post_step(step)
+    step = server.update(ServerRound(θ, state, updates, …)); server.post_step(step, …)
     evaluate every k rounds; metrics.jsonl; checkpoint every k rounds (atomic)
 
 All randomness is derived from (seed, round, client), so a resumed run replays exactly.
@@ -26,8 +26,10 @@ import torch
 from torch import Tensor
 
 from fedshield import config as config_mod
-from fedshield.algorithms.client import ClientContext
-from fedshield.algorithms.server.step import RoundStart, server_round_step
+from fedshield.algorithms.client import ClientContext, ClientRound
+from fedshield.algorithms.client.base import root_round
+from fedshield.algorithms.server.base import ServerRound
+from fedshield.algorithms.server.step import server_round_step
 from fedshield.attacks.base import AttackContext, DataAttack, UpdateAttack, published_state
 from fedshield.core.client_metrics import robust_metric
 from fedshield.core.context import (
@@ -46,7 +48,7 @@ from fedshield.core.flat import (
     stack_rows,
 )
 from fedshield.core.integrity import UploadSpec, finite_metric, is_dense
-from fedshield.core.seeds import ATTACK, BATCH, BYZ, ROOT, TORCH, sample_cohort
+from fedshield.core.seeds import ATTACK, BATCH, BYZ, TORCH, sample_cohort
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval import evaluate
@@ -198,7 +200,7 @@ class Simulator:
             device=self.device,
             amp=self.cfg.run.amp,
         )
-        return self.comp.client.local_update(self.model, payload, data, ctx, state)
+        return self.comp.client.local_update(self.model, ClientRound(payload, data, state, ctx))
 
     def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
         """Server-side U SGD steps on the root dataset (DRAG paper, eqs. 12–13)."""
@@ -207,12 +209,9 @@ class Simulator:
         from fedshield.algorithms.client.sgd import LocalSGD
         from fedshield.core.context import Payload
 
-        trainer = LocalSGD(self.comp.client.spec)
-        g = ClientContext(
-            -1, ctx.round, make_generator(self.cfg.seed, ctx.round, ROOT), self.device
-        )
-        seed_global_rng(derive_seed(self.cfg.seed, ctx.round, ROOT, TORCH), self.device)
-        return trainer.local_update(self.model, Payload(params, buffers), self.exp.root, g, {})
+        payload = Payload(params, buffers)
+        root = root_round(payload, self.exp.root, self.cfg.seed, ctx.round, self.device)
+        return LocalSGD(self.comp.client.spec).local_update(self.model, root)
 
     # -- one round -----------------------------------------------------------------------
     # A round is split in three phases so the Flower strategy can run the same body with the
@@ -353,13 +352,11 @@ class Simulator:
         # paper).
         sent = sum(_comm_bytes(u, n_bytes) for u in updates)
         # The one server round step of every backend (admit, screen, weights, rule, guard).
+        start = ServerRound(st.params, st.buffers, st.server_state, updates, ctx, self)
         out = server_round_step(
             server,
-            RoundStart(st.params, st.buffers, st.server_state),
-            updates,
+            start,
             self.upload_spec(plan),
-            ctx,
-            self,
             count_cap=self.cfg.server.count_cap,
             rejected_before=rejected_before,
         )
@@ -407,7 +404,9 @@ class Simulator:
         if getattr(self.comp.attack, "needs_reference", False):
             reference = getattr(server, "reference", None)
             if reference is not None:
-                ref = reference(st.params, st.buffers, st.server_state, rows, plan.ctx, self)
+                ref = reference(
+                    ServerRound(st.params, st.buffers, st.server_state, rows, plan.ctx, self)
+                )
             if ref is None:
                 ref = st.server_state.get("center")  # Centered Clipping's reference
         defenses = getattr(server, "round_defenses", None)

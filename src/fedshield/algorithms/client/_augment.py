@@ -1,6 +1,6 @@
-"""Training-time augmentation through timm's data utilities (SPEC §8: MixUp/CutMix,
-RandAugment), seeded from the client's generator so a run stays a pure function of
-(config, seed) (SPEC §1).
+"""Training-time augmentation through timm's data utilities (early-exit ViT paper, Sec. IV:
+MixUp/CutMix, RandAugment), seeded from the client's generator so a run stays a pure
+function of (config, seed) (docs/usage.md).
 
 timm's ``Mixup`` and ``RandAugment`` draw from the global ``random`` / ``numpy.random``
 streams; :func:`seeded_global_rng` seeds both from the client's generator for the local

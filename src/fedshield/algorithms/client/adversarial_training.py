@@ -1,4 +1,4 @@
-"""Federated adversarial-training baselines of seed 003 (SPEC §7): a local AT loss + FedAvg
+"""Federated adversarial-training baselines of the FedCART paper: a local AT loss + FedAvg
 (or any configured aggregator).
 
 * ``fedpgd``    — Madry PGD-AT: CE(f(x'), y), x' = PGD-K(CE);
@@ -10,7 +10,7 @@
 * ``fedtaet``   — TAET (CVPR 2025): natural CE for the first rounds, then HARL on x'
   (class-balanced, deviation-penalised adversarial CE; ``fedshield.losses.taet``).
 
-The attack budget defaults to SPEC §7's ε (8/255 on colour inputs, 0.1 on grayscale, read
+The attack budget defaults to our choice of ε (8/255 on colour inputs, 0.1 on grayscale, read
 off the batch's channel count) with step ε/4 and K = 10 steps. Adversarial examples are
 generated with the model in eval mode (BatchNorm running statistics untouched by the
 attack's forward passes), as the TRADES, MART and CalFAT reference code does.
@@ -32,7 +32,6 @@ from fedshield.algorithms.client.base import (
     CLIENT_ALGORITHMS,
     GLOBAL_RNG,
     ClientAlgorithm,
-    ClientContext,
 )
 from fedshield.algorithms.client.pieces import Batch, ClientRound
 from fedshield.core.context import ClientUpdate, Payload
@@ -69,7 +68,7 @@ class ATParams(Params):
 
 
 def default_eps(x: Tensor) -> float:
-    """SPEC §7 default budget: 0.1 on grayscale (1 channel), 8/255 on colour inputs."""
+    """Our default budget: 0.1 on grayscale (1 channel), 8/255 on colour inputs."""
     return GRAYSCALE_EPS if x.shape[1] == 1 else COLOUR_EPS
 
 
@@ -135,7 +134,7 @@ class AdversarialClient(ClientAlgorithm):
 
 @CLIENT_ALGORITHMS.register("fedpgd", tags=["local_dp"])
 class FedPGD(AdversarialClient):
-    """FedPGD trains on Madry's PGD adversarial examples only: CE(f(x'), y) (SPEC §7)."""
+    """FedPGD trains on Madry's PGD adversarial examples only: CE(f(x'), y) (Madry et al. 2018)."""
 
     def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         return F.cross_entropy(model(x_adv), b.y)
@@ -144,7 +143,7 @@ class FedPGD(AdversarialClient):
 @CLIENT_ALGORITHMS.register("fedfat", tags=["local_dp"])
 class FedFAT(AdversarialClient):
     """FedFAT trains on natural plus PGD cross-entropy, CE(f(x), y) + CE(f(x'), y) (our
-    reading, SPEC §7)."""
+    reading of the FedCART paper's baseline)."""
 
     def objective(self, model: nn.Module, b: Batch, x_adv: Tensor | None) -> Tensor:
         return F.cross_entropy(model(b.x), b.y) + F.cross_entropy(model(x_adv), b.y)
@@ -156,7 +155,8 @@ class BetaParams(ATParams):
 
 @CLIENT_ALGORITHMS.register("fedtrades", tags=["local_dp"])
 class FedTRADES(AdversarialClient):
-    """FedTRADES trains on CE(x) + β KL(p(x) ‖ p(x')) with x' maximising the KL (SPEC §7)."""
+    """FedTRADES trains on CE(x) + β KL(p(x) ‖ p(x')) with x' maximising the KL (TRADES,
+    Zhang et al. 2019)."""
 
     params_schema = BetaParams
     params: BetaParams
@@ -170,7 +170,7 @@ class FedTRADES(AdversarialClient):
 
 @CLIENT_ALGORITHMS.register("fedmart", tags=["local_dp"])
 class FedMART(AdversarialClient):
-    """FedMART trains on MART's boosted CE on x' plus β KL · (1 − p_y(x)) (SPEC §7)."""
+    """FedMART trains on MART's boosted CE on x' plus β KL · (1 − p_y(x)) (Wang et al. 2020)."""
 
     params_schema = BetaParams
     params: BetaParams
@@ -190,7 +190,7 @@ LOG_PRIOR_KEY = "calfat/log_prior"
 @CLIENT_ALGORITHMS.register("calfat", tags=["local_dp"])
 class CalFAT(AdversarialClient):
     """CalFAT trains on the prior-calibrated CE of TRADES-style x' (Chen et al., NeurIPS
-    2022; SPEC §7). The client's log-prior log π_k is a constant of the round, computed
+    2022). The client's log-prior log π_k is a constant of the round, computed
     from its labels."""
 
     params_schema = CalFATParams
@@ -252,15 +252,9 @@ class FedTAET(AdversarialClient):
     params_schema = TAETParams
     params: TAETParams
 
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        return super().local_update(model, with_round(payload, ctx.round), data, ctx, state)
+    def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
+        staged = rnd.replace(payload=with_round(rnd.payload, rnd.ctx.round))
+        return super().local_update(model, staged)
 
     def _stage(self, payload: Payload) -> int:
         return taet_stage(payload, self.params.stabilize_rounds)

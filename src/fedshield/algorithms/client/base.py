@@ -1,6 +1,8 @@
-"""The client-algorithm contract and the shared local-SGD loop (SPEC §1).
+"""The client-algorithm contract and the shared local-SGD loop (FedAvg's local rule; DRAG
+paper, Sec. II-A).
 
-``local_update(model, payload, data, ctx, state) -> ClientUpdate``. An algorithm is defined
+``local_update(model, rnd) -> ClientUpdate``, ``rnd`` one client's round
+(:class:`~fedshield.algorithms.client.pieces.ClientRound`). An algorithm is defined
 by per-step pieces, each written once and run by two backends — this module's sequential
 loop (one client) and the batched trainer of :mod:`fedshield.sim.vectorized` (a cohort,
 ``torch.func.vmap`` over the clients' stacked parameters), in the spirit of FedJAX's
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,31 +38,30 @@ from torch.optim.sgd import sgd
 from fedshield.adversarial.linf import Draws, GeneratorDraws
 from fedshield.algorithms.client.pieces import (
     Batch,
+    ClientContext,
     ClientRound,
     GradStep,
     LocalSpec,
     Trained,
     split_like,
 )
-from fedshield.core.context import ClientUpdate, Payload
+from fedshield.core.context import (
+    ClientUpdate,
+    Payload,
+    derive_seed,
+    make_generator,
+    seed_global_rng,
+)
 from fedshield.core.flat import copy_into, flatten, model_tensors
 from fedshield.core.integrity import FieldSpec
 from fedshield.core.params import NoParams, Params
+from fedshield.core.seeds import ROOT, TORCH
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.registry import Registry
 
 #: The sequential loop's random numbers: the global RNG, seeded per (seed, round, client).
 GLOBAL_RNG = GeneratorDraws(None)
-
-
-@dataclass(frozen=True)
-class ClientContext:
-    client_id: int
-    round: int
-    generator: torch.Generator
-    device: torch.device
-    amp: bool = False
 
 
 class SGDStep:
@@ -158,7 +158,7 @@ class ClientAlgorithm:
 
     # -- what this algorithm uploads (the server checks it: core.integrity) -----------
     def upload_spec(self, model: nn.Module) -> dict[str, FieldSpec]:
-        """The extras this algorithm may upload, with their exact shapes (SPEC §12); an
+        """The extras this algorithm may upload, with their exact shapes (docs/security.md §1); an
         upload carrying any other extra is rejected."""
         return {}
 
@@ -170,7 +170,7 @@ class ClientAlgorithm:
     def known_extras(self, class_counts: Tensor) -> dict[str, Tensor]:
         """Extras whose true value the server knows from the partition (e.g. per-class
         sample counts, from the client's label counts ``class_counts``): where self-reported
-        counts are not trusted they replace what the client uploads (SPEC §12)."""
+        counts are not trusted they replace what the client uploads (docs/security.md §1)."""
         return {}
 
     def expected_mask(
@@ -234,24 +234,19 @@ class ClientAlgorithm:
         return self.objective(model, b, self.examples(model, b, GLOBAL_RNG))
 
     # -- the sequential loop -----------------------------------------------------------
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
+    def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
+        """One client's round of local training on ``model`` (the shared module)."""
         # One walk of the module tree for the whole client (set, train mode, read back).
         tensors = model_tensors(model)
         params = tensors.params
-        copy_into(params, payload.params)
-        copy_into(tensors.float_buffers, payload.buffers)
+        copy_into(params, rnd.payload.params)
+        copy_into(tensors.float_buffers, rnd.payload.buffers)
         if not tensors.training:
             model.train()
-        spec = self.spec
-        payload = self.round_payload(payload, ctx.round)
-        consts = self.constants(model, ClientRound(payload, data, state, ctx.device))
+        spec, data, ctx = self.spec, rnd.data, rnd.ctx
+        payload = self.round_payload(rnd.payload, ctx.round)
+        rnd = rnd.replace(payload=payload)
+        consts = self.constants(model, rnd)
         adjusts = _overrides(type(self), "adjust")
         start = split_like(payload.params, params) if adjusts else []
         kept: dict[str, Tensor] = {}
@@ -304,8 +299,27 @@ class ClientAlgorithm:
             buffers=flatten(tensors.float_buffers, payload.params),
             metrics={"train/loss": float(total) / max(steps, 1)},
         )
+        return self._finish_one(model, update, rnd, steps, kept)
+
+    def _finish_one(
+        self,
+        model: nn.Module,
+        update: ClientUpdate,
+        rnd: ClientRound,
+        steps: int,
+        kept: dict[str, Tensor],
+    ) -> ClientUpdate:
+        """:meth:`finish_clients` for one client trained ``steps`` steps sequentially."""
         trained = Trained(
-            model, payload, [data], [state], [steps], spec, ctx.device, _global_rng, kept
+            model,
+            rnd.payload,
+            [rnd.data],
+            [rnd.state],
+            [steps],
+            self.spec,
+            rnd.device,
+            _global_rng,
+            kept,
         )
         self.finish_clients(trained, [update])
         return update
@@ -326,20 +340,17 @@ class ClientAlgorithm:
 
     # -- for training loops written by hand (fedshield.flower.client_tools) ------------
     def adjust_grads(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        state: dict[str, Tensor],
-        start: list[Tensor],
-        step: int,
+        self, model: nn.Module, rnd: ClientRound, start: list[Tensor], step: int
     ) -> None:
         """:meth:`adjust` on ``model``'s ``p.grad`` in a loop of your own (one client;
         ``start``: the round's start point per parameter, or empty for θ^t =
-        ``payload.params``). :meth:`constants` are read without the client's data; what
-        :meth:`adjust` keeps waits in ``state`` for :meth:`finish`."""
+        ``rnd.payload.params``). :meth:`constants` are read from ``rnd`` (its data may be
+        empty: :func:`hand_round`); what :meth:`adjust` keeps waits in ``rnd.state`` for
+        :meth:`finish`."""
         params: list[Tensor] = list(model.parameters())
+        payload, state = rnd.payload, rnd.state
         start = start or split_like(payload.params, params)
-        consts = self.constants(model, ClientRound(payload, _NO_DATA, state, payload.params.device))
+        consts = self.constants(model, rnd)
         kept = {k[len(_KEPT) :]: v for k, v in state.items() if k.startswith(_KEPT)}
         with torch.no_grad():
             self.adjust(
@@ -347,30 +358,36 @@ class ClientAlgorithm:
             )
         state.update({_KEPT + k: v for k, v in kept.items()})
 
-    def finish(
-        self,
-        model: nn.Module,
-        update: ClientUpdate,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
+    def finish(self, model: nn.Module, update: ClientUpdate, rnd: ClientRound) -> ClientUpdate:
         """:meth:`finish_clients` for one client after a loop of your own that called
-        :meth:`adjust_grads` ``steps`` times (``self.spec.num_steps(len(data))``)."""
+        :meth:`adjust_grads` ``steps`` times (``self.spec.num_steps(len(rnd.data))``)."""
+        state = rnd.state
         kept = {k[len(_KEPT) :]: state.pop(k) for k in [k for k in state if k.startswith(_KEPT)]}
-        steps = self.spec.num_steps(len(data))
-        trained = Trained(
-            model, payload, [data], [state], [steps], self.spec, ctx.device, _global_rng, kept
-        )
-        self.finish_clients(trained, [update])
-        return update
+        return self._finish_one(model, update, rnd, self.spec.num_steps(len(rnd.data)), kept)
 
 
 #: Hooks only the sequential loop calls: a class overriding one trains client by client.
 SEQUENTIAL_HOOKS = ("local_update", "loss")
 _KEPT = "_kept/"
 _NO_DATA = TensorData(torch.zeros(0), torch.zeros(0, dtype=torch.int64))
+
+
+def root_round(
+    payload: Payload, data: TensorData, seed: int, rnd: int, device: torch.device
+) -> ClientRound:
+    """The server's training on its root dataset (DRAG paper, eqs. 12–13) as one
+    client's round: client id −1 and random numbers from (``seed``, ``rnd``, root), the
+    global RNG (dropout) seeded from them as the engine seeds it for a client."""
+    seed_global_rng(derive_seed(seed, rnd, ROOT, TORCH), device)
+    ctx = ClientContext(-1, rnd, make_generator(seed, rnd, ROOT), device)
+    return ClientRound(payload, data, {}, ctx)
+
+
+def hand_round(payload: Payload, state: dict[str, Tensor]) -> ClientRound:
+    """A client's round in a training loop written by hand, whose data fedshield does not
+    see (:meth:`ClientAlgorithm.adjust_grads`, :meth:`ClientAlgorithm.finish`)."""
+    device = payload.params.device
+    return ClientRound(payload, _NO_DATA, state, ClientContext(0, 0, torch.Generator(), device))
 
 
 def _overrides(cls: type, name: str) -> bool:

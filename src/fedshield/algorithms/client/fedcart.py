@@ -1,5 +1,6 @@
-"""FedCART's client (SPEC §7; seed 003 §2–3): contrastive-aligned adversarial training of
-(r, h), plus per-class gradient prototypes of the auxiliary classifier h'.
+"""FedCART's client (FedCART paper: L_CART, gradient prototypes): contrastive-aligned
+adversarial training of (r, h), plus per-class gradient prototypes of the auxiliary
+classifier h'.
 
 Per mini-batch (x, y), with x' = PGD-K(CE) against (r, h):
 
@@ -8,7 +9,7 @@ Per mini-batch (x, y), with x' = PGD-K(CE) against (r, h):
     γ = ι · (1 − (1/B) Σ_i 1[argmax h(r(x_i)) = argmax h(r(x'_i))])   (no gradient; ι = 1)
 
 ``at_loss = "trades" | "mart" | "taet"`` replaces L_NAT + L_AT by the TRADES, MART or TAET
-loss on (r, h) ("any AT loss + FedCART", seed 003 Tab. 6; TAET: natural CE for
+loss on (r, h) ("any AT loss + FedCART", FedCART paper, Tab. 6; TAET: natural CE for
 ``stabilize_rounds`` rounds, then HARL on x'). Switches ``nat``, ``at``, ``align`` are the
 ablations "no L_NAT", "no L_AT", "no L_Align".
 
@@ -19,9 +20,11 @@ against the received (r, h). Uploaded as extras ``fedcart/prototypes`` [C, C·D 
 ``fedcart/counts`` [C]; ``fedcart/head_shape`` = (C, D) is always uploaded.
 
 Our choice (``proto_views = "mean"``, default): a prototype averages the natural and the
-adversarial per-sample gradients (½ of SPEC §7's sum), so ḡ_c has the scale of the single
-CE gradient that the server's virtual features are matched to; with the sum the target's
-bias component lies outside the reachable range. ``proto_views = "sum"`` is SPEC's form.
+adversarial per-sample gradients (½ of the first implementation's sum), so ḡ_c has the
+scale of the single CE gradient that the server's virtual features are matched to; with the
+sum the target's bias component lies outside the reachable range. ``proto_views = "sum"``
+is the first implementation's form (docs/results/fedcart.md, "Implementation choices that
+matter for these numbers").
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ class FedCARTParams(ATParams):
     at_loss: Literal["ce", "trades", "mart", "taet"] = Field(
         "ce",
         description="Local AT loss: 'ce' is L_NAT + L_AT; 'trades', 'mart' or 'taet' use that "
-        "loss instead (AT loss + FedCART, seed 003 Tab. 6).",
+        "loss instead (AT loss + FedCART, FedCART paper, Tab. 6).",
     )
     beta: float = Field(6.0, ge=0.0, description="Weight β of the TRADES/MART KL term.")
     stabilize_rounds: int = Field(
@@ -85,7 +88,8 @@ class FedCARTParams(ATParams):
     )
     proto_views: Literal["mean", "sum"] = Field(
         "mean",
-        description="A prototype is the mean (ours) or the sum (SPEC) of the two views' gradients.",
+        description="A prototype is the mean (ours) or the sum (the first implementation) of "
+        "the two views' gradients.",
     )
     proto_batch: int = Field(256, ge=1, description="Batch size of the prototype pass.")
 
@@ -110,7 +114,8 @@ def cart_objective(
     y: Tensor,
     stage: int = 0,
 ) -> Tensor:
-    """L_CART = L_AT + γ·L_Align (SPEC §7) from the main path's features and logits.
+    """L_CART = L_AT + γ·L_Align (FedCART paper, adaptive γ) from the main path's features
+    and logits.
 
     L_AT is TRADES, MART, TAET's stage loss (1: natural CE, 2: HARL) or CE on the natural
     and/or adversarial logits (the ``nat``/``at`` ablation switches); γ = ι·(1 − agreement of
@@ -146,7 +151,8 @@ def cart_objective(
     "fedcart", tags=["needs_model=dual_head", "uploads=prototypes", "local_dp"]
 )
 class FedCARTClient(AdversarialClient):
-    """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h' (SPEC §7)."""
+    """FedCART's client trains (r, h) on L_CART and uploads gradient prototypes of h'
+    (FedCART paper)."""
 
     params_schema = FedCARTParams
     params: FedCARTParams

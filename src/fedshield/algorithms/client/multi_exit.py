@@ -1,4 +1,4 @@
-"""Depth-limited multi-exit local training (SPEC §8 "Local loss"; seed 002 §III-B).
+"""Depth-limited multi-exit local training (early-exit ViT paper, Sec. III-B, eqs. 2–3).
 
 Client k trains the prefix of depth m_k (stem + blocks up to exit m_k + exits 1..m_k) with
 
@@ -43,7 +43,8 @@ from fedshield.algorithms.client.base import (
     autocast,
     batch_indices,
 )
-from fedshield.core.context import ClientUpdate, Payload
+from fedshield.algorithms.client.pieces import ClientRound
+from fedshield.core.context import ClientUpdate
 from fedshield.core.flat import get_buffers, get_params, set_buffers, set_params
 from fedshield.core.params import Params
 from fedshield.data.bundle import TensorData
@@ -122,7 +123,7 @@ class MultiExitParams(Params):
 
 
 def exit_weights(m: int, scheme: ExitWeights = "linear") -> Tensor:
-    """Exit weights w_e, e = 1..m (SPEC §8 L_sup: r_e / Σ_j r_j; ``sum``: w_e = 1)."""
+    """Exit weights w_e, e = 1..m (early-exit ViT paper, eq. 2: r_e / Σ_j r_j; ``sum``: w_e = 1)."""
     if m < 1:
         raise ValueError(f"depth m must be >= 1, got {m}")
     if scheme in ("linear", "proportional"):
@@ -174,11 +175,12 @@ def multi_exit_loss(
     teacher: int | None = None,
     detach_teacher: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
-    """L_k = Σ_e w_e ℓ_e + γ L_KD over the m active exits (SPEC §8); returns (loss, parts).
+    """L_k = Σ_e w_e ℓ_e + γ L_KD over the m active exits (early-exit ViT paper, eqs. 2–3);
+    returns (loss, parts).
 
     L_KD by ``kd`` (KL = T² KL(p_teacher^{(T)} ‖ p_student^{(T)})):
 
-    * ``deepest``: (1/(m−1)) Σ_{e<m} KL(p_m ‖ p_e) (SPEC §8);
+    * ``deepest``: (1/(m−1)) Σ_{e<m} KL(p_m ‖ p_e) (early-exit ViT paper, eq. 3);
     * ``deepest_weighted``: Σ_{e<m} w_e KL(p_m ‖ p_e) (ScaleFL: KD inside each exit's term);
     * ``mutual``: Σ_i w_i (1/(m−1)) Σ_{j≠i} KL(p_j ‖ p_i) (DepthFL's mutual distillation);
     * ``best``: Σ_{j≠t} w_j KL(p_t ‖ p_j), t = ``teacher`` (ReeFL's per-client teacher).
@@ -258,14 +260,15 @@ T = TypeVar("T")
 
 
 def cycled(values: Sequence[T], client_id: int, default: T) -> T:
-    """Tier of a client: values[k mod len] (SPEC §8 "resource tiers cycled")."""
+    """Tier of a client: values[k mod len] (resource tiers cycled over the clients; early-exit
+    ViT paper, Sec. IV)."""
     return values[client_id % len(values)] if values else default
 
 
 @CLIENT_ALGORITHMS.register("multi_exit", tags=_MULTI_EXIT_TAGS)
 class MultiExit(ClientAlgorithm):
     """Each client trains the prefix of its depth tier with linearly weighted exit losses
-    and distillation from its deepest exit (SPEC §8, seed 002).
+    and distillation from its deepest exit (early-exit ViT paper, eqs. 2–3).
 
     The base of the depth and width baselines: subclasses change the subnet, the data
     split and the loss through the hooks below.
@@ -355,7 +358,7 @@ class MultiExit(ClientAlgorithm):
         self, client_id: int, model: nn.Module, class_counts: Tensor | None = None
     ) -> Tensor | None:
         """The mask of this client's subnet, as the server predicts it from the client's
-        tier (an upload with any other mask is rejected, SPEC §12)."""
+        tier (an upload with any other mask is rejected, docs/security.md §1)."""
         vit = as_multi_exit(model)
         dev = next(vit.parameters()).device
         return self.make_subnet(vit, ClientContext(client_id, 0, torch.Generator(), dev)).mask
@@ -400,14 +403,8 @@ class MultiExit(ClientAlgorithm):
         return torch.optim.SGD(groups, lr=self.spec.lr, momentum=self.spec.momentum)
 
     # -- the loop ---------------------------------------------------------------------------
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
+    def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
+        payload, data, ctx = rnd.payload, rnd.data, rnd.ctx
         vit = as_multi_exit(model)
         set_params(vit, payload.params)
         set_buffers(vit, payload.buffers)
@@ -471,7 +468,7 @@ class MultiExit(ClientAlgorithm):
             mask=mask,
             metrics=metrics,
         )
-        return self.finish(model, update, payload, data, ctx, state)
+        return self.finish(model, update, rnd)
 
 
 # -- DepthFL ------------------------------------------------------------------------------

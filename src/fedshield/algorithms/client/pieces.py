@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -49,13 +50,36 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class ClientContext:
+    """Who trains, in which round, with which random numbers, on which device."""
+
+    client_id: int
+    round: int
+    generator: torch.Generator
+    device: torch.device
+    amp: bool = False
+
+
+@dataclass(frozen=True)
 class ClientRound:
-    """What :meth:`ClientAlgorithm.constants` reads of one client's round."""
+    """One client's round as its algorithm reads it (:meth:`ClientAlgorithm.local_update`,
+    :meth:`ClientAlgorithm.constants`, :meth:`ClientAlgorithm.finish`): the broadcast
+    payload, the client's data, its state kept across rounds (updated in place by the
+    algorithm) and its context. One value, so a new input reaches every algorithm without
+    a signature change."""
 
     payload: Payload
     data: TensorData
     state: dict[str, Tensor]
-    device: torch.device
+    ctx: ClientContext
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    def replace(self, **changes: Any) -> ClientRound:
+        """This round with some inputs changed (the payload as the pieces see it)."""
+        return replace(self, **changes)
 
 
 def split_like(flat: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
@@ -133,4 +157,4 @@ class Trained:
     kept: dict[str, Tensor] = field(default_factory=dict)
 
 
-__all__ = ["Batch", "ClientRound", "GradStep", "Trained", "split_like"]
+__all__ = ["Batch", "ClientContext", "ClientRound", "GradStep", "Trained", "split_like"]

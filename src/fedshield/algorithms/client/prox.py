@@ -1,4 +1,4 @@
-"""Proximal local objectives: FedProx and FedACG's client (SPEC §4)."""
+"""Proximal local objectives: FedProx and FedACG's client (DRAG paper, Sec. VI-A)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class _Proximal(ClientAlgorithm):
 
 @CLIENT_ALGORITHMS.register("fedprox", tags=["local_dp"])
 class FedProx(_Proximal):
-    """F_m(θ) + (μ/2)‖θ − θ_start‖²: the gradient gains μ(θ − θ_start) (SPEC §4, μ = 0.01).
+    """F_m(θ) + (μ/2)‖θ − θ_start‖²: the gradient gains μ(θ − θ_start) (Li et al., MLSys 2020;
+    μ = 0.01, DRAG paper, Sec. VI-A).
 
     With FedACG's server the start point is the look-ahead model θ̂ and μ plays β
     (use the ``fedacg`` client, whose default is β = 0.001)."""
@@ -47,7 +48,8 @@ class ACGParams(Params):
 
 @CLIENT_ALGORITHMS.register("fedacg", tags=["local_dp"])
 class FedACGClient(_Proximal):
-    """FedACG client: minimise F_m(θ) + (β/2)‖θ − θ̂‖² from the look-ahead θ̂ (SPEC §4)."""
+    """FedACG client: minimise F_m(θ) + (β/2)‖θ − θ̂‖² from the look-ahead θ̂ (Kim et al.,
+    CVPR 2024)."""
 
     params_schema = ACGParams
     params: ACGParams

@@ -1,9 +1,9 @@
-"""SCAFFOLD's client (Karimireddy et al. 2020; SPEC §4).
+"""SCAFFOLD's client (Karimireddy et al., ICML 2020; DRAG paper, Sec. VI-A).
 
 Local step: θ ← θ − η(∇F_m(θ; z) − h_m + h). After the round the client refreshes its
 control variate h_m and uploads Δh_m = h_m⁺ − h_m (``extras["dh"]``):
 
-* ``variant = "seed"`` (seed 000's form): h_m⁺ = ∇F_m(θ^t; z_m^{t,0}), the gradient of the
+* ``variant = "seed"`` (the DRAG paper's form): h_m⁺ = ∇F_m(θ^t; z_m^{t,0}), the gradient of the
   first local mini-batch at the received model;
 * ``variant = "option2"`` (the original paper's option II):
   h_m⁺ = h_m − h + (θ^t − θ_m^{t,U}) / (U η).
@@ -28,7 +28,7 @@ from fedshield.core.params import Params
 class ScaffoldParams(Params):
     variant: Literal["seed", "option2"] = Field(
         "seed",
-        description="h_m⁺: 'seed' = first mini-batch gradient at θ^t (seed 000); 'option2' = "
+        description="h_m⁺: 'seed' = first mini-batch gradient at θ^t (the DRAG paper); 'option2' = "
         "h_m − h + (θ^t − θ_m)/(Uη) (Karimireddy et al. 2020, option II)",
     )
 

@@ -1,4 +1,4 @@
-"""FedAvg's local rule: U steps (or E epochs) of mini-batch SGD (SPEC §1)."""
+"""FedAvg's local rule: U steps (or E epochs) of mini-batch SGD (FedAvg, McMahan et al. 2017)."""
 
 from fedshield.algorithms.client.base import CLIENT_ALGORITHMS, ClientAlgorithm
 

@@ -1,4 +1,5 @@
-"""Width-scaled baselines on the multi-exit ViT family (SPEC §8 "Baselines").
+"""Width-scaled baselines on the multi-exit ViT family (the early-exit ViT paper's baselines,
+Sec. IV).
 
 * ``heterofl`` (Diao et al., ICLR 2021): client k trains the width-nested submodel of
   rate r_k at full depth, CE on the last exit, with HeteroFL's scaler, its masked
@@ -38,7 +39,8 @@ from fedshield.algorithms.client.multi_exit import (
     as_multi_exit,
     cycled,
 )
-from fedshield.core.context import ClientUpdate, Payload
+from fedshield.algorithms.client.pieces import ClientRound
+from fedshield.core.context import ClientUpdate
 from fedshield.core.flat import get_params, param_slices, set_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
@@ -290,7 +292,7 @@ class HeteroFL(WidthScaled):
       their classifier rows). HeteroFL's server also averages each output row over the
       clients holding its class (official ``combine``, with the label splits it knows):
       ``class_rows = "holders"``, the default — the server predicts each upload's mask from
-      the client's tier and label counts (SPEC §12). ``"all"`` uploads those rows with a
+      the client's tier and label counts (docs/security.md §1). ``"all"`` uploads those rows with a
       zero update instead (a non-holder then damps a row's update by its weight).
     * Normalisation: HeteroFL's static BatchNorm exists because BN keeps running
       statistics that differ between width submodels and clients; it tracks none during
@@ -324,19 +326,12 @@ class HeteroFL(WidthScaled):
             return net.mask
         return self._without_rows(model, net.mask, ~present)
 
-    def local_update(
-        self,
-        model: nn.Module,
-        payload: Payload,
-        data: TensorData,
-        ctx: ClientContext,
-        state: dict[str, Tensor],
-    ) -> ClientUpdate:
-        update = super().local_update(model, payload, data, ctx, state)
+    def local_update(self, model: nn.Module, rnd: ClientRound) -> ClientUpdate:
+        update = super().local_update(model, rnd)
         if self.hp.masked_ce and self.hp.class_rows == "all":
             # The rows of absent classes got no gradient; what weight decay did to them
             # locally is not uploaded: the client contributes "no change" there.
-            counts = data.class_counts(as_multi_exit(model).num_classes).to(update.delta.device)
+            counts = rnd.data.class_counts(as_multi_exit(model).num_classes).to(update.delta.device)
             rows = absent_class_rows(as_multi_exit(model), counts == 0)
             update.delta[rows] = 0.0
         return update

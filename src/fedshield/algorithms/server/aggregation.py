@@ -1,10 +1,12 @@
-"""The configured rule on every path: coverage groups and safe degradation (SPEC §12).
+"""The configured rule on every path: coverage groups and safe degradation (docs/security.md
+§2, §4).
 
 Depth- and width-limited clients upload a coverage mask. The configured rule then runs per
 **coverage group** — the parameters held by the same set of clients — on those clients'
 rows restricted to the group's columns, with the rule's own minimum-row condition checked
-per group. With a plain mean this is exactly eq. 15 of SPEC §8 (a per-parameter mean over
-the clients that cover it); with any other rule it is that rule, never a substitute.
+per group. With a plain mean this is exactly the early-exit ViT paper's eq. 15 (a
+per-parameter mean over the clients that cover it); with any other rule it is that rule,
+never a substitute.
 
 When a group (or the whole cohort) has fewer rows than the rule needs — e.g. screening left
 fewer than Krum's 2f + 3 (rows the upload checks rejected lower the cohort's f; missing
@@ -200,10 +202,10 @@ def aggregate_covered(
     width = 0
     degraded = skipped = clipped_groups = 0
     groups = coverage_groups(masks)
-    # The per-block bound (SPEC §12): a Byzantine minority of the cohort may be the majority
-    # of a deeper tier, where the rule alone no longer bounds the aggregate. Every group but
-    # the shared one has its rows clipped to κ·ρ*·√|G| first, ρ* the cohort's honest
-    # per-coordinate scale on the shared block.
+    # The per-block bound (docs/security.md §2): a Byzantine minority of the cohort may be
+    # the majority of a deeper tier, where the rule alone no longer bounds the aggregate.
+    # Every group but the shared one has its rows clipped to κ·ρ*·√|G| first, ρ* the
+    # cohort's honest per-coordinate scale on the shared block.
     per_block = bounded_by_rows(rule) and len(groups) > 1
     shared = shared_group(groups) if per_block else -1
     rho = block_scale(deltas, *groups[shared]) if per_block else 0.0

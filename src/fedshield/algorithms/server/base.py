@@ -7,8 +7,8 @@ is just those values. Aggregation math lives in :mod:`fedshield.aggregators`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -18,6 +18,7 @@ from fedshield.aggregators.fields import aggregate_field, is_robust
 from fedshield.core.context import ClientUpdate, Payload, RoundContext
 from fedshield.core.flat import stack_rows
 from fedshield.core.params import NoParams, Params
+from fedshield.errors import ConfigError
 from fedshield.registry import Registry, tags_of
 
 State = dict[str, Tensor]
@@ -27,8 +28,40 @@ class ServerServices(Protocol):
     """What the round loop offers a server algorithm beyond the updates."""
 
     def root_update(self, params: Tensor, buffers: Tensor, ctx: RoundContext) -> ClientUpdate:
-        """Train a copy of θ on the server's root dataset with the client rule (SPEC §3)."""
+        """Train a copy of θ on the server's root dataset with the client rule (DRAG paper,
+        eqs. 12–13)."""
         ...
+
+
+@dataclass(frozen=True)
+class ServerRound:
+    """One round's inputs to a server algorithm's step (:meth:`ServerAlgorithm.update`,
+    then :meth:`ServerAlgorithm.post_step`): θ^t, its buffers, the algorithm's state, the
+    screened uploads, the round's context and what the round loop offers beyond them
+    (None: nothing, e.g. no root dataset). One value, so a new algorithm reads what it
+    needs and a new input reaches every algorithm without a signature change."""
+
+    params: Tensor
+    buffers: Tensor
+    state: State
+    updates: list[ClientUpdate]
+    ctx: RoundContext
+    services: ServerServices | None = None
+
+    def replace(self, **changes: Any) -> ServerRound:
+        """This round with some inputs changed (the rows a defense chose, its own state)."""
+        return replace(self, **changes)
+
+    def deltas(self) -> Tensor:
+        """The ``[S, d]`` update matrix of :attr:`updates`."""
+        return stack_deltas(self.updates)
+
+    def root_update(self) -> ClientUpdate:
+        """θ^t trained on the server's root dataset with the client rule (DRAG paper,
+        eqs. 12–13)."""
+        if self.services is None:
+            raise ConfigError("this server algorithm trains on root data, which this round lacks")
+        return self.services.root_update(self.params, self.buffers, self.ctx)
 
 
 @dataclass
@@ -46,7 +79,8 @@ def stack_deltas(updates: list[ClientUpdate]) -> Tensor:
 
 def client_weights(updates: list[ClientUpdate], weighting: str, like: Tensor) -> Tensor | None:
     """Sample-count weights (``samples``) or ``None`` for the uniform 1/S form. The counts
-    are the screened ones: the server's own partition sizes when it knows them (SPEC §12)."""
+    are the screened ones: the server's own partition sizes when it knows them
+    (docs/security.md §1)."""
     if weighting == "uniform":
         return None
     return torch.tensor(
@@ -128,8 +162,9 @@ class ServerAlgorithm:
     def aggregate_buffers(
         self, buffers: Tensor, updates: list[ClientUpdate], weights: Tensor | None
     ) -> Tensor:
-        """Buffers (BatchNorm statistics): the weighted mean (SPEC §1), or the robust
-        counterpart of the configured rule when it is a Byzantine defense (SPEC §12)."""
+        """Buffers (BatchNorm statistics): the weighted mean (DRAG paper, Sec. II-A), or the
+        robust counterpart of the configured rule when it is a Byzantine defense
+        (docs/security.md §2)."""
         if buffers.numel() == 0:
             return buffers
         return self.aggregate_field(stack_rows([u.buffers for u in updates]), weights)
@@ -139,20 +174,11 @@ class ServerAlgorithm:
     ) -> Payload:
         return Payload(params=params, buffers=buffers)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
+    def update(self, rnd: ServerRound) -> ServerStep:
+        """θ^{t+1}, buffers, state and metrics from the round's screened uploads."""
         raise NotImplementedError
 
-    def post_step(
-        self, step: ServerStep, ctx: RoundContext, services: ServerServices
-    ) -> ServerStep:
+    def post_step(self, step: ServerStep, rnd: ServerRound) -> ServerStep:
         """A server step after aggregation (FedCART's classifier re-training); default none."""
         return step
 

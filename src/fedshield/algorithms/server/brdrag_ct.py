@@ -1,8 +1,8 @@
-"""BR-DRAG with the per-round DoD scale c^t of seed 000's Theorem 2 (``brdrag_ct``).
+"""BR-DRAG with the per-round DoD scale c^t of the DRAG paper's Theorem 2 (``brdrag_ct``).
 
 Theorem 2's first case takes c^t = w^t / (w^t − x^t) ∈ [1/2, 1], w^t the round's Byzantine
 share and x^t a sum over the malicious rows of their cosine with the trusted reference.
-The seed's text omits the definition (its eq. 23); our reading, marked as such, is
+The DRAG paper's text omits the definition (its eq. 23); our reading, marked as such, is
 
     x^t = (1/S) Σ_{m∈A^t} cos(g_m^t, r^t)  ∈ [−w^t, w^t],
 
@@ -21,6 +21,7 @@ itself is the ``brdrag`` rule (eq. 15) with c = c^t for the round.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Literal
 
 import torch
@@ -30,15 +31,8 @@ from torch import Tensor
 import fedshield.aggregators  # noqa: F401  (registers the rules)
 from fedshield.aggregators._ops import ref_geometry
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
-from fedshield.algorithms.server.base import (
-    SERVER_ALGORITHMS,
-    ServerServices,
-    ServerStep,
-    State,
-    stack_deltas,
-)
+from fedshield.algorithms.server.base import SERVER_ALGORITHMS, ServerRound, ServerStep
 from fedshield.algorithms.server.fedavg import BRDRAG
-from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
 from fedshield.registry import tags_of
@@ -76,7 +70,7 @@ def theorem_c(cos: Tensor, attacker: Tensor, c_min: float = 0.5, c_max: float = 
     "brdrag_ct", tags=["needs_root", "needs_aggregator=dod_scale"]
 )
 class BRDragCt(BRDRAG):
-    """BR-DRAG whose DoD scale is the theorem's per-round c^t ∈ [1/2, 1] (seed 000 Thm. 2)."""
+    """BR-DRAG whose DoD scale is the theorem's per-round c^t ∈ [1/2, 1] (DRAG paper, Thm. 2)."""
 
     params_schema = BRDragCtParams
     params: BRDragCtParams
@@ -90,46 +84,21 @@ class BRDragCt(BRDRAG):
                 f"server.algorithm='brdrag_ct' sets the 'brdrag' rule's c every round; "
                 f"server.aggregator must be 'brdrag', not {name!r}"
             )
-        self._ref: Tensor | None = None
 
-    def reference(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> Tensor | None:
-        if self._ref is not None:  # this round's, computed once in update()
-            return self._ref
-        return super().reference(params, buffers, state, updates, ctx, services)
-
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
+    def update(self, rnd: ServerRound) -> ServerStep:
         p: BRDragCtParams = self.params
-        ref = super().reference(params, buffers, state, updates, ctx, services)
+        ref = self.reference(rnd)  # the root-data direction, trained once this round
         assert ref is not None
-        geo = ref_geometry(stack_deltas(updates), ref)
+        geo = ref_geometry(rnd.deltas(), ref)
         cos = torch.where(geo.defined, geo.cos, 1.0)  # a row without direction: as r itself
         if p.c_rule == "oracle":
-            flagged = torch.tensor([u.client_id in ctx.byzantine for u in updates])
+            flagged = torch.tensor([u.client_id in rnd.ctx.byzantine for u in rnd.updates])
         else:
             flagged = cos < 0
         c_t = theorem_c(cos.cpu(), flagged.cpu(), p.c_min, p.c_max)
-        rule = self.aggregator
-        self._ref, self.aggregator = ref, AGGREGATORS.build("brdrag", c=c_t)
-        try:
-            step = super().update(params, buffers, state, updates, ctx, services)
-        finally:
-            self._ref, self.aggregator = None, rule
+        run = copy.copy(self)  # servers own no mutable state: a copy runs this round's rule
+        run.aggregator = AGGREGATORS.build("brdrag", c=c_t)
+        step = run.step(rnd, run.aggregate(rnd, ref))
         step.metrics["agg/c_t"] = c_t
         step.metrics["agg/flagged"] = float(flagged.sum())
         return step

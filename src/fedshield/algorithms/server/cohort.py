@@ -1,4 +1,4 @@
-"""f belongs to the sampled cohort, never to what arrived (issue 24 §2, SPEC §12).
+"""f belongs to the sampled cohort, never to what arrived (docs/security.md §2c).
 
 A Byzantine-robust rule without a trusted reference (Median, GeoMed, RFA, Krum, Multi-Krum,
 Trimmed Mean, Bulyan, and the clipping rules whose radius is taken from the rows) is only as

@@ -1,4 +1,5 @@
-"""Drift-mitigating servers of seed 000: DRAG (SPEC §2), FedExP, FedACG, SCAFFOLD (SPEC §4),
+"""Drift-mitigating servers of the DRAG paper: DRAG (Secs. III–IV), FedExP, FedACG, SCAFFOLD
+(Sec. VI-A),
 and DRAG's calibration under FedACG's look-ahead momentum (``drag_acg``, our composition)."""
 
 from __future__ import annotations
@@ -10,15 +11,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fedshield.aggregators.base import Aggregator
-from fedshield.algorithms.server.base import (
-    SERVER_ALGORITHMS,
-    ServerServices,
-    ServerStep,
-    State,
-    stack_deltas,
-)
-from fedshield.algorithms.server.fedavg import FedAvg
-from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.algorithms.server.base import SERVER_ALGORITHMS, ServerRound, ServerStep, State
+from fedshield.algorithms.server.fedavg import Aggregated, FedAvg
+from fedshield.core.context import Payload, RoundContext
 from fedshield.core.flat import stack_rows
 from fedshield.core.params import Params
 from fedshield.errors import ConfigError
@@ -34,6 +29,16 @@ def momentum(state: State, delta: Tensor, lam: float) -> Tensor:
     return lam * state["m"] + delta if "m" in state else delta
 
 
+def momentum_step(
+    lr: float, lam: float, rnd: ServerRound, agg: Aggregated, state: State | None = None
+) -> ServerStep:
+    """FedACG's step θ^{t+1} = θ^t + η_g m^t with m^t = λ m^{t−1} + Δ^t (state ``m``),
+    plus the state entries ``state``."""
+    m = momentum(rnd.state, agg.delta, lam)
+    metrics = {"agg/momentum_norm": float(m.norm())}
+    return agg.to_step(rnd, rnd.params + lr * m, (state or {}) | {"m": m}, metrics)
+
+
 def _ref_extras(state: State) -> dict[str, Tensor]:
     """DRAG's reference r^t, broadcast when there is one (a client may calibrate locally)."""
     return {"ref": state["ref"]} if "ref" in state else {}
@@ -41,13 +46,13 @@ def _ref_extras(state: State) -> dict[str, Tensor]:
 
 class DragParams(Params):
     # Our default: α = 0.25 from the bundled-data sweep (docs/results/drag.md): 0.01 and 0.05
-    # lag behind, 0.25 and 0.5 are best and within 1 point; the seed finds > 0.25 too large.
+    # lag behind, 0.25 and 0.5 are best and within 1 point; the DRAG paper finds > 0.25 too large.
     alpha: float = Field(0.25, gt=0.0, lt=1.0, description="reference momentum α (eq. 8)")
 
 
 @SERVER_ALGORITHMS.register("drag", tags=["needs_aggregator=needs_reference"])
 class DRAG(FedAvg):
-    """DRAG: calibrate each g_m towards the momentum reference r^t (SPEC §2, eqs. 8–11).
+    """DRAG: calibrate each g_m towards the momentum reference r^t (DRAG paper, eqs. 8–11).
 
     r^0 = (1/S) Σ g_m^0; r^t = (1 − α) r^{t−1} + α Δ^{t−1}. State ``ref`` holds the
     reference for the next round; it is broadcast so a client may calibrate locally."""
@@ -76,36 +81,21 @@ class DRAG(FedAvg):
     ) -> Payload:
         return Payload(params, buffers, _ref_extras(state))
 
-    def reference(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> Tensor:
+    def reference(self, rnd: ServerRound) -> Tensor:
         """r^t from state; before the first round r^0 = (1/S) Σ g_m^0 over the screened
         updates — through the rule's robust field counterpart when the rule is a Byzantine
-        defense (SPEC §12), so one attacker cannot set the first reference."""
-        if "ref" in state:
-            return state["ref"]
-        return self.aggregate_field(stack_deltas(updates), None)
+        defense (docs/security.md §2), so one attacker cannot set the first reference."""
+        if "ref" in rnd.state:
+            return rnd.state["ref"]
+        return self.aggregate_field(rnd.deltas(), None)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        ref = self.reference(params, buffers, state, updates, ctx, services)
+    def next_ref(self, rnd: ServerRound, agg: Aggregated) -> State:
+        """r^{t+1} = (1 − α) r^t + α Δ^t (eq. 8), as the state entry ``ref``."""
         alpha = self.params.alpha
-        new_state = state | agg.state | {"ref": (1 - alpha) * ref + alpha * agg.delta}
-        return ServerStep(params + self.lr * agg.delta, agg.buffers, new_state, agg.metrics)
+        return {"ref": (1 - alpha) * self.reference(rnd) + alpha * agg.delta}
+
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        return agg.to_step(rnd, rnd.params + self.lr * agg.delta, self.next_ref(rnd, agg))
 
 
 class FedExPParams(Params):
@@ -114,31 +104,21 @@ class FedExPParams(Params):
 
 @SERVER_ALGORITHMS.register("fedexp")
 class FedExP(FedAvg):
-    """FedExP (Jhunjhunwala et al. 2023; SPEC §4):
+    """FedExP (Jhunjhunwala et al., ICLR 2023; DRAG paper, Sec. VI-A):
     η_g = max{1, Σ‖g_m‖² / (2S(‖Δ̃‖² + ε))}, θ^{t+1} = θ^t + η_g Δ̃."""
 
     params_schema = FedExPParams
     params: FedExPParams
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
         # Σ‖g_m‖²/S through the rule's field counterpart (the median of the squared norms
-        # under a robust rule): one huge upload cannot set the step size (SPEC §12).
-        sq = stack_deltas(updates).to(torch.float64).pow(2).sum(1, keepdim=True)
+        # under a robust rule): one huge upload cannot set the step size (docs/security.md §2).
+        sq = rnd.deltas().to(torch.float64).pow(2).sum(1, keepdim=True)
         mean_sq = float(self.aggregate_field(sq, None)[0])
         eps = self.params.eps
         agg_sq = float(agg.delta.to(torch.float64).pow(2).sum())
         eta = max(1.0, mean_sq / (2 * (agg_sq + eps)))
-        metrics = agg.metrics | {"agg/eta_g": eta}
-        return ServerStep(params + eta * agg.delta, agg.buffers, state | agg.state, metrics)
+        return agg.to_step(rnd, rnd.params + eta * agg.delta, metrics={"agg/eta_g": eta})
 
 
 class FedACGParams(Params):
@@ -147,7 +127,7 @@ class FedACGParams(Params):
 
 @SERVER_ALGORITHMS.register("fedacg", tags=["central_dp"])
 class FedACG(FedAvg):
-    """FedACG (Kim et al. 2024; SPEC §4): broadcast θ̂ = θ^t + λ m^{t−1};
+    """FedACG (Kim et al., CVPR 2024): broadcast θ̂ = θ^t + λ m^{t−1};
     m^t = λ m^{t−1} + AGG(g) with g relative to θ̂; θ^{t+1} = θ^t + m^t.
     Pair with the ``fedacg`` client (proximal term towards θ̂)."""
 
@@ -161,21 +141,8 @@ class FedACG(FedAvg):
         lam = self.params.lam
         return Payload(look_ahead(params, state, lam), buffers)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        lam = self.params.lam
-        m = momentum(state, agg.delta, lam)
-        metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
-        new_state = state | agg.state | {"m": m}
-        return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        return momentum_step(self.lr, self.params.lam, rnd, agg)
 
 
 class DragACGParams(DragParams):  # DragACG runs DRAG's steps: it has DRAG's fields
@@ -188,7 +155,7 @@ class DragACG(DRAG):
     """DRAG's calibration inside FedACG's look-ahead momentum loop (our composition).
 
     FedACG wins the drift table with an effective server step up to 1/(1 − λ) times
-    FedAvg's (issue #20); this asks whether DRAG's directions add to that step.
+    FedAvg's (docs/results/drag.md); this asks whether DRAG's directions add to that step.
     Broadcast θ̂ = θ^t + λ m^{t−1} (FedACG); clients (the ``fedacg`` client: proximal
     term towards θ̂) return g_m relative to θ̂; the ``drag`` rule calibrates them towards
     DRAG's reference r^t (eq. 10–11), Δ^t = (1/S) Σ v_m; then r^{t+1} = (1 − α) r^t +
@@ -205,27 +172,13 @@ class DragACG(DRAG):
         lam = self.params.lam
         return Payload(look_ahead(params, state, lam), buffers, _ref_extras(state))
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        ref = self.reference(params, buffers, state, updates, ctx, services)
-        p: DragACGParams = self.params
-        m = momentum(state, agg.delta, p.lam)
-        metrics = agg.metrics | {"agg/momentum_norm": float(m.norm())}
-        new_state = state | agg.state | {"ref": (1 - p.alpha) * ref + p.alpha * agg.delta, "m": m}
-        return ServerStep(params + self.lr * m, agg.buffers, new_state, metrics)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        return momentum_step(self.lr, self.params.lam, rnd, agg, self.next_ref(rnd, agg))
 
 
 @SERVER_ALGORITHMS.register("scaffold", tags=["needs_client=scaffold"])
 class Scaffold(FedAvg):
-    """SCAFFOLD's server (SPEC §4): broadcast h; h ← h + (1/M) Σ_{m∈S} Δh_m.
+    """SCAFFOLD's server (Karimireddy et al., ICML 2020): broadcast h; h ← h + (1/M) Σ_{m∈S} Δh_m.
     Pair with the ``scaffold`` client."""
 
     def init_state(self, params: Tensor) -> State:
@@ -236,20 +189,12 @@ class Scaffold(FedAvg):
     ) -> Payload:
         return Payload(params, buffers, {"h": state["h"]})
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        step = super().update(params, buffers, state, updates, ctx, services)
-        h = state["h"]
-        rows = [u.extras["dh"] for u in updates if "dh" in u.extras]  # skipped attackers: none
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        h = rnd.state["h"]
+        rows = [u.extras["dh"] for u in rnd.updates if "dh" in u.extras]  # skipped attackers
         if rows:
             # h ← h + (1/M) Σ_{m∈S} Δh_m = h + (K/M)·mean(Δh): the mean through the rule's
-            # field counterpart, so one client's Δh cannot poison h (SPEC §12).
-            h = h + (len(rows) / ctx.num_clients) * self.aggregate_field(stack_rows(rows), None)
-        return ServerStep(step.params, step.buffers, step.state | {"h": h}, step.metrics)
+            # field counterpart, so one client's Δh cannot poison h (docs/security.md §2).
+            k = len(rows) / rnd.ctx.num_clients
+            h = h + k * self.aggregate_field(stack_rows(rows), None)
+        return agg.to_step(rnd, rnd.params + self.lr * agg.delta, {"h": h})

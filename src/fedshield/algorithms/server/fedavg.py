@@ -1,9 +1,10 @@
-"""FedAvg and every "aggregate then step" server (SPEC §1, §5).
+"""FedAvg and every "aggregate then step" server (FedAvg, McMahan et al. 2017; the
+Byzantine defenses of the DRAG paper, Sec. VI-B; docs/defenses.md).
 
 θ^{t+1} = θ^t + η_g · AGG({g_m}, {n_m}). With the ``mean`` rule this is FedAvg
-(sample-weighted, or the seed's uniform 1/S form); with ``krum``, ``median``, ... it is the
+(sample-weighted, or the DRAG paper's uniform 1/S form); with ``krum``, ``median``, ... it is the
 corresponding Byzantine defense; rules that need a reference (``fltrust``, ``brdrag``) get
-the root-data direction r^t = θ^{t,U}_root − θ^t (SPEC §3, eqs. 12–13).
+the root-data direction r^t = θ^{t,U}_root − θ^t (DRAG paper, eqs. 12–13).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from fedshield.algorithms.server.aggregation import aggregate_covered
 from fedshield.algorithms.server.base import (
     SERVER_ALGORITHMS,
     ServerAlgorithm,
-    ServerServices,
+    ServerRound,
     ServerStep,
     State,
-    stack_deltas,
 )
 from fedshield.core.context import ClientUpdate, RoundContext
 
@@ -30,7 +30,7 @@ log = logging.getLogger("fedshield")
 
 
 def coverage_mean(deltas: Tensor, weights: Tensor | None, masks: Tensor) -> Tensor:
-    """Per-parameter weighted mean over the clients that cover it (SPEC §8, eq. 15);
+    """Per-parameter weighted mean over the clients that cover it (early-exit ViT paper, eq. 15);
     parameters nobody covers get a zero update (θ unchanged)."""
     w = masks.to(deltas.dtype)
     if weights is not None:
@@ -47,7 +47,7 @@ def benign_geometry(
     ctx: RoundContext,
     c: float | None = None,
 ) -> dict[str, float]:
-    """Seed 000 Fig. 10 quantities over the benign rows B: min/max of ρ_m = ‖r‖/‖g_m‖, the
+    """The DRAG paper's Fig. 10 quantities over the benign rows B: min/max of ρ_m = ‖r‖/‖g_m‖, the
     mean cos(g_m, r), the Assumption 4 quantity (1/(S(1 − w))) Σ_{m∈B} cos(g_m, r) ρ_m —
     the mean of cos·ρ over B, since S(1 − w) = |B| — and, for the DoD rules (``c`` given),
     the mean λ_m = c(1 − cos) over B. The rule's own ``agg/*`` diagnostics cover every row."""
@@ -77,40 +77,41 @@ class Aggregated:
     metrics: dict[str, float] = field(default_factory=dict)
     state: State = field(default_factory=dict)
 
+    def to_step(
+        self,
+        rnd: ServerRound,
+        params: Tensor,
+        state: State | None = None,
+        metrics: dict[str, float] | None = None,
+    ) -> ServerStep:
+        """θ^{t+1} = ``params`` with these buffers; the round's state updated by this
+        aggregate's entries, then ``state``; these metrics, then ``metrics``."""
+        new_state = rnd.state | self.state | (state or {})
+        return ServerStep(params, self.buffers, new_state, self.metrics | (metrics or {}))
+
 
 @SERVER_ALGORITHMS.register("fedavg", tags=["central_dp"])
 class FedAvg(ServerAlgorithm):
-    """Aggregate pseudo-gradients with the configured rule, then θ += η_g · Δ."""
+    """Aggregate pseudo-gradients with the configured rule, then θ += η_g · Δ.
 
-    def reference(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> Tensor | None:
+    A subclass changes what differs: the reference handed to the rule (:meth:`reference`)
+    or the step taken from the aggregate (:meth:`step`)."""
+
+    def reference(self, rnd: ServerRound) -> Tensor | None:
         """The reference direction r^t handed to the rule (root-data direction by default)."""
         if not self.aggregator.needs_reference:
             return None
-        return services.root_update(params, buffers, ctx).delta
+        return rnd.root_update().delta
 
-    def aggregate(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> Aggregated:
+    def aggregate(self, rnd: ServerRound, ref: Tensor | None = None) -> Aggregated:
         """The configured rule on the screened updates: on the whole cohort, or per
-        coverage group when clients upload masks (SPEC §12); buffers by the rule's field
+        coverage group when clients upload masks (docs/security.md §2); buffers by the rule's field
         counterpart; the centre of Centered Clipping carried in server state. Under
-        ``[privacy.central]`` (SPEC §13): clip every row (and r) to C → the rule → Gaussian
-        noise calibrated to the rule's sensitivity (:mod:`fedshield.privacy.central`)."""
-        deltas = stack_deltas(updates)
+        ``[privacy.central]`` (docs/privacy.md): clip every row (and r) to C → the rule → Gaussian
+        noise calibrated to the rule's sensitivity (:mod:`fedshield.privacy.central`).
+        ``ref``: the reference already formed this round (default: :meth:`reference`)."""
+        updates, ctx, state = rnd.updates, rnd.ctx, rnd.state
+        deltas = rnd.deltas()
         dp = getattr(self, "central_dp", None)
         dp_metrics: dict[str, float] = {}
         if dp is not None:
@@ -120,7 +121,8 @@ class FedAvg(ServerAlgorithm):
         if any(u.mask is not None for u in updates):
             full = deltas.new_ones(deltas.shape[1], dtype=torch.bool)
             masks = torch.stack([full if u.mask is None else u.mask for u in updates])
-        ref = self.reference(params, buffers, state, updates, ctx, services)
+        if ref is None:
+            ref = self.reference(rnd)
         if dp is not None and ref is not None:
             ref = dp.clip_reference(ref)  # BR-DRAG/FLTrust rescale rows to ‖r‖
         center = state.get("center")
@@ -151,38 +153,33 @@ class FedAvg(ServerAlgorithm):
             )
         new_state: State = {}
         if center is not None:
-            # The next centre: this round's aggregate where there was one (SPEC §5).
+            # The next centre: this round's aggregate where there was one (Karimireddy et al. 2021).
             cov = outcome.covered
             new_state["center"] = (
                 outcome.delta if cov is None else torch.where(cov, outcome.delta, center)
             )
             if cov is None and outcome.skipped:
                 new_state["center"] = center
-        new_buffers = self.aggregate_buffers(buffers, updates, weights)
+        new_buffers = self.aggregate_buffers(rnd.buffers, updates, weights)
         return Aggregated(outcome.delta, new_buffers, metrics, new_state)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        return ServerStep(params + self.lr * agg.delta, agg.buffers, state | agg.state, agg.metrics)
+    def update(self, rnd: ServerRound) -> ServerStep:
+        return self.step(rnd, self.aggregate(rnd))
+
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        """The step from the round's aggregate: θ^{t+1} = θ^t + η_g Δ."""
+        return agg.to_step(rnd, rnd.params + self.lr * agg.delta)
 
 
 @SERVER_ALGORITHMS.register("brdrag", tags=["needs_root", "central_dp"])
 class BRDRAG(FedAvg):
-    """BR-DRAG (SPEC §3): root-data reference + the ``brdrag`` calibration (eq. 15)."""
+    """BR-DRAG (DRAG paper, Sec. IV): root-data reference + the ``brdrag`` calibration (eq. 15)."""
 
     default_aggregator = "brdrag"
 
 
 @SERVER_ALGORITHMS.register("fltrust", tags=["needs_root", "central_dp"])
 class FLTrust(FedAvg):
-    """FLTrust (Cao et al. 2021; SPEC §5): root-data reference + trust-weighted mean."""
+    """FLTrust (Cao et al., NDSS 2021): root-data reference + trust-weighted mean."""
 
     default_aggregator = "fltrust"

@@ -1,14 +1,16 @@
-"""FedCART's server (SPEC §7; seed 003 §3–4): aggregate, then the CART step.
+"""FedCART's server (FedCART paper: gradient prototypes, the CART step): aggregate, then
+the CART step.
 
 ``update``: the model through the configured aggregator (FedAvg or any Byzantine rule —
 composition is a feature), and the clients' gradient prototypes class by class through the
-same rule (:func:`aggregate_prototypes`; SPEC §12): under a non-robust rule the
+same rule (:func:`aggregate_prototypes`; docs/security.md §2): under a non-robust rule the
 count-weighted mean
 
     ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c}     (clients holding class c),
 
 every holder's row first held to what an honest prototype can be
-(:mod:`~fedshield.algorithms.server.prototype_bound`; issue 32: a class of two holders, one
+(:mod:`~fedshield.algorithms.server.prototype_bound`; the quiet-attacker reproducer,
+docs/security.md §6b: a class of two holders, one
 sending its row × 1e30, had a prototype of 1.9e29 under every rule).
 
 ``post_step`` (the CART step, on the aggregated flat vector):
@@ -25,7 +27,7 @@ improvement below a tolerance over a window). Re-training stops on the same rule
 full-data CE, or at a target loss, but never before ``retrain_min_epochs`` passes: the
 previous default (300 warm-started *steps*, rule over 3 passes, no minimum) stopped after
 96 steps on round 1's flat start with h' untrained and hit its cap while the loss still fell
-in every later round (issue #20). The defaults were chosen by the sweeps in
+in every later round (the re-measurement). The defaults were chosen by the sweeps in
 ``docs/results/cart_step.md`` (``tools/cart_step_sweep.py``). Logged per round:
 ``cart/match_start``, ``cart/match_end``, ``cart/match_steps``, ``cart/retrain_start``,
 ``cart/retrain_loss`` (full-data CE of h' on Z_v after re-training), ``cart/retrain_steps``,
@@ -57,13 +59,8 @@ from fedshield.aggregators.base import Aggregator
 from fedshield.aggregators.fields import aggregate_field, is_robust
 from fedshield.algorithms.client.base import batch_indices
 from fedshield.algorithms.client.fedcart import COUNTS, HEAD_SHAPE, PROTO_HEAD, PROTOTYPES
-from fedshield.algorithms.server.base import (
-    SERVER_ALGORITHMS,
-    ServerServices,
-    ServerStep,
-    State,
-)
-from fedshield.algorithms.server.fedavg import FedAvg
+from fedshield.algorithms.server.base import SERVER_ALGORITHMS, ServerRound, ServerStep, State
+from fedshield.algorithms.server.fedavg import Aggregated, FedAvg
 from fedshield.algorithms.server.prototype_bound import bound_prototypes
 from fedshield.config import MAX_EPOCHS, MAX_STEPS
 from fedshield.core.context import ClientUpdate, Payload, RoundContext, make_generator
@@ -96,7 +93,8 @@ MAX_VIRTUAL = 100_000
 
 
 class FedCARTServerParams(Params):
-    """The CART step's switches, sizes, optimisers and stopping rules (SPEC §7)."""
+    """The CART step's switches, sizes, optimisers and stopping rules (FedCART paper, eqs.
+    9–10; defaults: CReFF and docs/results/cart_step.md)."""
 
     cart: bool = Field(
         True, description="Run the CART step; false is the ablation 'no CART' (h' := h)."
@@ -130,7 +128,7 @@ class FedCARTServerParams(Params):
         MATCH_TOL, ge=0.0, description="Relative-improvement tolerance of the matching plateau."
     )
     distance: Distance = Field(
-        "mse", description="Gradient distance: 'mse' (SPEC) or 'cos' (CReFF's cosine)."
+        "mse", description="Gradient distance: 'mse' (FedCART eq. 9) or 'cos' (CReFF's cosine)."
     )
     warm_start_features: bool = Field(True, description="Keep Z_v across rounds (warm start).")
     feature_init_std: float = Field(
@@ -186,7 +184,7 @@ class FedCARTServerParams(Params):
     proto_weighting: Literal["class_counts", "client_samples"] = Field(
         "class_counts",
         description="Weights of the prototype mean over the holders of a class: their class "
-        "counts n_{k,c} (SPEC) or their sample counts N_k (seed 003's formula).",
+        "counts n_{k,c} (ours) or their sample counts N_k (the FedCART paper's formula).",
     )
 
     @model_validator(mode="after")
@@ -225,8 +223,8 @@ def aggregate_prototypes(
     as weights: the count-weighted mean ḡ_c = Σ_k n_{k,c} g_{k,c} / Σ_k n_{k,c} under a
     non-robust rule (``rule = None`` too), the configured robust rule (holders weighted
     alike: a self-reported count cannot buy a class) or the coordinate-wise median otherwise
-    (SPEC §12); the simulator also replaces the counts by the label counts it knows.
-    ``weighting = "client_samples"`` is seed 003's formula, ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k
+    (docs/security.md §2); the simulator also replaces the counts by the label counts it knows.
+    ``weighting = "client_samples"`` is the FedCART paper's formula, ḡ_c = Σ_k N_k g_{k,c} / Σ_k N_k
     with N_k the client's sample count (over the holders of c: a client without the class
     has no g_{k,c}); a class-c prototype of a client with many samples but few of class c
     then weighs as much as its head classes'. A class nobody holds gets a zero row and a
@@ -368,7 +366,7 @@ def _head_shape(updates: list[ClientUpdate], num_params: int) -> Tensor | None:
 @SERVER_ALGORITHMS.register("fedcart", tags=["needs_client=fedcart"])
 class FedCARTServer(FedAvg):
     """FedCART's server aggregates with the configured rule, then synthesizes class-balanced
-    virtual features and re-trains the inference head h' on them (SPEC §7)."""
+    virtual features and re-trains the inference head h' on them (FedCART paper, eqs. 9–10)."""
 
     params_schema = FedCARTServerParams
     params: FedCARTServerParams
@@ -396,19 +394,12 @@ class FedCARTServer(FedAvg):
             extras[PROTO_HEAD] = params.new_tensor(0.0 if self.p.aux_head else 1.0)
         return Payload(params, buffers, extras)
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        step = super().update(params, buffers, state, updates, ctx, services)
-        new = dict(state)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        step = super().step(rnd, agg)
+        updates = rnd.updates
+        new = dict(rnd.state)
         if "head_shape" not in new:  # fixed by the model: read once, as most clients say
-            head_shape = _head_shape(updates, params.numel())
+            head_shape = _head_shape(updates, rnd.params.numel())
             if head_shape is None:
                 raise ConfigError(
                     "server.algorithm='fedcart' needs client.algorithm='fedcart' and "
@@ -418,7 +409,7 @@ class FedCARTServer(FedAvg):
         c, d = (int(v) for v in new["head_shape"].tolist())
         shape = (c, c * d + c)
         stats: dict[str, float] = {}
-        agg = (
+        protos = (
             aggregate_prototypes(
                 updates, self.aggregator, shape, self.p.proto_weighting,
                 num_features=d, bias_max=self.proto_bias_max, stats=stats,
@@ -427,8 +418,8 @@ class FedCARTServer(FedAvg):
             else None
         )
         step.metrics.update(stats)
-        if agg is not None:
-            mean, total = agg
+        if protos is not None:
+            mean, total = protos
             seen = total > 0
             proto = new.get("proto", torch.zeros_like(mean))
             # Absent classes keep their last prototype (our choice, see module docstring).
@@ -442,9 +433,8 @@ class FedCARTServer(FedAvg):
             )
         return ServerStep(step.params, step.buffers, new, step.metrics)
 
-    def post_step(
-        self, step: ServerStep, ctx: RoundContext, services: ServerServices
-    ) -> ServerStep:
+    def post_step(self, step: ServerStep, rnd: ServerRound) -> ServerStep:
+        ctx = rnd.ctx
         c, d = (int(v) for v in step.state["head_shape"].tolist())
         p_len = c * d + c
         n = step.params.numel()

@@ -19,9 +19,9 @@ from pydantic import Field
 from torch import Tensor
 
 from fedshield.algorithms.client.feddyn import ALPHA
-from fedshield.algorithms.server.base import SERVER_ALGORITHMS, ServerServices, ServerStep, State
-from fedshield.algorithms.server.fedavg import FedAvg
-from fedshield.core.context import ClientUpdate, Payload, RoundContext
+from fedshield.algorithms.server.base import SERVER_ALGORITHMS, ServerRound, ServerStep, State
+from fedshield.algorithms.server.fedavg import Aggregated, FedAvg
+from fedshield.core.context import Payload, RoundContext
 from fedshield.core.params import Params
 
 
@@ -41,31 +41,18 @@ class FedDyn(FedAvg):
     params_schema = FedDynParams
     params: FedDynParams
 
-    @property
-    def alpha(self) -> float:
-        return self.params.alpha
-
     def init_state(self, params: Tensor) -> State:
         return super().init_state(params) | {"h": params.new_zeros(params.shape)}
 
     def broadcast(
         self, params: Tensor, buffers: Tensor, state: State, ctx: RoundContext
     ) -> Payload:
-        return Payload(params, buffers, {ALPHA: params.new_tensor(self.alpha)})
+        return Payload(params, buffers, {ALPHA: params.new_tensor(self.params.alpha)})
 
-    def update(
-        self,
-        params: Tensor,
-        buffers: Tensor,
-        state: State,
-        updates: list[ClientUpdate],
-        ctx: RoundContext,
-        services: ServerServices,
-    ) -> ServerStep:
-        agg = self.aggregate(params, buffers, state, updates, ctx, services)
-        h = state["h"] - self.alpha * (len(updates) / ctx.num_clients) * agg.delta
-        new_params = params + self.lr * agg.delta - h / self.alpha
-        return ServerStep(new_params, agg.buffers, state | agg.state | {"h": h}, agg.metrics)
+    def step(self, rnd: ServerRound, agg: Aggregated) -> ServerStep:
+        alpha, share = self.params.alpha, len(rnd.updates) / rnd.ctx.num_clients
+        h = rnd.state["h"] - alpha * share * agg.delta
+        return agg.to_step(rnd, rnd.params + self.lr * agg.delta - h / alpha, {"h": h})
 
 
 __all__ = ["FedDyn", "FedDynParams"]

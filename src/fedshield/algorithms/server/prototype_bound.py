@@ -1,7 +1,9 @@
-"""What an honest gradient prototype can be, and every holder's row held to it (issue 32 §4).
+"""What an honest gradient prototype can be, and every holder's row held to it
+(docs/security.md §6b: a class of few holders, one of them an attacker).
 
 A FedCART client's class-c prototype is the mean over its class-c samples (and views) of the
-cross-entropy gradient of the linear head h'(z) = W z + b (SPEC §7), per sample
+cross-entropy gradient of the linear head h'(z) = W z + b (the FedCART paper's gradient
+prototypes), per sample
 
     ∂CE/∂b = p − e_c,   ∂CE/∂W = (p − e_c) zᵀ,   p = softmax(W z + b).
 

@@ -1,4 +1,4 @@
-"""One server round step (SPEC §1, §12), the same on every backend.
+"""One server round step (docs/security.md §0), the same on every backend.
 
     admit → screen → weights → server.update → server.post_step → guard
 
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-from fedshield.algorithms.server.base import ServerAlgorithm, ServerServices, State
+from fedshield.algorithms.server.base import ServerAlgorithm, ServerRound, State
 from fedshield.algorithms.server.cohort import RoundBudget, cap_for_f, round_budget
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.integrity import UploadSpec, screen
@@ -54,15 +54,6 @@ log = logging.getLogger("fedshield")
 
 #: Default k of the count cap: a client weighs at most twice the cohort's median count.
 COUNT_CAP = 2.0
-
-
-@dataclass
-class RoundStart:
-    """The values a round starts from: θ^t, its buffers and the server algorithm's state."""
-
-    params: Tensor
-    buffers: Tensor
-    state: State
 
 
 @dataclass
@@ -156,24 +147,23 @@ def _finite(t: Tensor) -> bool:
 
 def server_round_step(
     server: ServerAlgorithm,
-    start: RoundStart,
-    updates: Sequence[ClientUpdate],
+    start: ServerRound,
     spec: UploadSpec,
-    ctx: RoundContext,
-    services: ServerServices,
     *,
     count_cap: float | None = COUNT_CAP,
     uniform_counts: bool = False,
     rejected_before: Mapping[str, int] | None = None,
     trusted_ids: bool = True,
 ) -> StepOutcome:
-    """One round of the server (module docstring). ``ctx.cohort``: the clients asked this
-    round. ``count_cap``: k of the count cap under a robust rule (None: no cap).
+    """One round of the server (module docstring) from ``start``: θ^t, its buffers, the
+    server state and the round's uploads as received (``start.ctx.cohort``: the clients
+    asked this round). ``count_cap``: k of the count cap under a robust rule (None: no cap).
     ``uniform_counts``: every kept upload weighs 1 (self-reported counts unused).
     ``rejected_before``: uploads a transport already dropped, by reason (counted too).
     ``trusted_ids``: an upload's client id is the sender's (the simulator), so clients
     whose uploads the checks reject are known-bad and lower the round's f."""
-    admitted, rejected = admit(updates, ctx.cohort)
+    ctx = start.ctx
+    admitted, rejected = admit(start.updates, ctx.cohort)
     rejected.update(rejected_before or {})
     screened = screen(admitted, spec)
     rejected.update(screened.rejected)
@@ -192,7 +182,7 @@ def server_round_step(
     fresh = kept
     if defenses is not None and kept:  # a short round completed from cached rows (fill)
         sent = {u.client_id for u in admitted}
-        kept, filled, notes = defenses.complete(kept, start.state, ctx, budget.needed, sent)
+        kept, filled, notes = defenses.complete(start.replace(updates=kept), budget.needed, sent)
         metrics |= notes
         out.state = start.state | filled
     if uniform_counts:
@@ -212,17 +202,16 @@ def server_round_step(
         return out
     rule = server.aggregator
     server.aggregator = rule.for_round(ctx.round)  # Bucketing's draw: (seed, round) only
+    rnd = start.replace(updates=kept)
     try:
         if defenses is not None:  # cached rows, step bound: around update and post_step
-            p, b, st = start.params, start.buffers, start.state
             # This round's own uploads are the first len(fresh) rows (fill appends after).
             own = kept[: len(fresh)] if len(kept) > len(fresh) else None
-            step = defenses.step(server, p, b, st, kept, ctx, services, own, filled)
+            step = defenses.step(server, rnd, own, filled)
         else:
-            step = server.update(start.params, start.buffers, start.state, kept, ctx, services)
-            step = server.post_step(step, ctx, services)
+            step = server.post_step(server.update(rnd), rnd)
     except (ValueError, ArithmeticError) as err:
-        # A rule that cannot run on this round's rows must not end a long run (SPEC §12).
+        # A rule that cannot run on this round's rows must not end a long run (docs/security.md §4).
         log.warning("round %d: the server step failed (%s); θ unchanged", ctx.round, err)
         metrics["sys/failed_step"] = 1.0
         return out
@@ -238,4 +227,4 @@ def server_round_step(
     return out
 
 
-__all__ = ["COUNT_CAP", "RoundStart", "StepOutcome", "admit", "cap_counts", "server_round_step"]
+__all__ = ["COUNT_CAP", "StepOutcome", "admit", "cap_counts", "server_round_step"]

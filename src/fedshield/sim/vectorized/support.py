@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from fedshield.algorithms.client.base import ClientAlgorithm, batches
+from fedshield.algorithms.client.base import ClientAlgorithm, ClientContext, ClientRound, batches
 from fedshield.core.context import Payload, RoundContext
 from fedshield.core.flat import get_buffers, get_params
 from fedshield.data.bundle import TensorData
@@ -61,10 +61,16 @@ def probe(trainer: VectorizedTrainer, payload: Payload, data: TensorData) -> str
         x, y = x.repeat(2, *[1] * (x.dim() - 1)), y.repeat(2)
     xs, ys = torch.stack([x, x]), torch.stack([y, y])
     algo = trainer.algo
-    states = [algo.init_state(payload.params.numel()) for _ in range(2)]
+    rounds = [
+        ClientRound(
+            payload, data, algo.init_state(payload.params.numel()),
+            ClientContext(k, 0, torch.Generator(), dev),
+        )
+        for k in range(2)
+    ]  # fmt: skip
     p_rows = payload.params.expand(2, -1).clone()
     _, params, bufs = trainer.stacked_state(payload, p_rows)
-    consts = trainer.constants(payload, [data, data], states)
+    consts = trainer.constants(rounds)
     was_training = model.training
     model.train()
     try:

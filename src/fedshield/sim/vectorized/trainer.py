@@ -38,7 +38,13 @@ from torch import Tensor, nn
 from torch.func import vmap
 
 from fedshield.algorithms.client.base import ClientAlgorithm, batch_indices
-from fedshield.algorithms.client.pieces import Batch, ClientRound, GradStep, Trained
+from fedshield.algorithms.client.pieces import (
+    Batch,
+    ClientContext,
+    ClientRound,
+    GradStep,
+    Trained,
+)
 from fedshield.core.context import ClientUpdate, Payload, derive_seed, make_generator
 from fedshield.data.bundle import TensorData
 from fedshield.sim.vectorized.modules import Slots, batched_forwards
@@ -308,21 +314,24 @@ class VectorizedTrainer:
         data = [sim.client_data(k, k in plan.ctx.byzantine) for k in ks]
         d = st.params.numel()
         states = [st.client_states.setdefault(k, algo.init_state(d)) for k in ks]
+        gens = [make_generator(cfg.seed, rnd, k, _BATCH) for k in ks]
+        rounds = [
+            ClientRound(payload, x, s, ClientContext(k, rnd, g, dev, self.amp))
+            for k, x, s, g in zip(ks, data, states, gens)
+        ]
         steps = [plan.local_steps(k, spec.num_steps(len(x))) for k, x in zip(ks, data)]
         # Every client's mini-batches up front, in its stream's order: the per-step loop
         # below then only groups them (per-client Python there is paid every step).
         picks = [
-            list(
-                batch_indices(len(x), spec.batch_size, s, make_generator(cfg.seed, rnd, k, _BATCH))
-            )
-            for x, s, k in zip(data, steps, ks)
+            list(batch_indices(len(r.data), spec.batch_size, s, r.ctx.generator))
+            for r, s in zip(rounds, steps)
         ]
         streams = CohortStreams(lambda r: derive_seed(cfg.seed, rnd, ks[r], _TORCH), dev)
 
         start, params, bufs = self.stacked_state(payload, params_out)
         model_bufs = dict(self.model.named_buffers())
         counters0 = [b.clone() for b, (_, _, f) in zip(bufs, self.layout.buffers) if not f]
-        consts = self.constants(payload, data, states)
+        consts = self.constants(rounds)
         feed = _Feed(data, dev)
         momentum: list[Tensor | None] = [None] * len(params)
         total = torch.zeros(c, device=dev)
@@ -386,16 +395,11 @@ class VectorizedTrainer:
         algo.finish_clients(trained, updates)
         return updates
 
-    def constants(
-        self, payload: Payload, data: Sequence[TensorData], states: Sequence[dict[str, Tensor]]
-    ) -> dict[str, Tensor]:
+    def constants(self, rounds: Sequence[ClientRound]) -> dict[str, Tensor]:
         """Every client's :meth:`ClientAlgorithm.constants`, stacked on a client axis."""
         if type(self.algo).constants is ClientAlgorithm.constants:  # none: no call per client
             return {}
-        rows = [
-            self.algo.constants(self.model, ClientRound(payload, d, s, self.device))
-            for d, s in zip(data, states)
-        ]
+        rows = [self.algo.constants(self.model, r) for r in rounds]
         return {k: torch.stack([r[k] for r in rows]) for k in rows[0]} if rows else {}
 
     def _sgd_step(
