@@ -321,18 +321,12 @@ def auto_invited(
         return cohort
     stride = max(1, math.ceil((top - cohort + 1) / 64))
     fails: list[tuple[int, float]] = []
+    args = {
+        "mode": mode, "fraction": fraction, "population": population, "cohort": cohort,
+        "f_quantile": f_quantile, "attacked": attacked, "arrival": arrival,
+    }  # fmt: skip
     for s in range(cohort, top + 1, stride):
-        budget, law = _budget_and_law(
-            rule, mode, fraction, population, cohort, f_quantile, attacked, arrival, s
-        )
-        assert law is not None  # arrival is given
-        need = rows_needed(rule, budget.f)
-        if need is None:
-            p = 1.0
-        elif budget.f is None:  # a rule that needs no count fails only on no row
-            p = law.p_rows_below(need)
-        else:
-            p = law.p_fails(budget.f, need)
+        p = _p_fails(rule, args, s)
         fails.append((s, p))
         if p <= 1e-3:  # nothing larger can be meaningfully better
             break
@@ -365,7 +359,9 @@ def _p_fails(rule: Any, args: dict[str, Any], invited: int) -> float:
     need = rows_needed(rule, budget.f)
     if need is None:
         return 1.0
-    return law.p_rows_below(need) if budget.f is None else law.p_fails(budget.f, need)
+    if budget.f is None:  # a rule that needs no count fails only on no row
+        return law.p_rows_below(need)
+    return law.p_fails(budget.f, need)
 
 
 def _capped(f: int, breakdown: int | None) -> int:
