@@ -501,7 +501,17 @@ def build_parser() -> argparse.ArgumentParser:
     from fedshield.bench.command import add_parser as add_bench
 
     add_bench(sub, [verbose], cmd_bench)
+    from fedshield.search.command import add_parser as add_recommend
+
+    add_recommend(sub, [verbose], cmd_recommend)
     return p
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    """``fedshield recommend`` (:mod:`fedshield.search.command`)."""
+    from fedshield.search.command import cmd_recommend as run
+
+    return run(args, console)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

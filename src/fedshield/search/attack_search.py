@@ -1,0 +1,151 @@
+"""The attacker as a search (docs/cross-round.md, "Searched attacker"): Optuna's TPE over
+the parameters of the ``quiet`` family (:mod:`fedshield.attacks.quiet_family`) against one
+defense composition, minimising the final test accuracy averaged over tuning seeds.
+
+Successive halving (Optuna's ``SuccessiveHalvingPruner``; Jamieson & Talwalkar, AISTATS
+2016) reads each seed's accuracy as a rung: a trial whose running mean is not among the
+lowest is stopped before its next seed. The menu's quiet attacks that the family covers
+(:data:`MENU`) are the first trials, so the search starts from the menu and keeps the
+strongest of it when nothing it samples does better.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from fedshield.search.trials import Defense, Trials
+
+#: Every parameter a trial sets, at the values that give ``stealth``'s rows.
+STEALTH: dict[str, Any] = {
+    "centre": "median",
+    "direction": "mean",
+    "cosine": 1.0,
+    "h": 0.9,
+    "spread": "copies",
+    "j": 1.0,
+    "timing": "always",
+    "sleep": 0,
+}
+
+#: The first trials: stealth, stealth with evade (the simplex past collusion and
+#: consistency), the hug row with each attacker's own honest deviation (distinct rows whose
+#: offsets look honest) and an opportunist-like outvoting hug.
+MENU: dict[str, dict[str, Any]] = {
+    "stealth": STEALTH,
+    "stealth*": {**STEALTH, "spread": "simplex"},
+    "hug+own": {**STEALTH, "spread": "own"},
+    "outvote": {**STEALTH, "timing": "outvote", "h": 1.0},
+}
+
+
+def suggest(trial: optuna.Trial, rounds: int) -> dict[str, Any]:
+    """The family's parameters for one trial: centre, direction and its cosine, placement
+    h (up to 3 × the published radius), spread and its scale, timing and sleeper phase (up
+    to half the rounds)."""
+    return {
+        "centre": trial.suggest_categorical("centre", ["median", "mean", "rule", "nnm"]),
+        "direction": trial.suggest_categorical("direction", ["mean", "sign"]),
+        "cosine": trial.suggest_float("cosine", 0.2, 1.0),
+        "h": trial.suggest_float("h", 0.2, 3.0),
+        "spread": trial.suggest_categorical("spread", ["copies", "simplex", "own"]),
+        "j": trial.suggest_float("j", 0.0, 3.0),
+        "timing": trial.suggest_categorical("timing", ["always", "outvote"]),
+        "sleep": trial.suggest_int("sleep", 0, max(rounds // 2, 0)),
+    }
+
+
+@dataclass
+class AttackResult:
+    """The strongest attack found: its parameters, its mean accuracy on the tuning seeds,
+    and every trial (parameters, mean accuracy or None when pruned, state)."""
+
+    defense: Defense
+    params: dict[str, Any]
+    acc: float
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "defense": self.defense.to_json(),
+            "params": self.params,
+            "acc": self.acc,
+            "trials": self.trials,
+        }
+
+
+def search_attack(
+    trials: Trials,
+    defense: Defense,
+    seeds: Sequence[int],
+    *,
+    n_trials: int,
+    timeout: float | None = None,
+    seed: int = 0,
+    halving: bool = True,
+    menu: bool = True,
+    on_trial: Callable[[str], None] | None = None,
+) -> AttackResult:
+    """Optuna TPE (seeded by ``seed``) over :func:`suggest` against ``defense``: at most
+    ``n_trials`` trials, none started after ``timeout`` seconds; the objective is the mean
+    final test accuracy over ``seeds`` (minimised). ``halving``: successive halving over the
+    seeds (module docstring); ``menu``: :data:`MENU` first."""
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(5, n_trials))
+    pruner: optuna.pruners.BasePruner = (
+        optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2)
+        if halving and len(seeds) > 1
+        else optuna.pruners.NopPruner()
+    )
+    study = optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
+    if menu:
+        for params in MENU.values():
+            study.enqueue_trial(params)
+
+    def objective(trial: optuna.Trial) -> float:
+        params = suggest(trial, trials.rounds)
+        accs: list[float] = []
+        for step, s in enumerate(seeds):
+            accs.append(trials.accuracy(defense, params, s))
+            trial.report(sum(accs) / len(accs), step)
+            if step + 1 < len(seeds) and trial.should_prune():
+                raise optuna.TrialPruned()
+        return sum(accs) / len(accs)
+
+    def callback(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if on_trial is not None:
+            best = study.best_value if _any_complete(study) else math.nan
+            on_trial(f"attack vs {defense.name}: trial {trial.number} best {best:.3f}")
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = time.perf_counter()
+    n = 0
+    while n < n_trials and (timeout is None or time.perf_counter() - start < timeout):
+        study.optimize(objective, n_trials=1, callbacks=[callback])
+        n += 1
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    log = [
+        {
+            "number": t.number,
+            "params": t.params,
+            "acc": t.value,
+            "state": t.state.name.lower(),
+        }
+        for t in study.trials
+    ]
+    if not done:
+        raise RuntimeError(f"attack search vs {defense.name}: no trial completed")
+    best = min(done, key=lambda t: (t.value, t.number))
+    assert best.value is not None
+    return AttackResult(defense, dict(best.params), float(best.value), log)
+
+
+def _any_complete(study: optuna.Study) -> bool:
+    return any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+
+
+__all__ = ["MENU", "STEALTH", "AttackResult", "search_attack", "suggest"]

@@ -1,0 +1,112 @@
+"""``fedshield recommend CONFIG --budget-minutes N``: the searched attacker against the
+searched defense (:mod:`fedshield.search.alternate`), with a progress line, the choice, its
+held-out worst case and the attack that set it printed, and a JSON result with the commit
+and the config's hash (:mod:`fedshield.provenance`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from fedshield.errors import ConfigError
+
+
+def seeds(text: str) -> list[int]:
+    """``"1,2"`` → [1, 2]."""
+    try:
+        out = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected seeds like 1,2,3") from None
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one seed")
+    return out
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> None:
+    r = sub.add_parser(
+        "recommend", parents=parents,
+        help="search an attacker and a defense against each other; the defense with the best "
+        "held-out worst case",
+    )  # fmt: skip
+    r.add_argument("config", help="experiment TOML: data, model, client, rounds, attack share")
+    r.add_argument("--budget-minutes", type=float, required=True, help="wall-clock budget")
+    r.add_argument("--tuning-seeds", type=seeds, default=[1, 2], help="searched on (default 1,2)")
+    r.add_argument(
+        "--held-out-seeds", type=seeds, default=[11, 12, 13],
+        help="the choice measured on (default 11,12,13)",
+    )  # fmt: skip
+    r.add_argument("--rounds", type=int, help="rounds of every trial (default: the config's)")
+    r.add_argument("--attack-trials", type=int, default=12, help="trials per attacker search")
+    r.add_argument("--defense-trials", type=int, default=12, help="trials per defense search")
+    r.add_argument("--out", default="recommend.json", help="the JSON result")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress line")
+    r.set_defaults(func=func)
+
+
+def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
+    from fedshield.config import dump, load
+    from fedshield.provenance import sha256_text, source_commit
+    from fedshield.search.alternate import Budget, recommend
+    from fedshield.search.trials import Defense, Trials, refusal
+
+    cfg = load(args.config)
+    if cfg.attack.fraction <= 0.0:
+        raise ConfigError(
+            f"{args.config}: attack.fraction = 0; set the attackers' share the search plays "
+            '(e.g. attack.fraction = 0.3, attack.mode = "fixed")'
+        )
+    if set(args.tuning_seeds) & set(args.held_out_seeds):
+        raise ConfigError("--tuning-seeds and --held-out-seeds must not share a seed")
+    base = cfg.model_dump(mode="json", exclude_none=True)
+    rounds = args.rounds or cfg.rounds
+    start = Defense.of(base["server"])
+    why = refusal(base, start)
+    if why is not None:
+        raise ConfigError(f"{args.config}: the configured server composition is refused: {why}")
+    trials = Trials(base, rounds)
+    budget = Budget(args.budget_minutes * 60.0, args.attack_trials, args.defense_trials)
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        console=console, disable=args.quiet, transient=True,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("search", total=None)
+        result = recommend(
+            trials,
+            [start],
+            args.tuning_seeds,
+            args.held_out_seeds,
+            budget,
+            on_step=lambda text: bar.update(task, description=text),
+        )
+    out = {
+        **source_commit(),
+        "config_sha256": sha256_text(dump(cfg)),
+        "config": str(args.config),
+        "command": "fedshield " + " ".join(sys.argv[1:]),
+        "rounds": rounds,
+        "budget_minutes": args.budget_minutes,
+        "tuning_seeds": args.tuning_seeds,
+        **result,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    held = result["held_out"]
+    worst = held["worst"]
+    clean = sum(held["clean"]) / len(held["clean"])
+    console.print(f"choice: {result['choice']['name']}", highlight=False)
+    console.print(
+        f"held-out worst case (seeds {held['seeds']}): {clean + worst['gap']:.3f} vs clean "
+        f"{clean:.3f} ({100 * worst['gap']:+.1f} points)",
+        highlight=False,
+    )
+    console.print(f"set by quiet {json.dumps(worst['params'])}", highlight=False)
+    console.print(f"{trials.runs} runs; wrote {args.out}", highlight=False)
+    return 0
+
+
+__all__ = ["add_parser", "cmd_recommend", "seeds"]

@@ -1,0 +1,100 @@
+"""The searched attacker and the searched defense (docs/cross-round.md, "Searched attacker"),
+on a tiny digits setting (20 clients, S = 10, an mlp of 8 hidden units, 3 rounds)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from fedshield.cli import main
+from fedshield.config import validate
+from fedshield.runner import run
+from fedshield.search.attack_search import MENU, STEALTH, search_attack
+from fedshield.search.defense_search import search_defense
+from fedshield.search.trials import Defense, Trials, experiment, quiet_logs, refusal
+
+BASE: dict[str, Any] = {
+    "name": "tiny",
+    "seed": 1,
+    "rounds": 3,
+    "data": {
+        "dataset": "digits",
+        "num_clients": 20,
+        "partition": "dirichlet",
+        "beta": 0.5,
+        "min_size": 5,
+    },
+    "model": {"name": "mlp", "params": {"hidden": 8}},
+    "client": {"algorithm": "sgd", "lr": 0.1, "batch_size": 16, "local_steps": 2},
+    "server": {"clients_per_round": 10, "weighting": "uniform", "aggregator": "median"},
+    "run": {"threads": 1},
+    "attack": {"name": "stealth", "fraction": 0.3, "mode": "fixed"},
+}
+MEDIAN = Defense((), "median", ("step_bound", "reputation"))
+#: Bucketing halves the rows; Multi-Krum's f then needs more than it leaves.
+REFUSED = Defense(("bucketing",), "multikrum", ())
+
+
+@pytest.fixture(scope="module")
+def trials() -> Trials:
+    return Trials(copy.deepcopy(BASE), 3)
+
+
+def test_stealth_parameters_reproduce_the_stealth_run(trials: Trials) -> None:
+    # The family at stealth's parameters is the menu's stealth end to end.
+    raw = experiment(BASE, MEDIAN, STEALTH, 1, 3)
+    raw["attack"] = {**raw["attack"], "name": "stealth", "params": {}}
+    with quiet_logs():
+        menu = float(run(validate(raw, "test"), None, quiet=True)["final_test_acc"])
+    assert trials.accuracy(MEDIAN, STEALTH, 1) == menu
+
+
+def test_attack_search_is_at_least_as_strong_as_the_menu(trials: Trials) -> None:
+    found = search_attack(trials, MEDIAN, [1, 2], n_trials=len(MENU) + 2, seed=0)
+    menu = [
+        (trials.accuracy(MEDIAN, p, 1) + trials.accuracy(MEDIAN, p, 2)) / 2 for p in MENU.values()
+    ]
+    assert found.acc <= min(menu)
+    assert len(found.trials) == len(MENU) + 2
+    done = [t for t in found.trials if t["state"] == "complete"]
+    best = min(done, key=lambda t: t["acc"])
+    assert best["params"] == found.params and set(found.params) == set(STEALTH)
+    # the objective is the tuning seeds' mean of the recorded runs
+    mean = sum(trials.accuracy(MEDIAN, found.params, s) for s in (1, 2)) / 2
+    assert found.acc == pytest.approx(mean, abs=1e-12)
+
+
+def test_defense_search_prunes_what_the_builder_refuses(trials: Trials) -> None:
+    why = refusal(BASE, REFUSED)
+    assert why is not None and "multikrum" in why
+    assert refusal(BASE, MEDIAN) is None
+    found = search_defense(trials, [STEALTH], [1], n_trials=2, start=[REFUSED, MEDIAN])
+    assert [r["name"] for r in found.refused] == [REFUSED.name]
+    assert found.refused[0]["reason"] == why
+    assert [s["name"] for s in found.scored] == [MEDIAN.name]
+    assert found.defense == MEDIAN and found.score == trials.accuracy(MEDIAN, STEALTH, 1)
+
+
+def test_recommend_command_writes_the_choice_and_its_attack(tmp_path: Path) -> None:
+    conf = tmp_path / "tiny.toml"
+    conf.write_text(tomli_w.dumps({**BASE, "server": {**BASE["server"], **MEDIAN.server()}}))
+    out = tmp_path / "rec.json"
+    code = main(
+        [
+            "recommend", str(conf), "--budget-minutes", "0.5", "--tuning-seeds", "1",
+            "--held-out-seeds", "7", "--attack-trials", "2", "--defense-trials", "2",
+            "--out", str(out), "-q",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    res = json.loads(out.read_text())
+    assert {"commit", "config_sha256", "choice", "held_out", "pool", "steps"} <= set(res)
+    worst = res["held_out"]["worst"]
+    assert worst["params"] in res["pool"] and res["held_out"]["seeds"] == [7]
+    assert worst["gap"] == min(a["gap"] for a in res["held_out"]["attacks"])
+    assert res["steps"] and res["steps"][0]["attack"]["trials"]
