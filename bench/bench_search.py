@@ -1,0 +1,148 @@
+"""The searched attacker (docs/cross-round.md, "Searched attacker") against the no-root
+recommendation ``cc-momentum-rep`` (Centered Clipping + collusion, consistency, momentum,
+step_bound, reputation) and against NNM before the median + collusion, consistency,
+step_bound, reputation.
+
+Grid of the quiet-attacker measurement (bench/bench_quiet.py): digits, mlp (hidden 64),
+Dirichlet 0.5 (min_size 5), sgd lr 0.1 × 10 steps of batch 16, fedavg with uniform
+weighting, 30 % fixed attackers, S/M 10/100; ``--rounds`` rounds. Per defense: Optuna TPE
+over the ``quiet`` family (:func:`fedshield.search.attack_search.search_attack`, the
+menu's quiet attacks first, successive halving over the tuning seeds), then on held-out
+seeds the clean run, the menu entries and both searched attacks (each defense also meets
+the attack searched against the other). Prints per defense the held-out accuracy per
+attack (mean over seeds) and the worst gap to clean; writes every run and the result,
+with the commit, to ``--out`` (JSON).
+
+    PYTHONPATH=src nice -n 19 python bench/bench_search.py --out docs/results/bench_search.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fedshield.search.attack_search import MENU, search_attack
+from fedshield.search.trials import Defense, Trials
+
+DEFENSES = {
+    "cc-momentum-rep": Defense(
+        (),
+        "centered_clipping",
+        ("collusion", "consistency", "momentum", "step_bound", "reputation"),
+    ),
+    "nnm-median": Defense(
+        ("nnm",), "median", ("collusion", "consistency", "step_bound", "reputation")
+    ),
+}
+
+BASE: dict[str, Any] = {
+    "name": "bench-search",
+    "data": {
+        "dataset": "digits",
+        "num_clients": 100,
+        "partition": "dirichlet",
+        "beta": 0.5,
+        "min_size": 5,
+    },
+    "model": {"name": "mlp", "params": {"hidden": 64}},
+    "client": {"algorithm": "sgd", "lr": 0.1, "batch_size": 16, "local_steps": 10},
+    "server": {"clients_per_round": 10, "weighting": "uniform"},
+    "run": {"threads": 1},
+    "attack": {"name": "stealth", "fraction": 0.3, "mode": "fixed"},
+}
+
+
+def table(result: dict[str, Any]) -> str:
+    held = result["held_out"]
+    names = list(held)
+    attacks = list(next(iter(held.values()))["attacks"])
+    head = f"{'attack':<24}" + "".join(f"{n:>18}" for n in names)
+    lines = [head, "-" * len(head)]
+    clean = {n: sum(held[n]["clean"]) / len(held[n]["clean"]) for n in names}
+    lines.append(f"{'none (clean)':<24}" + "".join(f"{clean[n]:>18.3f}" for n in names))
+    for a in attacks:
+        vals = [sum(held[n]["attacks"][a]) / len(held[n]["attacks"][a]) for n in names]
+        lines.append(f"{a:<24}" + "".join(f"{v:>18.3f}" for v in vals))
+    lines.append("worst gap to clean (points, mean over held-out seeds), per seed worst:")
+    for n in names:
+        gaps = {
+            a: [x - c for x, c in zip(v, held[n]["clean"], strict=True)]
+            for a, v in held[n]["attacks"].items()
+        }
+        worst = min(gaps, key=lambda a: sum(gaps[a]))
+        seed_worst = min(min(g) for g in gaps.values())
+        lines.append(
+            f"  {n:<18} {100 * sum(gaps[worst]) / len(gaps[worst]):+.1f} ({worst}); "
+            f"worst single seed {100 * seed_worst:+.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--tuning-seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--held-out-seeds", type=int, nargs="+", default=[11, 12, 13])
+    ap.add_argument("--trials", type=int, default=20, help="attack-search trials per defense")
+    ap.add_argument("--defenses", nargs="+", default=list(DEFENSES), choices=list(DEFENSES))
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    trials = Trials(BASE, args.rounds)
+    start = time.perf_counter()
+    result: dict[str, Any] = {
+        "commit": commit,
+        "command": "python " + " ".join(sys.argv),
+        "grid": "digits mlp64 dirichlet 0.5 min_size 5, sgd 0.1 x 10, uniform weights, "
+        "30 % fixed attackers, S/M 10/100",
+        "rounds": args.rounds,
+        "tuning_seeds": args.tuning_seeds,
+        "held_out_seeds": args.held_out_seeds,
+        "searches": {},
+        "held_out": {},
+    }
+
+    def save() -> None:
+        result["runs"], result["seconds"] = trials.runs, round(time.perf_counter() - start, 1)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+    searched: dict[str, dict[str, Any]] = {}
+    for name in args.defenses:
+        found = search_attack(
+            trials, DEFENSES[name], args.tuning_seeds, n_trials=args.trials, seed=0
+        )
+        searched[f"searched vs {name}"] = found.params
+        result["searches"][name] = found.to_json()
+        print(f"{name}: searched attack {found.params} tuning acc {found.acc:.3f}", flush=True)
+        save()
+    attacks = {**MENU, **searched}
+    for name in args.defenses:
+        d = DEFENSES[name]
+        held = {
+            "defense": d.to_json(),
+            "clean": [trials.accuracy(d, None, s) for s in args.held_out_seeds],
+            "attacks": {},
+            "params": attacks,
+        }
+        for label, params in attacks.items():
+            held["attacks"][label] = [trials.accuracy(d, params, s) for s in args.held_out_seeds]
+            result["held_out"][name] = held
+            save()
+    print(f"commit {commit}; {trials.runs} runs, {time.perf_counter() - start:.0f} s")
+    print(table(result))
+    args.out.with_suffix(".txt").write_text(
+        f"{result['command']}\ncommit {commit}; {result['grid']}; {args.rounds} rounds; "
+        f"tuning seeds {args.tuning_seeds}, held-out seeds {args.held_out_seeds}; "
+        f"{trials.runs} runs, {result['seconds']} s\n{table(result)}\n"
+    )
+
+
+if __name__ == "__main__":
+    main()
