@@ -127,9 +127,10 @@ def turned(b: Tensor, cosine: float, noise: Tensor) -> Tensor:
 
 @ATTACKS.register("quiet", tags=["kind=update", "omniscient", "needs_rule"])
 class Quiet(CohortAttack):
-    """The quiet attacks as one family (module docstring): centre, direction, placement
-    against the published radius, the attackers' spread and their timing are parameters,
-    so a search (:mod:`fedshield.search.attack_search`) can tune them against a defense."""
+    """The quiet attacks as one family with centre, direction, placement, spread and
+    timing as parameters, for a search (module docstring).
+
+    :mod:`fedshield.search.attack_search` tunes them against a defense."""
 
     params_schema = QuietParams
     needs_rule = True
