@@ -116,7 +116,12 @@ def main() -> None:
     searched: dict[str, dict[str, Any]] = {}
     for name in args.defenses:
         found = search_attack(
-            trials, DEFENSES[name], args.tuning_seeds, n_trials=args.trials, seed=0
+            trials,
+            DEFENSES[name],
+            args.tuning_seeds,
+            n_trials=args.trials,
+            seed=0,
+            on_trial=lambda text: print(f"{text} ({trials.runs} runs)", flush=True),
         )
         searched[f"searched vs {name}"] = found.params
         result["searches"][name] = found.to_json()
