@@ -63,7 +63,8 @@ def test_attack_search_is_at_least_as_strong_as_the_menu(trials: Trials) -> None
     assert len(found.trials) == len(MENU) + 2
     done = [t for t in found.trials if t["state"] == "complete"]
     best = min(done, key=lambda t: t["acc"])
-    assert best["params"] == found.params and set(found.params) == set(STEALTH)
+    assert best["params"] == found.params
+    assert set(STEALTH) <= set(found.params) <= set(STEALTH) | {"tau"}
     # the objective is the tuning seeds' mean of the recorded runs
     mean = sum(trials.accuracy(MEDIAN, found.params, s) for s in (1, 2)) / 2
     assert found.acc == pytest.approx(mean, abs=1e-12)

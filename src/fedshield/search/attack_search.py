@@ -35,20 +35,23 @@ STEALTH: dict[str, Any] = {
 
 #: The first trials: stealth, stealth with evade (the simplex past collusion and
 #: consistency), the hug row with each attacker's own honest deviation (distinct rows whose
-#: offsets look honest) and an opportunist-like outvoting hug.
+#: offsets look honest; also at reputation's radius, τ = 3 × the median honest distance)
+#: and an opportunist-like outvoting hug.
 MENU: dict[str, dict[str, Any]] = {
     "stealth": STEALTH,
     "stealth*": {**STEALTH, "spread": "simplex"},
     "hug+own": {**STEALTH, "spread": "own"},
+    "hug+own τ=3": {**STEALTH, "spread": "own", "tau": 3.0},
     "outvote": {**STEALTH, "timing": "outvote", "h": 1.0},
 }
 
 
 def suggest(trial: optuna.Trial, rounds: int) -> dict[str, Any]:
     """The family's parameters for one trial: centre, direction and its cosine, placement
-    h (up to 3 × the published radius), spread and its scale, timing and sleeper phase (up
-    to half the rounds)."""
-    return {
+    h (up to 3 × the radius), the radius (the tightest published one, or τ ∈ [0.5, 5] ×
+    the median honest distance), spread and its scale, timing and sleeper phase (up to
+    half the rounds)."""
+    out = {
         "centre": trial.suggest_categorical("centre", ["median", "mean", "rule", "nnm"]),
         "direction": trial.suggest_categorical("direction", ["mean", "sign"]),
         "cosine": trial.suggest_float("cosine", 0.2, 1.0),
@@ -58,6 +61,18 @@ def suggest(trial: optuna.Trial, rounds: int) -> dict[str, Any]:
         "timing": trial.suggest_categorical("timing", ["always", "outvote"]),
         "sleep": trial.suggest_int("sleep", 0, max(rounds // 2, 0)),
     }
+    if trial.suggest_categorical("radius", ["published", "spread"]) == "spread":
+        out["tau"] = trial.suggest_float("tau", 0.5, 5.0)
+    return out
+
+
+def enqueued(params: dict[str, Any]) -> dict[str, Any]:
+    """The trial parameters that :func:`suggest` turns into the family's ``params``."""
+    out = {k: v for k, v in params.items() if k != "tau"}
+    out["radius"] = "published" if params.get("tau") is None else "spread"
+    if params.get("tau") is not None:
+        out["tau"] = params["tau"]
+    return out
 
 
 @dataclass
@@ -104,10 +119,11 @@ def search_attack(
     study = optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
     if menu:
         for params in MENU.values():
-            study.enqueue_trial(params)
+            study.enqueue_trial(enqueued(params))
 
     def objective(trial: optuna.Trial) -> float:
         params = suggest(trial, trials.rounds)
+        trial.set_user_attr("attack", params)
         accs: list[float] = []
         for step, s in enumerate(seeds):
             accs.append(trials.accuracy(defense, params, s))
@@ -131,7 +147,7 @@ def search_attack(
     log = [
         {
             "number": t.number,
-            "params": t.params,
+            "params": t.user_attrs.get("attack", t.params),
             "acc": t.value,
             "state": t.state.name.lower(),
         }
@@ -141,11 +157,11 @@ def search_attack(
         raise RuntimeError(f"attack search vs {defense.name}: no trial completed")
     best = min(done, key=lambda t: (t.value, t.number))
     assert best.value is not None
-    return AttackResult(defense, dict(best.params), float(best.value), log)
+    return AttackResult(defense, dict(best.user_attrs["attack"]), float(best.value), log)
 
 
 def _any_complete(study: optuna.Study) -> bool:
     return any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
 
 
-__all__ = ["MENU", "STEALTH", "AttackResult", "search_attack", "suggest"]
+__all__ = ["MENU", "STEALTH", "AttackResult", "enqueued", "search_attack", "suggest"]
