@@ -127,7 +127,8 @@ def search_attack(
         accs: list[float] = []
         for step, s in enumerate(seeds):
             accs.append(trials.accuracy(defense, params, s))
-            trial.report(sum(accs) / len(accs), step)
+            # steps count seeds from 1: Optuna's halving reaches its first rung at step 1
+            trial.report(sum(accs) / len(accs), step + 1)
             if step + 1 < len(seeds) and trial.should_prune():
                 raise optuna.TrialPruned()
         return sum(accs) / len(accs)
