@@ -100,3 +100,13 @@ def test_a_built_run_states_the_recommendation_for_its_threat_model():
 def test_the_docs_table_is_the_rendering_of_the_stored_measurement():
     text = (ROOT / "docs" / "cross-round.md").read_text()
     assert rec.markdown_table() in text, "paste rec.markdown_table() into docs/cross-round.md"
+
+
+def test_a_pre_aggregator_is_part_of_the_configuration():
+    conf = rec.CONFIGURATIONS["median-guarded"]
+    assert rec.differences(conf, {**conf.server(), "pre_aggregators": ["nnm"]}) == [
+        "server.pre_aggregators=['nnm'] (recommended [])"
+    ]
+    nnm = rec.Configuration("n", False, "fedavg", "median", ("collusion",), ("nnm",))
+    assert nnm.server()["pre_aggregators"] == ["nnm"] and "nnm → median" in nnm.describe()
+    assert rec.differences(nnm, nnm.server()) == []

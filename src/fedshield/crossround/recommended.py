@@ -33,13 +33,15 @@ MEASURED = "quiet_measured.json"
 @dataclass(frozen=True)
 class Configuration:
     """A server configuration: ``server.algorithm``, ``server.aggregator`` (None: the
-    algorithm's own) and ``server.round_defenses``; ``root``: it needs root data."""
+    algorithm's own), ``server.round_defenses`` and ``server.pre_aggregators`` (empty: none,
+    and not among its keys); ``root``: it needs root data."""
 
     name: str
     root: bool
     algorithm: str
     aggregator: str | None
     round_defenses: tuple[str, ...]
+    pre_aggregators: tuple[str, ...] = ()
 
     def server(self) -> dict[str, Any]:
         """The ``[server]`` keys that select it."""
@@ -49,10 +51,14 @@ class Configuration:
         }
         if self.aggregator is not None:
             out["aggregator"] = self.aggregator
+        if self.pre_aggregators:
+            out["pre_aggregators"] = list(self.pre_aggregators)
         return out
 
     def describe(self) -> str:
         rule = self.aggregator or f"{self.algorithm}'s own rule"
+        if self.pre_aggregators:
+            rule = " → ".join((*self.pre_aggregators, rule))
         defenses = ", ".join(self.round_defenses) or "none"
         return f"server.algorithm={self.algorithm}, rule {rule}, round defenses [{defenses}]"
 
@@ -83,6 +89,14 @@ CONFIGURATIONS: dict[str, Configuration] = {
             "fedavg",
             "centered_clipping",
             ("collusion", "consistency", "momentum", "step_bound", "reputation"),
+        ),
+        Configuration(
+            "nnm-median",
+            False,
+            "fedavg",
+            "median",
+            ("collusion", "consistency", "step_bound", "reputation"),
+            ("nnm",),
         ),
         Configuration("brdrag", True, "brdrag", None, ()),
         Configuration("brdrag-guarded", True, "brdrag", None, ("collusion", "consistency")),
@@ -197,15 +211,15 @@ def threat_models() -> list[ThreatModel]:
 
 
 def differences(rec: Configuration, server: dict[str, Any]) -> list[str]:
-    """What the configured ``server`` keys (algorithm, aggregator, round_defenses) differ
-    in from ``rec``'s, one phrase each; empty when they select it."""
+    """What the configured ``server`` keys (algorithm, aggregator, pre_aggregators,
+    round_defenses) differ in from ``rec``'s, one phrase each; empty when they select it."""
     out = []
-    want = rec.server()
-    for key in ("algorithm", "aggregator", "round_defenses"):
+    want = {**rec.server(), "pre_aggregators": list(rec.pre_aggregators)}
+    for key in ("algorithm", "aggregator", "pre_aggregators", "round_defenses"):
         if key not in want:
             continue
         have = server.get(key)
-        if key == "round_defenses":
+        if key in ("round_defenses", "pre_aggregators"):
             have = list(have or [])
         if have != want[key]:
             out.append(f"server.{key}={have!r} (recommended {want[key]!r})")
