@@ -3,7 +3,8 @@ recommendation ``cc-momentum-rep`` (Centered Clipping + collusion, consistency, 
 step_bound, reputation) and against NNM before the median + collusion, consistency,
 step_bound, reputation.
 
-Grid of the quiet-attacker measurement (bench/bench_quiet.py): digits, mlp (hidden 64),
+Grid of the quiet-attacker measurement (bench/bench_quiet.py; read from
+docs/results/data/recommend-digits.toml): digits, mlp (hidden 64),
 Dirichlet 0.5 (min_size 5), sgd lr 0.1 × 10 steps of batch 16, fedavg with uniform
 weighting, 30 % fixed attackers, S/M 10/100; ``--rounds`` rounds. Per defense: Optuna TPE
 over the ``quiet`` family (:func:`fedshield.search.attack_search.search_attack`, the
@@ -23,6 +24,7 @@ import json
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +42,10 @@ DEFENSES = {
     ),
 }
 
-BASE: dict[str, Any] = {
-    "name": "bench-search",
-    "data": {
-        "dataset": "digits",
-        "num_clients": 100,
-        "partition": "dirichlet",
-        "beta": 0.5,
-        "min_size": 5,
-    },
-    "model": {"name": "mlp", "params": {"hidden": 64}},
-    "client": {"algorithm": "sgd", "lr": 0.1, "batch_size": 16, "local_steps": 10},
-    "server": {"clients_per_round": 10, "weighting": "uniform"},
-    "run": {"threads": 1},
-    "attack": {"name": "stealth", "fraction": 0.3, "mode": "fixed"},
-}
+#: The grid (the server composition is each defense's).
+BASE: dict[str, Any] = tomllib.loads(
+    (Path(__file__).resolve().parents[1] / "docs/results/data/recommend-digits.toml").read_text()
+)
 
 
 def table(result: dict[str, Any]) -> str:

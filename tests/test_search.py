@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +19,15 @@ from fedshield.search.attack_search import MENU, STEALTH, search_attack
 from fedshield.search.defense_search import search_defense
 from fedshield.search.trials import Defense, Trials, experiment, quiet_logs, refusal
 
-BASE: dict[str, Any] = {
-    "name": "tiny",
-    "seed": 1,
-    "rounds": 3,
-    "data": {
-        "dataset": "digits",
-        "num_clients": 20,
-        "partition": "dirichlet",
-        "beta": 0.5,
-        "min_size": 5,
-    },
-    "model": {"name": "mlp", "params": {"hidden": 8}},
-    "client": {"algorithm": "sgd", "lr": 0.1, "batch_size": 16, "local_steps": 2},
-    "server": {"clients_per_round": 10, "weighting": "uniform", "aggregator": "median"},
-    "run": {"threads": 1},
-    "attack": {"name": "stealth", "fraction": 0.3, "mode": "fixed"},
-}
+#: The shipped recommend config (the quiet grid's setting), made tiny: 20 clients, an mlp of
+#: 8 hidden units, 2 local steps, 3 rounds.
+BASE: dict[str, Any] = tomllib.loads(
+    (Path(__file__).resolve().parents[1] / "docs/results/data/recommend-digits.toml").read_text()
+)
+BASE.update(seed=1, rounds=3)
+BASE["data"]["num_clients"] = 20
+BASE["model"]["params"]["hidden"] = 8
+BASE["client"]["local_steps"] = 2
 MEDIAN = Defense((), "median", ("step_bound", "reputation"))
 #: Bucketing halves the rows; Multi-Krum's f then needs more than it leaves.
 REFUSED = Defense(("bucketing",), "multikrum", ())

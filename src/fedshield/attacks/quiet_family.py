@@ -43,19 +43,10 @@ from torch import Tensor
 from fedshield.aggregators._ops import W, to_dtype
 from fedshield.aggregators.median import coordinate_median
 from fedshield.attacks._common import CohortAttack, Ctx, Rng, honest_pool, with_rows
-from fedshield.attacks._published import (
-    MARGIN,
-    collusion_rho,
-    consistency_gamma,
-    evading_rows,
-    radii,
-    side_directions,
-    spread,
-    unit,
-)
+from fedshield.attacks._published import MARGIN, radii, spread, unit
 from fedshield.attacks.base import ATTACKS
 from fedshield.attacks.opportunist import winning_count
-from fedshield.attacks.stealth import DEFAULT_TAU, honest_centre
+from fedshield.attacks.stealth import DEFAULT_TAU, TAU, evading_placement, honest_centre
 from fedshield.core.params import Params
 from fedshield.preaggregators.nnm import default_f, nnm
 
@@ -75,15 +66,9 @@ class QuietParams(Params):
         le=1.0,
         description="κ: the row is pushed along −v, v = κ·b + √(1 − κ²)·w (w seeded, ⊥ b)",
     )
+    tau: float | None = TAU
     h: float = Field(
         0.9, gt=0.0, le=10.0, description="placement: the fraction of the published radius"
-    )
-    tau: float | None = Field(
-        None,
-        gt=0.0,
-        le=1e6,
-        description="radius as τ × the median honest distance from c; unset: the tightest "
-        "radius the server's defenses publish (3 × that distance when none)",
     )
     spread: Literal["copies", "simplex", "own"] = Field(
         "copies",
@@ -189,21 +174,10 @@ class Quiet(CohortAttack):
             turn = torch.randn((d,), generator=generator, dtype=W, device=device)
             b = turned(b, self.cosine, turn.to(b.device))
         r = self.radius(pool, centre, b, context)
-        if self.spread == "simplex" and noise is not None:
-            span = torch.cat([centre.to(W)[None], pool.to(W)])
-            sides = side_directions(span, f, noise.to(span.device))
-            if sides is not None:
-                rows, _, _ = evading_rows(
-                    pool,
-                    centre,
-                    b,
-                    self.h * r,
-                    sides,
-                    collusion_rho(context),
-                    consistency_gamma(context),
-                    self.margin,
-                )
-                return with_rows(updates, mask, to_dtype(rows, updates.dtype))
+        if noise is not None:
+            placed = evading_placement(pool, centre, b, self.h * r, noise, context, self.margin)
+            if placed is not None:
+                return with_rows(updates, mask, to_dtype(placed[0], updates.dtype))
         row = to_dtype(centre.to(W) - (self.h * r) * b, pool.dtype)
         if self.spread != "own" or f < 2:
             return with_rows(updates, mask, row)

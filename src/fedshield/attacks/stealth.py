@@ -60,17 +60,21 @@ from fedshield.core.params import Params
 DEFAULT_TAU = 3.0
 
 
+#: ``tau`` of the attacks that read the published radius (stealth, quiet).
+TAU = Field(
+    None,
+    gt=0.0,
+    le=1e6,
+    description="radius as τ × the median honest distance from the centre; unset: the "
+    "tightest radius the server's defenses publish (3 × that distance when none)",
+)
+
+
 class StealthParams(Params):
     h: float = Field(
         0.9, gt=0.0, le=1.0, description="placement h ∈ (0, 1]: the fraction of the radius used"
     )
-    tau: float | None = Field(
-        None,
-        gt=0.0,
-        le=1e6,
-        description="radius as τ × the median honest distance from the centre; unset: the "
-        "tightest radius the server's defenses publish (3 × that distance when none)",
-    )
+    tau: float | None = TAU
     centre: Literal["median", "mean", "rule"] = Field(
         "median",
         description="centre c of the honest rows: coordinate-wise median, mean, or the "
@@ -120,6 +124,28 @@ def stealth_row(pool: Tensor, centre: Tensor, h: float, radius: float) -> Tensor
     """Eq. (1), in float64 and clamped to ``pool``'s finite range: c − h·r·ū."""
     u = unit(pool.to(torch.float64).mean(dim=0))
     return to_dtype(centre.to(torch.float64) - (h * radius) * u, pool.dtype)
+
+
+def evading_placement(
+    pool: Tensor,
+    centre: Tensor,
+    u: Tensor,
+    radius: float,
+    noise: Tensor,
+    context: Ctx,
+    margin: float,
+) -> tuple[Tensor, float, float] | None:
+    """Eq. (2)'s ``[f, d]`` rows at distance ``radius`` from c, pulled along −u, with α
+    and q (:func:`fedshield.attacks._published.evading_rows`), the simplex's directions
+    from the seeded ``noise`` (``[f, d]``); None when d leaves no room beside the honest
+    rows."""
+    span = torch.cat([centre.to(torch.float64)[None], pool.to(torch.float64)])
+    sides = side_directions(span, noise.shape[0], noise.to(span.device))
+    if sides is None:
+        return None
+    return evading_rows(
+        pool, centre, u, radius, sides, collusion_rho(context), consistency_gamma(context), margin
+    )
 
 
 @ATTACKS.register("stealth", tags=["kind=update", "omniscient", "needs_rule"])
@@ -193,23 +219,13 @@ class Stealth(CohortAttack):
         context: Ctx,
     ) -> Tensor:
         """Eq. (2)'s rows (module docstring)."""
-        span = torch.cat([centre.to(torch.float64)[None], pool.to(torch.float64)])
-        sides = side_directions(span, noise.shape[0], noise.to(span.device))
-        if sides is None:
-            return with_rows(updates, mask, stealth_row(pool, centre, self.h, r))
         u = unit(pool.to(torch.float64).mean(dim=0))
-        rows, alpha, q = evading_rows(
-            pool,
-            centre,
-            u,
-            self.h * r,
-            sides,
-            collusion_rho(context),
-            consistency_gamma(context),
-            self.margin,
-        )
+        placed = evading_placement(pool, centre, u, self.h * r, noise, context, self.margin)
+        if placed is None:
+            return with_rows(updates, mask, stealth_row(pool, centre, self.h, r))
+        rows, alpha, q = placed
         self.last_pull, self.last_side = alpha, q
         return with_rows(updates, mask, to_dtype(rows, updates.dtype))
 
 
-__all__ = ["DEFAULT_TAU", "Stealth", "honest_centre", "stealth_row"]
+__all__ = ["DEFAULT_TAU", "TAU", "Stealth", "evading_placement", "honest_centre", "stealth_row"]

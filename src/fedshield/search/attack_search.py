@@ -12,14 +12,13 @@ strongest of it when nothing it samples does better.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
 
-from fedshield.search.trials import Defense, Trials
+from fedshield.search.trials import Defense, Trials, optimize
 
 #: Every parameter a trial sets, at the values that give ``stealth``'s rows.
 STEALTH: dict[str, Any] = {
@@ -86,12 +85,7 @@ class AttackResult:
     trials: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "defense": self.defense.to_json(),
-            "params": self.params,
-            "acc": self.acc,
-            "trials": self.trials,
-        }
+        return {**asdict(self), "defense": self.defense.to_json()}
 
 
 def search_attack(
@@ -138,12 +132,7 @@ def search_attack(
             best = study.best_value if _any_complete(study) else math.nan
             on_trial(f"attack vs {defense.name}: trial {trial.number} best {best:.3f}")
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    start = time.perf_counter()
-    n = 0
-    while n < n_trials and (timeout is None or time.perf_counter() - start < timeout):
-        study.optimize(objective, n_trials=1, callbacks=[callback])
-        n += 1
+    optimize(study, objective, n_trials, timeout, callback)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     log = [
         {

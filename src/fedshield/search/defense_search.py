@@ -10,14 +10,13 @@ builder's reason.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import optuna
 
-from fedshield.search.trials import Defense, Trials, refusal
+from fedshield.search.trials import Defense, Trials, optimize, refusal
 
 PRE_AGGREGATORS: tuple[tuple[str, ...], ...] = ((), ("nnm",), ("bucketing",), ("clip",))
 RULES: tuple[str, ...] = (
@@ -85,13 +84,7 @@ class DefenseResult:
     refused: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "defense": self.defense.to_json(),
-            "score": self.score,
-            "attack": self.attack,
-            "scored": self.scored,
-            "refused": self.refused,
-        }
+        return {**asdict(self), "defense": self.defense.to_json()}
 
 
 def search_defense(
@@ -132,12 +125,7 @@ def search_defense(
         if on_trial is not None:
             on_trial(f"defense: trial {trial.number} ({len(refused)} refused)")
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    began = time.perf_counter()
-    n = 0
-    while n < n_trials and (timeout is None or time.perf_counter() - began < timeout):
-        study.optimize(objective, n_trials=1, callbacks=[callback])
-        n += 1
+    optimize(study, objective, n_trials, timeout, callback)
     if not scored:
         raise RuntimeError("defense search: every composition tried was refused")
     best = max(scored.values(), key=lambda c: (c["score"], -len(c["round_defenses"])))

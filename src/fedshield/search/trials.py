@@ -12,10 +12,12 @@ import copy
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+import optuna
 
 from fedshield.errors import FedshieldError
 
@@ -157,4 +159,22 @@ class Trials:
         return self.seconds / self.runs if self.runs else 0.0
 
 
-__all__ = ["Defense", "Trials", "experiment", "refusal"]
+def optimize(
+    study: optuna.Study,
+    objective: Callable[[optuna.Trial], float],
+    n_trials: int,
+    timeout: float | None,
+    callback: Callable[[optuna.Study, optuna.trial.FrozenTrial], None],
+) -> None:
+    """``study.optimize`` one trial at a time: at most ``n_trials``, none started after
+    ``timeout`` seconds (Optuna's own timeout lets a started trial finish as well, but
+    checks it only between its batches). Optuna's per-trial log lines are silenced."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    began = time.perf_counter()
+    n = 0
+    while n < n_trials and (timeout is None or time.perf_counter() - began < timeout):
+        study.optimize(objective, n_trials=1, callbacks=[callback])
+        n += 1
+
+
+__all__ = ["Defense", "Trials", "experiment", "optimize", "quiet_logs", "refusal"]
