@@ -4,7 +4,7 @@ step_bound, reputation) and against NNM before the median + collusion, consisten
 step_bound, reputation.
 
 Grid of the quiet-attacker measurement (bench/bench_quiet.py; read from
-docs/results/data/recommend-digits.toml): digits, mlp (hidden 64),
+bench/recommend-digits.toml): digits, mlp (hidden 64),
 Dirichlet 0.5 (min_size 5), sgd lr 0.1 × 10 steps of batch 16, fedavg with uniform
 weighting, 30 % fixed attackers, S/M 10/100; ``--rounds`` rounds. Per defense: Optuna TPE
 over the ``quiet`` family (:func:`fedshield.search.attack_search.search_attack`, the
@@ -44,7 +44,7 @@ DEFENSES = {
 
 #: The grid (the server composition is each defense's).
 BASE: dict[str, Any] = tomllib.loads(
-    (Path(__file__).resolve().parents[1] / "docs/results/data/recommend-digits.toml").read_text()
+    (Path(__file__).resolve().parents[1] / "bench/recommend-digits.toml").read_text()
 )
 
 

@@ -22,7 +22,7 @@ from fedshield.search.trials import Defense, Trials, experiment, quiet_logs, ref
 #: The shipped recommend config (the quiet grid's setting), made tiny: 20 clients, an mlp of
 #: 8 hidden units, 2 local steps, 3 rounds.
 BASE: dict[str, Any] = tomllib.loads(
-    (Path(__file__).resolve().parents[1] / "docs/results/data/recommend-digits.toml").read_text()
+    (Path(__file__).resolve().parents[1] / "bench/recommend-digits.toml").read_text()
 )
 BASE.update(seed=1, rounds=3)
 BASE["data"]["num_clients"] = 20
