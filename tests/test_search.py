@@ -92,3 +92,22 @@ def test_recommend_command_writes_the_choice_and_its_attack(tmp_path: Path) -> N
     assert worst["params"] in res["pool"] and res["held_out"]["seeds"] == [7]
     assert worst["gap"] == min(a["gap"] for a in res["held_out"]["attacks"])
     assert res["steps"] and res["steps"][0]["attack"]["trials"]
+
+
+class _Placement(Trials):
+    """Accuracy = h / 10 on every seed, no training: a stand-in to test the search."""
+
+    def accuracy(self, defense: Defense, attack: dict[str, Any] | None, seed: int) -> float:
+        self.runs += 1
+        return 1.0 if attack is None else float(attack["h"]) / 10.0
+
+
+def test_halving_stops_a_trial_behind_after_its_first_seed() -> None:
+    fake = _Placement(BASE, 3)
+    found = search_attack(fake, MEDIAN, [1, 2, 3, 4], n_trials=24, seed=1)
+    states = [t["state"] for t in found.trials]
+    assert "pruned" in states and states.count("complete") >= len(MENU)
+    # a pruned trial ran fewer seeds than the four a completed one runs
+    assert fake.runs < 4 * len(states)
+    assert found.acc == min(t["acc"] for t in found.trials if t["state"] == "complete")
+    assert found.acc < min(p["h"] for p in MENU.values()) / 10.0  # TPE went below the menu
