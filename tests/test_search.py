@@ -111,3 +111,19 @@ def test_halving_stops_a_trial_behind_after_its_first_seed() -> None:
     assert fake.runs < 4 * len(states)
     assert found.acc == min(t["acc"] for t in found.trials if t["state"] == "complete")
     assert found.acc < min(p["h"] for p in MENU.values()) / 10.0  # TPE went below the menu
+
+
+def test_recommend_refuses_what_it_cannot_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "c.toml"
+    args = ["recommend", str(conf), "--budget-minutes", "1", "-q"]
+    for change, said in (
+        ({"attack": {"name": "none"}}, "attack.fraction = 0"),
+        ({"server": {**BASE["server"], "algorithm": "brdrag"}}, "server.algorithm = 'brdrag'"),
+        ({}, "must not share a seed"),
+    ):
+        conf.write_text(tomli_w.dumps({**BASE, **change}))
+        seeds = ["--tuning-seeds", "1", "--held-out-seeds", "1,2"] if not change else []
+        assert main([*args, *seeds]) == 2
+        assert said in capsys.readouterr().err

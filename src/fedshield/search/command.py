@@ -61,6 +61,11 @@ def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
             f"{args.config}: attack.fraction = 0; set the attackers' share the search plays "
             '(e.g. attack.fraction = 0.3, attack.mode = "fixed")'
         )
+    if cfg.server.algorithm != "fedavg":
+        raise ConfigError(
+            f"{args.config}: server.algorithm = {cfg.server.algorithm!r}; the searched "
+            "compositions are fedavg's (pre-aggregators, rule, round defenses)"
+        )
     if set(args.tuning_seeds) & set(args.held_out_seeds):
         raise ConfigError("--tuning-seeds and --held-out-seeds must not share a seed")
     base = cfg.model_dump(mode="json", exclude_none=True)
