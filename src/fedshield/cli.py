@@ -154,15 +154,17 @@ def print_summaries(summaries: list[dict[str, Any]], where: bool = True) -> None
     runs are in (a report names its own output instead)."""
     from fedshield.console_summary import summary_renderables
 
+    # a line naming a path is printed whole (soft_wrap): rich would break a path wider than
+    # the console inside its name, and a copied path must work
     for part in summary_renderables(summaries):
-        console.print(part, highlight=False)
+        console.print(part, highlight=False, soft_wrap=isinstance(part, str))
     if not where:
         return
     outs = sorted({str(Path(s["out"]).parent) for s in summaries if s.get("out")})
     if len(summaries) == 1 and summaries[0].get("out"):
-        console.print(f"outputs: {summaries[0]['out']}", highlight=False)
+        console.print(f"outputs: {summaries[0]['out']}", highlight=False, soft_wrap=True)
     elif outs:
-        console.print(f"outputs under: {', '.join(outs)}", highlight=False)
+        console.print(f"outputs under: {', '.join(outs)}", highlight=False, soft_wrap=True)
 
 
 LIST_KINDS = (
