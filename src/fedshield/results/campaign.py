@@ -65,7 +65,7 @@ def lookup(
     ones are replayed until one holds), and those that do not."""
     sts = [validity.status(f, rec) for f, rec in by_cell.get(cell, [])]
     sts.sort(key=lambda s: (s.state != "valid", s.state != "replayed", s.path.name))
-    rejected = []
+    rejected: list[validity.Status] = []
     for st in sts:
         if st.state == "unchecked" and replay:
             st = validity.check(st.path, st.record, rounds)

@@ -204,7 +204,7 @@ def load_frame(*stores: Path) -> Any:
     """Every record of ``stores`` (default: the repository's) as a pandas DataFrame, one row
     per record: its scalars and the summary's (``summary.final_test_acc``...); needs pandas
     (not a dependency of fedshield). One file alone: ``pd.read_json(f, lines=True)``."""
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]
 
     stores = stores or (REPO_STORE,)
     rows = []

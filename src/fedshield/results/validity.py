@@ -41,7 +41,7 @@ METRICS = ("test_acc", "test_loss", "train/loss")
 #: variants (docs/results/data/demo-kernels.csv: 0.012, tools/demo_kernels.py), as
 #: tools/results.py's sampled cells allow; used when the repository's data is absent.
 KERNEL_TOL = 0.024
-DEMO_KERNELS = Path(__file__).resolve().parents[3] / "docs" / "results" / "data" / "demo-kernels.csv"
+DEMO_KERNELS = Path(__file__).resolve().parents[3] / "docs/results/data/demo-kernels.csv"
 
 
 def tolerance(path: Path = DEMO_KERNELS) -> float:
@@ -197,7 +197,8 @@ def write_stamp(path: Path, rec: dict[str, Any], result: Replay) -> Path:
         "kernels": kernel_signature(),
     }
     text = json.dumps(stamp, indent=1, sort_keys=True) + "\n"
-    out = path.parent / f"{stem(path)}.replay-{stamp['code'][:12]}-{sha256_text(text)[:8]}.json"
+    code = str(stamp["code"])[:12]
+    out = path.parent / f"{stem(path)}.replay-{code}-{sha256_text(text)[:8]}.json"
     out.write_text(text)
     return out
 
