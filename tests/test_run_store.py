@@ -17,25 +17,18 @@ from fedshield import config, runner
 from fedshield.results import campaign, store, validity
 from fedshield.sweep import RunSpec, run_sweep
 
-RAW = {
-    "name": "t",
-    "seed": 0,
-    "rounds": 2,
-    "data": {"dataset": "digits", "num_clients": 6, "partition": "iid"},
-    "model": {"name": "mlp", "params": {"hidden": 32}},
-    "client": {"lr": 0.1, "batch_size": 16, "local_steps": 3},
-    "server": {"clients_per_round": 3},
-    "eval": {"every": 1},
-    "run": {"progress": False, "threads": 1},
-}
+
+@pytest.fixture
+def raw(small_cfg) -> dict[str, Any]:
+    """A tiny real run: digits, mlp, 2 rounds, one thread."""
+    return config.apply_overrides(small_cfg, ["rounds=2", "run.threads=1"])
 
 
-@pytest.fixture(scope="module")
-def made(tmp_path_factory) -> Path:
-    """A store holding the record of one tiny real run (digits, mlp, 2 rounds)."""
-    where = tmp_path_factory.mktemp("store")
-    runner.run(config.validate(RAW), where / "run", quiet=True, store=where / "store")
-    return where / "store"
+@pytest.fixture
+def made(tmp_path, raw) -> Path:
+    """A store holding the record of one tiny real run."""
+    runner.run(config.validate(raw), tmp_path / "run", quiet=True, store=tmp_path / "made")
+    return tmp_path / "made"
 
 
 def _one(s: Path) -> tuple[Path, dict[str, Any]]:
@@ -82,7 +75,7 @@ def test_changed_code_needs_a_replay_which_reproduces_and_stamps(made, tmp_path,
     assert validity.status(f, rec).state == "unchecked"
 
 
-def test_a_record_its_replay_contradicts_is_stale_and_left_out(made, tmp_path, monkeypatch):
+def test_a_record_its_replay_contradicts_is_stale_and_left_out(made, raw, tmp_path, monkeypatch):
     s = tmp_path / "store"
     _, rec = _one(made)
     bad = copy.deepcopy(rec)
@@ -95,7 +88,7 @@ def test_a_record_its_replay_contradicts_is_stale_and_left_out(made, tmp_path, m
     assert validity.status(f, bad).state == "stale"  # the verdict is kept beside it
     # a sweep over its cell does not use it: the run is made again, the record is named
     out = tmp_path / "sweep"
-    spec = RunSpec("t", copy.deepcopy(RAW), {})
+    spec = RunSpec("t", raw, {})
     comparison = run_sweep([spec], out, stores=[s])
     assert comparison is not None
     summary = json.loads((out / "t" / "summary.json").read_text())
@@ -122,9 +115,9 @@ def test_stores_made_apart_merge_by_file(made, tmp_path) -> None:
         assert json.loads(fh.readline())["cell"] == rec["cell"]
 
 
-def test_parts_make_every_missing_run_once_and_the_merged_store_completes_the_grid(tmp_path):
+def test_parts_make_every_missing_run_once_and_the_merged_store_completes_the_grid(tmp_path, raw):
     runs = [
-        RunSpec(name, config.apply_overrides(RAW, [f"client.lr={lr}", f"seed={s}",
+        RunSpec(name, config.apply_overrides(raw, [f"client.lr={lr}", f"seed={s}",
                                                    f'name="{name}"']), {})
         for lr in (0.05, 0.1) for s in (0, 1) for name in [f"lr={lr}_seed={s}"]
     ]  # fmt: skip
