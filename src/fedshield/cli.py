@@ -593,7 +593,22 @@ def build_parser() -> argparse.ArgumentParser:
     from fedshield.bench.command import add_parser as add_bench
 
     add_bench(sub, [verbose], cmd_bench)
+    from fedshield.results.__main__ import add_arguments as add_results
+
+    res = sub.add_parser(
+        "results", parents=[quiet_verbose],
+        help="the run store's records at this code: valid, replayed, unchecked or stale "
+        "(docs/results-store.md)",
+    )  # fmt: skip
+    add_results(res)
+    res.set_defaults(func=cmd_results)
     return p
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from fedshield.results.__main__ import run
+
+    return run(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
