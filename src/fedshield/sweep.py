@@ -350,7 +350,7 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     backend = backend if backend is not None else LocalBackend(jobs)
     drop_stale_cells([(r.name, r.raw) for r in runs], out)
-    keys, rejected = _from_stores(runs, out, stores) if stores else ({}, {})
+    keys, rejected = _from_stores(runs, out, stores, part) if stores else ({}, {})
     results: dict[str, dict[str, Any]] = {}
     todo: list[RunTask] = []
     for r in runs:
@@ -408,14 +408,15 @@ def _writing_to(store: Path | None) -> Iterator[None]:
 
 
 def _from_stores(
-    runs: list[RunSpec], out: Path, stores: Sequence[Path]
+    runs: list[RunSpec], out: Path, stores: Sequence[Path], part: tuple[int, int] | None
 ) -> tuple[dict[str, str], dict[str, list[str]]]:
     """Each run's cell key; the runs whose cell has a record that counts written back as
     their folders (a folder written from a record that no longer counts is removed); and,
-    per run, the records of its cell that do not count (named in the provenance)."""
+    per run, the records of its cell that do not count (named in the provenance). With
+    ``part``, records needing a replay are replayed by their cell's part only."""
     import shutil
 
-    from fedshield.results.campaign import FROM_STORE, index, lookup, materialize
+    from fedshield.results.campaign import FROM_STORE, index, lookup, materialize, part_of
     from fedshield.results.store import cell_key
 
     by_cell = index(*stores)
@@ -429,7 +430,7 @@ def _from_stores(
             shutil.rmtree(folder)  # looked up again: the code may have changed since
         if finished_summary(r.raw, str(folder)) is not None:
             continue
-        found = lookup(key, by_cell)
+        found = lookup(key, by_cell, replay=part is None or part_of(key, part[1]) == part[0])
         rejected[r.name] = [st.line() for st in found.rejected]
         if found.counted is not None:
             if folder.exists():
