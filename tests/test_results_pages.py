@@ -10,6 +10,7 @@ import csv
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -201,6 +202,31 @@ def test_make_results_regenerates_a_page_from_nothing_into_a_chosen_folder(tmp_p
 
 
 SAMPLED = sorted(n for n, p in PAGES.items() if p.sample)
+
+
+@pytest.mark.slow
+def test_a_page_made_in_parts_on_two_machines_then_merged(tmp_path: Path) -> None:
+    """docs/results-store.md: ``PART=1/2`` and ``PART=2/2`` (two machines, two stores) make
+    every run once and render nothing; their stores merged by copying files, the page is
+    made without running any run again, and its header says where the runs came from."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text('name = "tiny"\nbase = "brdrag-digits-cpu"\nset = ["rounds=2"]\n')
+    jobs = f'grid = [{{ name = "{grid}", seeds = "0,1,2" }}]\n'
+    header = "<!-- fedshield:table page=t -->\n<!-- fedshield:end -->"
+    page = _page_in(tmp_path / "page", header, jobs)
+    merged = tmp_path / "merged"
+    for k in (1, 2):
+        out = tmp_path / f"machine{k}"
+        assert results.run_page(page, out, part=f"{k}/2") is None
+        assert not (out / "docs" / "results" / "data" / "tiny.csv").exists()
+        made = out / "docs" / "results" / "store"  # absent where the part had no run
+        if made.exists():
+            shutil.copytree(made, merged, dirs_exist_ok=True)
+    assert len(list(merged.glob("*.jsonl.gz"))) == 3  # each run in exactly one part
+    out = tmp_path / "page"
+    doc = results.run_page(page, out, store=merged)
+    assert doc is not None and "— 3 runs from the run store" in doc.read_text()
+    assert len(list(merged.glob("*.jsonl.gz"))) == 3  # none made again
 
 
 def test_every_page_has_a_sampled_cell() -> None:

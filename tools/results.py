@@ -622,6 +622,9 @@ def run_page(
     _check_names(page)
     _older_runs(page, out, only)
     stores = _stores(out, store)
+    if part is not None:
+        _run_part(page, out, stores, part, jobs, only)
+        return None
     prose = ROOT / page.doc
     doc = out / page.doc
     if not prose.exists() and not doc.exists():
@@ -635,9 +638,6 @@ def run_page(
     if prose.exists() and not in_place:
         doc.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(prose, doc)  # the prose; the tables are rendered below
-    if part is not None:
-        _run_part(page, out, stores, part, jobs, only)
-        return None
     ran: list[Job] = []
     for j in page.jobs:
         if only is not None and j.label not in only:
