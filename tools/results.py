@@ -828,24 +828,14 @@ def _train(raw: dict[str, Any], rounds: int | None, metric: str, where: str) -> 
     config is untouched: the first rounds of the published run, not a shorter run); None
     when it diverged."""
     from fedshield import config, runner
-    from fedshield.sim.builder import build
-    from fedshield.sim.engine import Simulator
+    from fedshield.results.validity import replay_rounds
 
     cfg = config.validate(raw)
     if rounds is None:
         result = runner.run(cfg, None, quiet=True)
         return None if result.get("status") == "diverged" else _metric(result, metric, where)
-    runner.set_threads(cfg)
-    sim = Simulator(build(cfg), None)
-    sim.start()
-    rec: dict[str, Any] = {}
-    for rnd in range(1, rounds + 1):
-        t0 = time.perf_counter()
-        rec = sim.run_round(rnd)
-        sim.record(rec, time.perf_counter() - t0)
-        if sim.diverged(rec):
-            return None
-    return _metric(rec, metric, f"{where} (round {rounds})")
+    recs, diverged = replay_rounds(config.dump(cfg), rounds)
+    return None if diverged else _metric(recs[-1], metric, f"{where} (round {rounds})")
 
 
 def _bench_run(page: Page, s: dict[str, Any]) -> dict[str, Any]:

@@ -117,9 +117,10 @@ class Replay:
     why: str
 
 
-def replay_rounds(config_text: str, rounds: int) -> list[dict[str, Any]]:
+def replay_rounds(config_text: str, rounds: int) -> tuple[list[dict[str, Any]], bool]:
     """The first ``rounds`` round records of the run of ``config_text`` at the current code,
-    in memory (the config untouched: the record's first rounds, not a shorter run)."""
+    in memory (the config untouched: the record's first rounds, not a shorter run), and
+    whether it diverged (it stops at that round, as the run did)."""
     import tomllib
 
     from fedshield import config, threads
@@ -136,8 +137,8 @@ def replay_rounds(config_text: str, rounds: int) -> list[dict[str, Any]]:
         rec = sim.run_round(rnd)
         out.append(sim.record(rec, time.perf_counter() - t0))
         if sim.diverged(rec):
-            break
-    return out
+            return out, True
+    return out, False
 
 
 def compare(
@@ -171,7 +172,7 @@ def replay(rec: dict[str, Any], rounds: int = ROUNDS, tol: float | None = None) 
     n = min(rounds, len(logged))
     if n == 0:
         return Replay(False, 0, tol, math.inf, "the record logged no rounds")
-    got = replay_rounds(rec["config"], n)
+    got = replay_rounds(rec["config"], n)[0]
     worst, why = compare(logged[:n], got, tol)
     if len(got) < n:
         worst, why = math.inf, f"the replay diverged at round {len(got)}"
