@@ -172,11 +172,11 @@ def invited_count(cfg: ExperimentConfig, rule: Aggregator) -> int:
     """S': the clients invited per round (``server.over_select``): ⌈factor·S⌉ (at most M)
     for a number, the statement's choice for ``"auto"``
     (:func:`fedshield.sim.byzantine_budget.auto_invited`; S without [faults]). Unset, it is
-    ``"auto"`` under [faults] where that makes the rounds live
-    (:func:`fedshield.sim.byzantine_budget.default_invited`) — a robust rule needs rows that
-    dropouts, availability and deadlines take away (a median named alone skipped 28 of 30
-    rounds at 30 % dropout; docs/faults.md, liveness) — and S otherwise;
-    ``over_select = 1`` opts out."""
+    ``"auto"`` under [faults] where the rounds would otherwise skip
+    (:func:`fedshield.sim.byzantine_budget.default_invited`: attacked runs only where that
+    makes them live) — a robust rule needs rows that dropouts, availability and deadlines
+    take away (a median named alone skipped 28 of 30 rounds at 30 % dropout; docs/faults.md,
+    liveness) — and S otherwise; ``over_select = 1`` opts out."""
     s, m, over = cfg.server.clients_per_round, cfg.data.num_clients, cfg.server.over_select
     if over is not None and over != "auto":
         return min(m, math.ceil(float(over) * s - 1e-9))
