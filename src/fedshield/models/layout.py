@@ -24,6 +24,7 @@ inside of vmap for memory_format other than torch.contiguous_format``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+
 import torch
 from torch import nn
 
