@@ -4,16 +4,16 @@ One thread, CPU. Per model family, the median step time over interleaved repeats
 CPU time: the other jobs of a shared machine disturb it far less than the wall clock) of
 
 * ``train``: forward + backward + SGD step on a batch of 32;
-* ``pgd``: one PGD step's input gradient (forward + backward to x, eval mode);
+* ``pgd``: one PGD step's input gradient (forward + backward to x);
 * ``eval``: a no-grad forward,
 
 in NCHW, with only the model converted (``model``: a one-channel input's NCHW strides
 also read as channels_last, so the first convolution keeps NCHW) and with the model and
 the samples (stored NHWC) converted (``both``: what ``run.memory_format`` does). Then
 max-pool's variants on cnn_small's [32, 16, 28, 28] activation, the demo's per-step
-training time against a plain NCHW PyTorch loop of the same model, and the end-to-end CPU
-time of short runs of the FedCART CPU preset and a DRAG CPU preset, contiguous vs auto (one process,
-``run.memory_format`` switches).
+training time against a plain NCHW PyTorch loop of the same model, and the end-to-end
+CPU time of short runs of the FedCART CPU preset and a DRAG CPU preset, contiguous vs
+auto (one process: ``run.memory_format`` switches).
 
     PYTHONPATH=src python bench/bench_layout.py [--quick] [--out docs/results/bench_layout.txt]
 """

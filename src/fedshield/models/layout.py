@@ -7,15 +7,17 @@ inherits its backbone's) gets ``torch.channels_last``, every other model the con
 timing — so a run's path is reproducible and the run can say why it took it. The tag lists
 ``cpu`` only where it was measured faster there (``bench/bench_layout.py``,
 ``docs/results/bench_layout.txt``): PyTorch's CPU max-pool has no fast kernel for
-contiguous NCHW tensors (``cnn_small``'s [32, 16, 28, 28] pool ≈ 10× slower than in
+contiguous NCHW tensors (``cnn_small``'s [32, 16, 28, 28] pool ≈ 5-10× slower than in
 channels_last), and oneDNN's convolutions prefer channels_last too. CUDA keeps NCHW:
 nothing here was measured on a GPU.
 
-Only the model is converted (its 4-D weights, :func:`apply_layout`); inputs stay as
-loaded and the first convolution writes its output in the weights' layout (converting
-each batch as well measured no faster: docs/results/bench_layout.txt). Flat parameter
-vectors are unaffected: ``core.flat`` reads tensors with ``reshape(-1)`` (logical order)
-and writes them with ``copy_`` (which keeps the layout). The batched trainer
+The builder converts the model (its 4-D weights, :func:`apply_layout`) and stores the
+samples NHWC (:meth:`fedshield.data.TensorData.in_layout`), so every batch — training,
+attack steps, evaluation — arrives in the layout: converting the model alone leaves a
+one-channel input's first convolution and max-pool in NCHW (its NCHW strides also read
+as channels_last, so the convolution keeps them). Flat parameter vectors are unaffected:
+``core.flat`` reads tensors with ``reshape(-1)`` (logical order) and writes them with
+``copy_`` (which keeps the layout). The batched trainer
 (:mod:`fedshield.sim.vectorized`) swaps in stacked contiguous tensors and stays NCHW:
 ``vmap`` cannot query or make a channels_last tensor (``NYI: querying is_contiguous
 inside of vmap for memory_format other than torch.contiguous_format``).
