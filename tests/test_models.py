@@ -65,7 +65,6 @@ def test_dual_head_takes_the_backbone_params_and_batchnorm():
     assert model_tags("dual_head", {"backbone": "resnet18"}) == {
         "family": frozenset({"dual_head"}),
         "batchnorm": frozenset(),
-        "channels_last": frozenset({"cpu"}),  # the backbone's layout (models.layout)
     }
     assert "batchnorm" in tags_of(build_model("wrn28_4", (3, 8, 8), 4))
 

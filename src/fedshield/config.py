@@ -228,8 +228,8 @@ class RunConfig(Section):
     memory_format: Literal["auto", "channels_last", "contiguous"] = Field(
         "auto",
         description="the model's memory layout: auto = torch.channels_last where the model "
-        "declares it faster on the run's device (tag channels_last=cpu: the CNNs, resnet18, "
-        "dual_head over them), else contiguous (NCHW); the choice is logged and recorded in "
+        "declares it faster on the run's device (tag channels_last=cpu: the CNNs, "
+        "dual_head over one), else contiguous (NCHW); the choice is logged and recorded in "
         "summary.json's provenance (fedshield.models.layout)",
     )
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(

@@ -1,8 +1,8 @@
 """The memory layout a model trains and evaluates in (``run.memory_format``), by a rule.
 
 ``auto`` reads the model entry's ``channels_last=DEVICE|...`` tag: a family that declares
-the device its run is on (``cnn_small``, the seeds' CNNs, ``resnet18``; ``dual_head``
-inherits its backbone's) gets ``torch.channels_last``, every other model the contiguous
+the device its run is on (``cnn_small`` and the seeds' CNNs; ``dual_head`` inherits its
+backbone's) gets ``torch.channels_last``, every other model the contiguous
 (NCHW) layout. The rule reads the model, the device type and the input's shape — never a
 timing — so a run's path is reproducible and the run can say why it took it. The tag lists
 ``cpu`` only where it was measured faster there (``bench/bench_layout.py``,
