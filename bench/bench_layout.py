@@ -7,9 +7,9 @@ CPU time: the other jobs of a shared machine disturb it far less than the wall c
 * ``pgd``: one PGD step's input gradient (forward + backward to x);
 * ``eval``: a no-grad forward,
 
-in NCHW, with only the model converted (``model``: a one-channel input's NCHW strides
-also read as channels_last, so the first convolution keeps NCHW) and with the model and
-the samples (stored NHWC) converted (``both``: what ``run.memory_format`` does). Then
+in NCHW, with the model converted (``model``: what ``run.memory_format`` does; the first
+convolution writes channels_last) and with the inputs converted too (``both``: for
+one-channel inputs the same tensor, their NCHW strides already read as channels_last). Then
 max-pool's variants on cnn_small's [32, 16, 28, 28] activation, the demo's per-step
 training time against a plain NCHW PyTorch loop of the same model, and the end-to-end
 CPU time of short runs of the FedCART CPU preset and a DRAG CPU preset, contiguous vs
@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedshield import config
-from fedshield.data import TensorData
 from fedshield.models import build_model, model_tags
 from fedshield.models.layout import choose_layout
 from fedshield.sim.builder import build
@@ -91,8 +90,8 @@ def step_fns(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Callable[[], A
 def families(quick: bool) -> list[str]:
     cpu = torch.device("cpu")
     lines = [
-        "## per step, batch 32: median CPU ms; NCHW | model converted | model + samples "
-        "converted (the rule's way); gain = NCHW / both",
+        "## per step, batch 32: median CPU ms; NCHW | model converted (the rule's way) | "
+        "model + inputs converted; gain = NCHW / model",
         f"{'family':22s} {'layout':14s} "
         + "  ".join(f"{k:>6s}: NCHW  model   both  gain" for k in ("train", "pgd", "eval")),
     ]
@@ -107,15 +106,14 @@ def families(quick: bool) -> list[str]:
             m = copy.deepcopy(base)
             if mode != "nchw":
                 m.to(memory_format=CL)
-            # "both": the samples stored NHWC, as the builder stores them (TensorData.in_layout)
-            xm = TensorData(x, y).in_layout(CL).x if mode == "both" else x
+            xm = x.contiguous(memory_format=CL) if mode == "both" else x
             for k, f in step_fns(m, xm, y).items():
                 fns[f"{mode}/{k}"] = f
         r = medians(fns, max(2, repeats // 3) if quick else repeats)
         cells = []
         for k in ("train", "pgd", "eval"):
             a, b, c = r[f"nchw/{k}"], r[f"model/{k}"], r[f"both/{k}"]
-            cells.append(f"{a:6.2f} {b:6.2f} {c:6.2f} {a / c:5.2f}x")
+            cells.append(f"{a:6.2f} {b:6.2f} {c:6.2f} {a / b:5.2f}x")
         lines.append(f"{label:22s} {layout:14s}    " + "   ".join(cells))
         print(lines[-1], flush=True)
     return lines

@@ -62,6 +62,11 @@ def test_the_builder_converts_the_model_and_records_the_layout(tmp_path):
     exp = build(config.validate(raw_cfg("auto")))
     conv = exp.model.trunk[3].weight  # the second conv (the first has one input channel)
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    # a one-channel batch as loaded: the first convolution already writes channels_last,
+    # so its max-pool takes the fast kernel (the reason for the layout)
+    x, _ = exp.clients[0].batch(torch.arange(4))
+    first = exp.model.trunk[0](x)
+    assert first.is_contiguous(memory_format=torch.channels_last) and not first.is_contiguous()
     sim = Simulator(exp)
     sim.run_round(1)
     assert sim.finish(0.0)["provenance"]["memory_format"] == "channels_last"

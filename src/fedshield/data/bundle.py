@@ -39,16 +39,6 @@ class TensorData:
             x = x.float().div_(255.0)
         return x, y.to(device, non_blocking=True)
 
-    def in_layout(self, memory_format: torch.memory_format) -> TensorData:
-        """These samples stored in ``memory_format``; for ``torch.channels_last`` with the
-        channels innermost (NHWC) even for one channel, whose NCHW strides torch also calls
-        channels_last, so a convolution would not switch to the model's layout (on 1×28×28
-        inputs cnn_small's first max-pool then runs NCHW's slow kernel). Rows taken by
-        :meth:`batch` and :meth:`subset` keep the layout."""
-        if memory_format != torch.channels_last or self.x.dim() != 4:
-            return self
-        return TensorData(self.x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2), self.y)
-
     def to(self, device: torch.device | str) -> TensorData:
         return TensorData(self.x.to(device), self.y.to(device))
 

@@ -11,11 +11,12 @@ contiguous NCHW tensors (``cnn_small``'s [32, 16, 28, 28] pool ≈ 5-10× slower
 channels_last), and oneDNN's convolutions prefer channels_last too. CUDA keeps NCHW:
 nothing here was measured on a GPU.
 
-The builder converts the model (its 4-D weights, :func:`apply_layout`) and stores the
-samples NHWC (:meth:`fedshield.data.TensorData.in_layout`), so every batch — training,
-attack steps, evaluation — arrives in the layout: converting the model alone leaves a
-one-channel input's first convolution and max-pool in NCHW (its NCHW strides also read
-as channels_last, so the convolution keeps them). Flat parameter vectors are unaffected:
+The builder converts the model's 4-D weights (:func:`apply_layout`; ``Module.to`` gives
+even a one-channel first convolution's [C_out, 1, k, k] weight true channels-last
+strides) and leaves the samples as loaded: each convolution writes its output in its
+weights' layout, so from the first one on every batch — training, attack steps,
+evaluation — runs channels_last. Storing the samples NHWC as well measured no faster
+(docs/results/bench_layout.txt, column ``both``). Flat parameter vectors are unaffected:
 ``core.flat`` reads tensors with ``reshape(-1)`` (logical order) and writes them with
 ``copy_`` (which keeps the layout). The batched trainer
 (:mod:`fedshield.sim.vectorized`) swaps in stacked contiguous tensors and stays NCHW:

@@ -6,7 +6,6 @@ aggregator feasibility), so a bad config fails in milliseconds with the key it c
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Any
@@ -24,7 +23,7 @@ from fedshield.config import ExperimentConfig
 from fedshield.data import TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
-from fedshield.models.layout import LAYOUTS, apply_layout, choose_layout
+from fedshield.models.layout import apply_layout, choose_layout
 from fedshield.registry import Entry, tags_of
 from fedshield.sim.byzantine_budget import (
     SKIP_WARN,
@@ -443,11 +442,6 @@ def build(
     layout, why = choose_layout(cfg.run.memory_format, tags_of(model), bundle.input_shape, device)
     apply_layout(model, layout)
     log.info("memory layout: %s (%s)", layout, why)
-    # the samples too, so every batch (training, attacks, evaluation) arrives in the layout
-    fmt = LAYOUTS[layout]
-    clients = [c.in_layout(fmt) for c in clients]
-    held = {k: v.in_layout(fmt) for k, v in held.items()}
-    bundle = dataclasses.replace(bundle, test=bundle.test.in_layout(fmt))  # a new bundle
     check_coverage(cfg, components, model, clients, bundle.num_classes)
     state_groups(cfg, components, model, clients, bundle.num_classes)
     from fedshield.eval.base import check_evaluators

@@ -485,8 +485,7 @@ class _Feed:
     """A chunk's data concatenated once, so a step's batch is one gather."""
 
     def __init__(self, data: Sequence[TensorData], device: torch.device) -> None:
-        # NCHW: vmap's batched kernels cannot take channels_last (fedshield.models.layout)
-        self.x = torch.cat([d.x for d in data]).contiguous()
+        self.x = torch.cat([d.x for d in data])
         self.y = torch.cat([d.y for d in data])
         sizes = torch.tensor([0] + [len(d) for d in data])
         self.offsets = torch.cumsum(sizes, 0)[:-1]
