@@ -23,7 +23,8 @@ from fedshield.config import ExperimentConfig
 from fedshield.data import TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
-from fedshield.registry import Entry
+from fedshield.models.layout import apply_layout, choose_layout
+from fedshield.registry import Entry, tags_of
 from fedshield.sim.byzantine_budget import (
     SKIP_WARN,
     ByzantineBudget,
@@ -242,7 +243,6 @@ def build_components(cfg: ExperimentConfig) -> Components:
     from fedshield.eval.base import check_evaluators
     from fedshield.models import model_tags
     from fedshield.models.base import meta_model
-    from fedshield.registry import tags_of
 
     load_plugins(cfg.plugins)
     c, s, d = cfg.client, cfg.server, cfg.data
@@ -377,7 +377,6 @@ def check_coverage(
     group held by fewer clients than the rule's minimum (Krum's 2f + 3, ...) even under full
     participation is undefined. Smaller cohorts at run time degrade safely instead."""
     from fedshield.algorithms.server.aggregation import adapted_rule, coverage_groups
-    from fedshield.registry import tags_of
 
     if "mask" not in tags_of(comp.client).get("uploads", ()):
         return
@@ -445,6 +444,9 @@ def build(
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params)
     model.to(device)
+    layout, why = choose_layout(cfg.run.memory_format, tags_of(model), bundle.input_shape, device)
+    apply_layout(model, layout)
+    log.info("memory layout: %s (%s)", layout, why)
     check_coverage(cfg, components, model, clients, bundle.num_classes)
     state_groups(cfg, components, model, clients, bundle.num_classes)
     from fedshield.eval.base import check_evaluators
