@@ -20,7 +20,12 @@ from fedshield.results import store, validity
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The arguments of ``status`` / ``replay`` (also ``fedshield results``)."""
-    ap.add_argument("action", choices=("status", "replay"))
+    ap.add_argument(
+        "action",
+        choices=("status", "replay"),
+        help="status: each record valid, replayed, unchecked or stale; replay: also replay "
+        "the unchecked ones at the current code",
+    )
     ap.add_argument("stores", nargs="*", type=Path, help="store folders (default: the repo's)")
     ap.add_argument("--rounds", type=int, default=validity.ROUNDS, help="rounds a replay runs")
 

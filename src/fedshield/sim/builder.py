@@ -480,7 +480,8 @@ def build(
             cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params
         )
     model.to(device)
-    layout, why = choose_layout(cfg.run.memory_format, tags_of(model), bundle.input_shape, device)
+    setting = cfg.run.memory_format or "auto"
+    layout, why = choose_layout(setting, tags_of(model), bundle.input_shape, device)
     apply_layout(model, layout)
     log.info("memory layout: %s (%s)", layout, why)
     check_coverage(cfg, components, model, clients, bundle.num_classes)
