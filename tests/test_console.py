@@ -79,7 +79,7 @@ def test_every_option_of_every_subcommand_has_help() -> None:
         if not isinstance(action, argparse._HelpAction) and not action.help
     ]
     assert not missing, missing
-    assert set(subs.choices) == {"run", "list", "report", "sweep", "bench"}
+    assert set(subs.choices) == {"run", "list", "report", "sweep", "bench", "results", "recommend"}
 
 
 def _xticks(monkeypatch, draw) -> list[list[float]]:

@@ -344,9 +344,23 @@ def test_every_citation_resolves_in_the_repository() -> None:
         "a seed file's number": re.compile(r"\bseeds?[\s-]+0" + r"0\d\b", re.IGNORECASE),
     }
     binary = {".png", ".pt", ".pdf", ".jpg", ".gz", ".npz", ".pyc"}
+    import subprocess
+
+    tops = ("src", "tests", "docs", "bench", "tools", "examples", ".ci")
+    # the repository's own files: tracked or not ignored (an installed package's metadata,
+    # src/*.egg-info, copies an older README)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *tops],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     paths = [ROOT / name for name in ("README.md", "Makefile", "pyproject.toml")]
-    for top in ("src", "tests", "docs", "bench", "tools", "examples", ".ci"):
-        paths += sorted(p for p in (ROOT / top).rglob("*") if p.is_file())
+    if listed.returncode == 0:
+        paths += [ROOT / line for line in listed.stdout.splitlines()]
+    else:  # not a git checkout (an sdist)
+        for top in tops:
+            paths += sorted(
+                p for p in (ROOT / top).rglob("*") if p.is_file() and ".egg-info" not in str(p)
+            )
     found = []
     for path in paths:
         if path.suffix in binary or "__pycache__" in path.parts or not path.exists():

@@ -10,6 +10,7 @@ import csv
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -90,14 +91,19 @@ def test_every_result_a_document_quotes_is_made_by_some_page() -> None:
 @pytest.mark.parametrize("name", sorted(PAGES))
 def test_the_published_data_is_what_the_page_command_makes(name: str) -> None:
     """Each grid job's data was made with the job's seeds and overrides (its provenance
-    command), from one commit per job, so the header's commit is the data's."""
+    command), from one commit per job, so the header's commit is the data's — or from
+    several, where the runs of other commits came from the run store, counting at the
+    code that made the page (docs/results-store.md; the header says how many)."""
     page = PAGES[name]
     for j in page.jobs:
         if j.kind == "command":
             continue
         stem = j.stem if j.kind == "grid" else f"bench-{j.name}"
         prov = json.loads((DATA / f"{stem}.provenance.json").read_text())
-        assert len(prov["commits"]) == 1, f"{stem}: data from several commits {prov['commits']}"
+        stored = {k: v for k, v in (prov.get("store") or {}).items() if k != "left_out"}
+        assert len(prov["commits"]) == 1 or any(stored.values()), (
+            f"{stem}: data from several commits {prov['commits']}"
+        )
         if j.kind == "grid":
             cmd = prov["command"]
             seeds = cmd[cmd.index("--seeds") + 1] if "--seeds" in cmd else ""
@@ -196,6 +202,31 @@ def test_make_results_regenerates_a_page_from_nothing_into_a_chosen_folder(tmp_p
 
 
 SAMPLED = sorted(n for n, p in PAGES.items() if p.sample)
+
+
+@pytest.mark.slow
+def test_a_page_made_in_parts_on_two_machines_then_merged(tmp_path: Path) -> None:
+    """docs/results-store.md: ``PART=1/2`` and ``PART=2/2`` (two machines, two stores) make
+    every run once and render nothing; their stores merged by copying files, the page is
+    made without running any run again, and its header says where the runs came from."""
+    grid = tmp_path / "tiny.toml"
+    grid.write_text('name = "tiny"\nbase = "brdrag-digits-cpu"\nset = ["rounds=2"]\n')
+    jobs = f'grid = [{{ name = "{grid}", seeds = "0,1,2" }}]\n'
+    header = "<!-- fedshield:table page=t -->\n<!-- fedshield:end -->"
+    page = _page_in(tmp_path / "page", header, jobs)
+    merged = tmp_path / "merged"
+    for k in (1, 2):
+        out = tmp_path / f"machine{k}"
+        assert results.run_page(page, out, part=f"{k}/2") is None
+        assert not (out / "docs" / "results" / "data" / "tiny.csv").exists()
+        made = out / "docs" / "results" / "store"  # absent where the part had no run
+        if made.exists():
+            shutil.copytree(made, merged, dirs_exist_ok=True)
+    assert len(list(merged.glob("*.jsonl.gz"))) == 3  # each run in exactly one part
+    out = tmp_path / "page"
+    doc = results.run_page(page, out, store=merged)
+    assert doc is not None and "— 3 runs from the run store" in doc.read_text()
+    assert len(list(merged.glob("*.jsonl.gz"))) == 3  # none made again
 
 
 def test_every_page_has_a_sampled_cell() -> None:
@@ -403,6 +434,26 @@ def test_the_header_claims_no_commit_while_a_job_is_unmeasured(tmp_path: Path) -
     assert "All of this page's data was made at commit `abcdef0`." in results.render_header(
         "t", tmp_path
     )
+
+
+def test_the_header_says_which_runs_came_from_the_store_and_names_those_left_out(
+    tmp_path: Path,
+) -> None:
+    """docs/results-store.md: runs of older commits that count here are said as such (and
+    how many were replayed); stored runs that do not count are named, not used."""
+    _page_in(tmp_path, "", 'grid = [{ name = "demo" }]\n')
+    data = tmp_path / "docs" / "results" / "data"
+    data.mkdir()
+    stale = "stale     ab-s0-cd.jsonl.gz  median seed 0  @ 1234567  changed: fedshield.x"
+    prov = {"commits": ["abcdef0123", "1234567999"],
+            "store": {"valid": ["fedavg", "median"], "replayed": ["drag"],
+                      "left_out": {"median": [stale]}}}  # fmt: skip
+    (data / "demo.provenance.json").write_text(json.dumps(prov))
+    text = results.render_header("t", tmp_path)
+    line = next(x for x in text.splitlines() if "--grid demo" in x)
+    assert "`abcdef0`, `1234567` (mixed" in line
+    assert "3 runs from the run store, 1 of them replayed valid at the page's code" in line
+    assert f"- `{stale}`" in text and "Left out of every number (1 stored runs" in text
 
 
 def test_a_diverged_run_marks_its_results_not_its_parameters(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,10 @@ class Job:
     jobs: int = 1
     writes: tuple[str, ...] = ()  # a command's files, by name (see WRITE_DIRS)
 
-    def argv(self, out: Path) -> list[str]:
-        """The fedshield command line of a grid or bench job writing under ``out``."""
+    def argv(self, out: Path, stores: Sequence[Path] = (), part: str | None = None) -> list[str]:
+        """The fedshield command line of a grid or bench job writing under ``out``; a grid
+        reads and writes the run ``stores`` (the first gets its records) and makes only
+        ``part`` (``k/n``) of its missing runs."""
         runs = out / "runs"
         if self.kind == "grid":
             # a bundled grid by name, or a grid file (its runs and data named by its stem)
@@ -90,7 +93,9 @@ class Job:
             cmd += ["-j", str(self.jobs)] + (["--seeds", self.seeds] if self.seeds else [])
             for s in self.sets:
                 cmd += ["--set", s]
-            return cmd
+            for st in stores:
+                cmd += ["--store", str(st)]
+            return cmd + (["--part", part] if part else [])
         if self.kind == "bench":
             dest = runs / f"bench-{self.name}"
             return ["bench", "--bench", self.name, "-q", "-j", str(self.jobs), "--out", str(dest)]
@@ -351,6 +356,27 @@ def data_commits(page: Page, root: Path = ROOT) -> dict[str, list[str]]:
     return out
 
 
+def store_lines(page: Page, root: Path = ROOT) -> tuple[dict[str, str], list[str]]:
+    """Per grid job, what of its runs came from the run store (its provenance's ``store``:
+    records valid at the code that made the page, replayed valid there); and the stored
+    records that were left out (stale, or not replayed), named."""
+    per_job: dict[str, str] = {}
+    left: list[str] = []
+    for side in page.data_names():
+        f = root / DATA_REL / side
+        used = (json.loads(f.read_text()) if f.exists() else {}).get("store")
+        if not used:
+            continue
+        valid, replayed = len(used.get("valid", [])), len(used.get("replayed", []))
+        if valid or replayed:
+            per_job[side.removesuffix(".provenance.json")] = (
+                f" — {valid + replayed} runs from the run store"
+                + (f", {replayed} of them replayed valid at the page's code" if replayed else "")
+            )
+        left += [line for lines in used.get("left_out", {}).values() for line in lines]
+    return per_job, left
+
+
 def render_header(name: str, root: Path = ROOT) -> str:
     """The ``page=NAME`` block: where the page's numbers come from and how to regenerate it
     (the pages of ``root``'s pages.toml when it has one). A job whose data has no record is
@@ -360,6 +386,7 @@ def render_header(name: str, root: Path = ROOT) -> str:
         raise BadInput(f"page={name}: not a page of pages.toml (pages: {', '.join(pages)})")
     page = pages[name]
     commits = data_commits(page, root)
+    from_store, left_out = store_lines(page, root)
     lines = [
         f"**Regenerate**: `make results PAGE={name}` (into `runs/results/`; `OUT=.` "
         f"publishes here). Its jobs, and the commit each one's data was made at:",
@@ -375,7 +402,12 @@ def render_header(name: str, root: Path = ROOT) -> str:
             at += " (mixed: runs from several commits)" if len(cs) > 1 else ""
         if any(not commits.get(k) for k in j.records() if k not in unstamped):
             at += " — not yet measured"
+        at += "".join(from_store.get(k, "") for k in j.records())
         lines.append(f"- `{j.shown()}`{at}")
+    if left_out:
+        lines += ["", f"Left out of every number ({len(left_out)} stored runs that do not "
+                  "count at the page's code; docs/results-store.md):", "",
+                  *(f"- `{x}`" for x in left_out)]  # fmt: skip
     all_commits = {c for cs in commits.values() for c in cs}
     stamped = {Path(w).stem for j in page.jobs for w in j.stamped()}
     unmeasured = [k for k, cs in commits.items() if not cs and k not in stamped]
@@ -464,8 +496,12 @@ def _copy_published(names: list[str], out: Path) -> list[str]:
     return copied
 
 
-def _run(argv: list[str], what: str) -> None:
-    rc = subprocess.run(argv, cwd=ROOT, check=False).returncode
+def _run(argv: list[str], what: str, store: Path | None = None) -> None:
+    """Run a job's command; its runs write their records to ``store`` (``$FEDSHIELD_STORE``)."""
+    import os
+
+    env = {**os.environ, "FEDSHIELD_STORE": str(store)} if store is not None else None
+    rc = subprocess.run(argv, cwd=ROOT, check=False, env=env).returncode
     if rc != 0:
         raise PageFailed(f"`{what}` failed (exit {rc}); its output above says why")
 
@@ -493,6 +529,8 @@ def _check_names(page: Page) -> None:
 def _older_runs(page: Page, out: Path, only: set[str] | None) -> None:
     """Refuse a grid job whose run folder in ``out`` holds runs of another commit: the sweep
     would keep them (it resumes by config, not by commit) and the page mix two commits."""
+    from fedshield.results.campaign import FROM_STORE
+
     now = _commit()
     if now == "unknown":
         return
@@ -501,7 +539,10 @@ def _older_runs(page: Page, out: Path, only: set[str] | None) -> None:
             continue
         folder = out / "runs" / j.stem
         for f in sorted(folder.glob("*/summary.json")):
-            made = (json.loads(f.read_text()).get("provenance") or {}).get("commit") or "unknown"
+            summary = json.loads(f.read_text())
+            if FROM_STORE in summary:  # a stored record that counts here (looked up again)
+                continue
+            made = (summary.get("provenance") or {}).get("commit") or "unknown"
             if made != now:
                 raise BadInput(
                     f"{folder}: holds runs made at commit {made[:7]} (this is {now[:7]}), e.g. "
@@ -510,14 +551,64 @@ def _older_runs(page: Page, out: Path, only: set[str] | None) -> None:
                 )
 
 
-def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | None = None) -> Path:
+def _stores(out: Path, store: Path | None) -> list[Path]:
+    """The run stores of a page made in ``out``: the one its runs write to (``store``,
+    default ``out``'s docs/results/store), then the repository's, read too."""
+    from fedshield.results.store import REPO_STORE
+
+    first = (store or out / REPO_STORE).resolve()
+    return list(dict.fromkeys([first, (ROOT / REPO_STORE).resolve()]))
+
+
+def _run_part(
+    page: Page, out: Path, stores: list[Path], part: str, jobs: int | None, only: set[str] | None
+) -> None:
+    """Part ``k/n`` of the page's grid jobs' missing runs (see :func:`run_page`); the
+    sweeps print each run made with the time left."""
+    from fedshield.results.campaign import parse_part
+
+    try:
+        parse_part(part)
+    except ValueError as err:  # ConfigError: a ValueError
+        raise BadInput(str(err)) from None
+    grids = [j for j in page.jobs if j.kind == "grid" and (only is None or j.label in only)]
+    skipped = [j.label for j in page.jobs if j.kind != "grid"]
+    if skipped:
+        print(f"   part {part}: not run here (made with the page): {', '.join(skipped)}")
+    for i, j in enumerate(grids, 1):
+        t0 = time.perf_counter()
+        print(f"== {page.name} part {part}, job {i}/{len(grids)}: {j.shown()}", flush=True)
+        job = j if jobs is None else replace(j, jobs=jobs)
+        argv = job.argv(out, stores, part)
+        _run([sys.executable, "-m", "fedshield.cli", *argv], j.shown(), stores[0])
+        print(f"   {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"part {part} of {page.name}: records in {stores[0]}; merge the parts' stores "
+          f"(copy the files) and run `make results PAGE={page.name}`")  # fmt: skip
+
+
+def run_page(
+    page: Page,
+    out: Path,
+    jobs: int | None = None,
+    only: set[str] | None = None,
+    part: str | None = None,
+    store: Path | None = None,
+) -> Path | None:
     """Every job of ``page`` into ``out`` and the page rendered there from ``out``'s data;
     returns the rendered page's path. With ``only`` (labels, :attr:`Job.label`) the other
     jobs do not run: their published files are copied, with their provenance and so their
     commit. Files the page reads that none of its jobs makes (the README quotes every
     page) are the published ones, copied likewise. Raises :class:`BadInput` before any work
     (unknown ``only`` label, no such page, ``jobs`` < 1) and :class:`PageFailed` when a job
-    fails, a job's data is missing after it ran, or a block cannot be rendered."""
+    fails, a job's data is missing after it ran, or a block cannot be rendered.
+
+    Every run a job makes leaves its record in the run ``store`` (default
+    ``OUT/docs/results/store``; :mod:`fedshield.results.store`), and a grid's run whose
+    record there or in the repository's store counts at this code is not run again
+    (docs/results-store.md). ``part`` (``k/n``): only the grid jobs, each making its part
+    ``k`` of ``n`` of the runs still missing, their records in ``store``; nothing is
+    collected or rendered (None is returned): once every part's records are in one store,
+    the page is made without ``part``."""
     rr = _render_results()
     labels = list(dict.fromkeys(j.label for j in page.jobs))
     unknown = sorted((only or set()) - set(labels))
@@ -530,6 +621,10 @@ def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | No
     out = out.resolve()
     _check_names(page)
     _older_runs(page, out, only)
+    stores = _stores(out, store)
+    if part is not None:
+        _run_part(page, out, stores, part, jobs, only)
+        return None
     prose = ROOT / page.doc
     doc = out / page.doc
     if not prose.exists() and not doc.exists():
@@ -556,11 +651,12 @@ def run_page(page: Page, out: Path, jobs: int | None = None, only: set[str] | No
             for f in j.writes if not in_place else ():  # an earlier run's: not this one's
                 if (old := locate(out, f)) is not None:
                     old.unlink()
-            _run(j.command(out), j.shown())
+            _run(j.command(out), j.shown(), stores[0])
             _stamp(j, data)
             continue
         job = j if jobs is None else replace(j, jobs=jobs)
-        _run([sys.executable, "-m", "fedshield.cli", *job.argv(out)], j.shown())
+        argv = job.argv(out, stores if j.kind == "grid" else ())
+        _run([sys.executable, "-m", "fedshield.cli", *argv], j.shown(), stores[0])
         wall = time.perf_counter() - t0
         if j.kind == "grid":
             src = out / "runs" / j.stem
@@ -732,24 +828,14 @@ def _train(raw: dict[str, Any], rounds: int | None, metric: str, where: str) -> 
     config is untouched: the first rounds of the published run, not a shorter run); None
     when it diverged."""
     from fedshield import config, runner
-    from fedshield.sim.builder import build
-    from fedshield.sim.engine import Simulator
+    from fedshield.results.validity import replay_rounds
 
     cfg = config.validate(raw)
     if rounds is None:
         result = runner.run(cfg, None, quiet=True)
         return None if result.get("status") == "diverged" else _metric(result, metric, where)
-    runner.set_threads(cfg)
-    sim = Simulator(build(cfg), None)
-    sim.start()
-    rec: dict[str, Any] = {}
-    for rnd in range(1, rounds + 1):
-        t0 = time.perf_counter()
-        rec = sim.run_round(rnd)
-        sim.record(rec, time.perf_counter() - t0)
-        if sim.diverged(rec):
-            return None
-    return _metric(rec, metric, f"{where} (round {rounds})")
+    recs, diverged = replay_rounds(config.dump(cfg), rounds)
+    return None if diverged else _metric(recs[-1], metric, f"{where} (round {rounds})")
 
 
 def _bench_run(page: Page, s: dict[str, Any]) -> dict[str, Any]:
@@ -837,6 +923,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="the pages, their jobs and commits")
     ap.add_argument("--sample", action="store_true", help="re-run the page's sampled cell")
     ap.add_argument("--only", default=None, help="these jobs only (comma-separated labels)")
+    ap.add_argument("--part", default=None, help="K/N: part K of N of the missing grid runs")
+    ap.add_argument("--store", default=None, help="run store (default OUT/docs/results/store)")
     args = ap.parse_args(argv)
     try:
         return _main(args)
@@ -868,8 +956,10 @@ def _main(args: argparse.Namespace) -> int:
     only = {x.strip() for x in args.only.split(",")} if args.only is not None else None
     if only is not None and not all(only):
         raise BadInput(f"--only {args.only!r}: expected job labels separated by commas")
-    doc = run_page(pages[args.page], Path(args.out), args.jobs, only)
-    print(f"rendered {doc}")
+    store = Path(args.store) if args.store else None
+    doc = run_page(pages[args.page], Path(args.out), args.jobs, only, args.part, store)
+    if doc is not None:
+        print(f"rendered {doc}")
     return 0
 
 

@@ -105,7 +105,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print_summaries([summary])
         return _exit_status(summary)
     out = _out_dir(args.out, cfg.name, args.resume)
-    summary = run_config(cfg, out, args.resume, args.quiet, components)
+    store = Path(args.store) if args.store else None
+    summary = run_config(cfg, out, args.resume, args.quiet, components, store)
     print_summaries([summary])
     return _exit_status(summary)
 
@@ -139,13 +140,21 @@ def print_start(cfg: Any, out: Path, resume: bool, backend: str) -> None:
 
 
 def run_config(
-    cfg: Any, out: Path, resume: bool = False, quiet: bool = False, components: Any = None
+    cfg: Any,
+    out: Path,
+    resume: bool = False,
+    quiet: bool = False,
+    components: Any = None,
+    store: Path | None = None,
 ) -> dict[str, Any]:
     """Build and run one experiment with a progress bar (see :func:`fedshield.runner.run`;
-    ``components``: those :func:`~fedshield.runner.check_inputs` built for it)."""
+    ``components``: those :func:`~fedshield.runner.check_inputs` built for it; ``store``:
+    the run store its record goes to)."""
     from fedshield.runner import run
 
-    return run(cfg, out, resume=resume, quiet=quiet, console=console, components=components)
+    return run(
+        cfg, out, resume=resume, quiet=quiet, console=console, components=components, store=store
+    )
 
 
 def print_summaries(summaries: list[dict[str, Any]], where: bool = True) -> None:
@@ -154,15 +163,17 @@ def print_summaries(summaries: list[dict[str, Any]], where: bool = True) -> None
     runs are in (a report names its own output instead)."""
     from fedshield.console_summary import summary_renderables
 
+    # a line naming a path is printed whole (soft_wrap): rich would break a path wider than
+    # the console inside its name, and a copied path must work
     for part in summary_renderables(summaries):
-        console.print(part, highlight=False)
+        console.print(part, highlight=False, soft_wrap=isinstance(part, str))
     if not where:
         return
     outs = sorted({str(Path(s["out"]).parent) for s in summaries if s.get("out")})
     if len(summaries) == 1 and summaries[0].get("out"):
-        console.print(f"outputs: {summaries[0]['out']}", highlight=False)
+        console.print(f"outputs: {summaries[0]['out']}", highlight=False, soft_wrap=True)
     elif outs:
-        console.print(f"outputs under: {', '.join(outs)}", highlight=False)
+        console.print(f"outputs under: {', '.join(outs)}", highlight=False, soft_wrap=True)
 
 
 LIST_KINDS = (
@@ -305,6 +316,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from fedshield.results.campaign import parse_part
     from fedshield.sweep import expand, read_grid, run_sweep
 
     if (args.grid_file is None) == (args.grid is None):
@@ -331,15 +343,30 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     backend = _sweep_backend(args)
     console.print(f"sweep {name}: {len(runs)} runs → {out}")
     show = not args.quiet
+    stores = [Path(s) for s in args.store or []]
+    part = parse_part(args.part) if args.part else None
+    if part is not None and not stores:
+        raise FedshieldError("--part needs --store (where the parts' runs are gathered)")
+    eta = _Eta(console, enabled=args.quiet and bool(stores))
     with Progress(*round_columns(), console=console, disable=not show) as bar:
         task = bar.add_task(name, total=len(runs), acc="", last="")
 
         def done(s: dict[str, Any]) -> None:
             bar.update(task, advance=1, acc=f"{s['name']}: {s.get('final_test_acc', 0):.4f}")
+            eta.done(s)
 
         comparison = run_sweep(
-            runs, out, jobs=args.jobs, on_done=done, backend=backend, name=name
+            runs, out, jobs=args.jobs, on_done=done, backend=backend, name=name,
+            stores=stores, part=part, on_todo=eta.start,
+        )  # fmt: skip
+    if comparison is None:
+        assert part is not None
+        console.print(
+            f"sweep {name}: part {part[0]}/{part[1]} done ({eta.made} runs made, records in "
+            f"{stores[0]}); the grid's tables are written once every part's records are in "
+            f"the store (run it again without --part)"
         )
+        return 0
     print_summaries(comparison.summaries)
     for table in comparison.tables:
         console.print(table.rich())
@@ -354,6 +381,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         f"provenance: {out / 'provenance.json'}"
     )
     return 0
+
+
+class _Eta:
+    """One line per run a quiet sweep with a store makes: how many of how many, the time
+    so far and the time left at the mean pace of the runs made."""
+
+    def __init__(self, con: Console, enabled: bool) -> None:
+        self.console, self.enabled = con, enabled
+        self.todo, self.made, self.t0 = 0, 0, 0.0
+
+    def start(self, todo: int) -> None:
+        import time
+
+        self.todo, self.t0 = todo, time.monotonic()
+        if self.enabled:
+            self.console.print(f"{todo} runs to make", highlight=False)
+
+    def done(self, s: dict[str, Any]) -> None:
+        import time
+
+        if not self.todo:  # kept or from the store: before any run is made
+            return
+        self.made += 1
+        if not self.enabled:
+            return
+        spent = time.monotonic() - self.t0
+        left = spent / self.made * (self.todo - self.made)
+        self.console.print(
+            f"[{self.made}/{self.todo}] {s['name']}: {s.get('final_test_acc', 0):.4f}  "
+            f"{spent / 60:.1f} min, ETA {left / 60:.1f} min",
+            highlight=False,
+        )
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -447,6 +506,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sim: the in-process simulator (default); flower: Flower's Ray simulation",
     )  # fmt: skip
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--store", metavar="DIR",
+        help="run store that gets the finished run's record (docs/results-store.md; "
+        "default $FEDSHIELD_STORE, none when unset)",
+    )  # fmt: skip
     r.set_defaults(func=cmd_run)
 
     ls = sub.add_parser(
@@ -497,6 +561,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--cpus-per-run", type=float, help="Ray: CPUs per run (default 1)")
     sw.add_argument("--gpus-per-run", type=float, help="Ray: GPUs per run (default 0)")
     sw.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    sw.add_argument(
+        "--store", action="append", metavar="DIR",
+        help="run store (docs/results-store.md): runs with a record there that counts at "
+        "this code are not run again; each run made writes its record to the first",
+    )  # fmt: skip
+    sw.add_argument(
+        "--part", metavar="K/N", help="of the runs missing from --store, make part K of N"
+    )
     sw.set_defaults(func=cmd_sweep)
     from fedshield.bench.command import add_parser as add_bench
 
@@ -504,6 +576,15 @@ def build_parser() -> argparse.ArgumentParser:
     from fedshield.search.command import add_parser as add_recommend
 
     add_recommend(sub, [verbose], cmd_recommend)
+    from fedshield.results.__main__ import add_arguments as add_results
+
+    res = sub.add_parser(
+        "results", parents=[quiet_verbose],
+        help="the run store's records at this code: valid, replayed, unchecked or stale "
+        "(docs/results-store.md)",
+    )  # fmt: skip
+    add_results(res)
+    res.set_defaults(func=cmd_results)
     return p
 
 
@@ -512,6 +593,12 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from fedshield.search.command import cmd_recommend as run
 
     return run(args, console)
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from fedshield.results.__main__ import run
+
+    return run(args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -225,6 +225,14 @@ class RunConfig(Section):
         "batch of activations per client); unset: from the sizes of θ and of one step's "
         "activations, 16..256 on CPU, up to 1024 on CUDA as memory allows",
     )
+    # None when unset (= auto): a resolved config without it dumps (and hashes) as before.
+    memory_format: Literal["auto", "channels_last", "contiguous"] | None = Field(
+        None,
+        description="the model's memory layout: auto (unset) = torch.channels_last where the model "
+        "declares it faster on the run's device (tag channels_last=cpu: the CNNs, "
+        "dual_head over one), else contiguous (NCHW); the choice is logged and recorded in "
+        "summary.json's provenance (fedshield.models.layout)",
+    )
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(
         [],
         description="experiment trackers fed the metrics.jsonl records, the resolved config "

@@ -55,6 +55,8 @@ TAGS: dict[str, str] = {
     # models
     "family": "model family: family=classifier|dual_head|multi_exit|width",
     "batchnorm": "has BatchNorm running statistics (buffers)",
+    "channels_last": "trains faster in torch.channels_last on these device types: "
+    "channels_last=cpu (run.memory_format=auto reads it; fedshield.models.layout)",
     # client algorithms, evaluators
     "needs_model": "works only with these model families: needs_model=dual_head|multi_exit",
     "uploads": "extras it uploads: uploads=dh|prototypes|mask",

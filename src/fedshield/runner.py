@@ -17,6 +17,7 @@ from rich.console import Console
 
 from fedshield import threads
 from fedshield.progress import RoundProgress
+from fedshield.results.store import store_run
 from fedshield.sim.rundir import check_out_dir
 
 
@@ -78,12 +79,15 @@ def run(
     console: Console | None = None,
     callbacks: list[Any] | None = None,
     components: Any = None,
+    store: Path | None = None,
 ) -> RunResult:
     """Build and run one experiment (``out=None``: in memory, no files); returns its
     summary with the per-round history (:class:`RunResult`). Bad input is a
     :class:`~fedshield.errors.FedshieldError` raised before any data is loaded.
     ``components``: what :func:`check_inputs` returned for this ``cfg`` and ``out`` (the
-    CLI checks first), so they are built — and the run's statement logged — once."""
+    CLI checks first), so they are built — and the run's statement logged — once.
+    ``store`` (default ``$FEDSHIELD_STORE``): the run store that gets the finished run's
+    record (:mod:`fedshield.results.store`)."""
     from fedshield.sim.builder import build
     from fedshield.sim.engine import Simulator
 
@@ -103,6 +107,7 @@ def run(
     with RoundProgress(cfg.name, cfg.rounds, console=console, enabled=show) as bar:
         summary = sim.run(bar.on_round, callbacks=callbacks)
     summary["out"] = None if out is None else str(out)
+    store_run(sim.config_text, sim.records, summary, "fedshield.runner.run", store)
     return RunResult(summary, list(sim.records))
 
 

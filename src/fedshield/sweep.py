@@ -30,6 +30,7 @@ import os
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -320,15 +321,27 @@ def run_sweep(
     on_done: Callable[[dict[str, Any]], None] | None = None,
     backend: SweepBackend | None = None,
     name: str | None = None,
-) -> Comparison:
+    stores: Sequence[Path] = (),
+    part: tuple[int, int] | None = None,
+    on_todo: Callable[[int], None] | None = None,
+) -> Comparison | None:
     """Run every spec on ``backend`` (default: ``jobs`` local processes) and write the
     comparison files to ``out`` with ``provenance.json`` (commits and config hashes of the
     runs; ``name`` is the grid's, default the folder's). Runs made earlier with the same
     config are kept (finished: not run again; unfinished: continued); a run made with
     another config is removed and run again (:mod:`fedshield.sweep_cells`). Returns the
-    comparison, whose summaries are in grid order with each run's parameters."""
+    comparison, whose summaries are in grid order with each run's parameters.
+
+    ``stores`` (run stores, :mod:`fedshield.results`): a run whose cell has a record there
+    that counts at this code (replayed first where the code changed) is not run but
+    written back as its folder (:func:`fedshield.results.campaign.materialize`), and every
+    run made writes its record to ``stores[0]`` as it finishes. ``part=(k, n)``: of the
+    runs still missing, only part ``k`` of ``n`` runs (:func:`fedshield.results.campaign.
+    part_of`); when others are left for other parts, no comparison is written and None is
+    returned. ``on_todo(n)``: called once the ``n`` runs to make are known (before any)."""
     from fedshield.provenance import sweep_provenance
     from fedshield.report import compare_runs
+    from fedshield.results.campaign import FROM_STORE
     from fedshield.sim.checkpoint import atomic_write_text, dumps
     from fedshield.sweep_cells import drop_stale_cells, warn_other_code
 
@@ -337,6 +350,7 @@ def run_sweep(
     out.mkdir(parents=True, exist_ok=True)
     backend = backend if backend is not None else LocalBackend(jobs)
     drop_stale_cells([(r.name, r.raw) for r in runs], out)
+    keys, rejected = _from_stores(runs, out, stores, part) if stores else ({}, {})
     results: dict[str, dict[str, Any]] = {}
     todo: list[RunTask] = []
     for r in runs:
@@ -347,11 +361,20 @@ def run_sweep(
             results[r.name] = done
             if on_done:
                 on_done(done)
-    warn_other_code(list(results.values()), out)
-    for run_name, summary in backend.map(todo):  # not `name`: that is the grid's
-        results[run_name] = summary
-        if on_done:
-            on_done(summary)
+    warn_other_code([s for s in results.values() if FROM_STORE not in s], out)
+    if part is not None:
+        from fedshield.results.campaign import part_of
+
+        todo = [t for t in todo if part_of(keys[t.name], part[1]) == part[0]]
+    if on_todo:
+        on_todo(len(todo))
+    with _writing_to(stores[0] if stores else None):
+        for run_name, summary in backend.map(todo):  # not `name`: that is the grid's
+            results[run_name] = summary
+            if on_done:
+                on_done(summary)
+    if len(results) < len(runs):
+        return None  # the other parts' runs are missing
     ordered = []
     for r in runs:
         s = dict(results[r.name])
@@ -360,5 +383,71 @@ def run_sweep(
     comparison = compare_runs([out / r.name for r in runs], out, extra=[r.params for r in runs])
     comparison.summaries = ordered
     prov = sweep_provenance(name or out.name, [results[r.name] for r in runs])
+    if stores:
+        prov["store"] = _store_provenance([results[r.name] for r in runs], rejected)
     atomic_write_text(out / "provenance.json", dumps(prov, indent=2) + "\n")
     return comparison
+
+
+@contextmanager
+def _writing_to(store: Path | None) -> Iterator[None]:
+    """``$FEDSHIELD_STORE`` set to ``store`` while runs are made: each run's process (this
+    one, a spawned one) writes its record there as it finishes."""
+    from fedshield.results.store import STORE_ENV
+
+    before = os.environ.get(STORE_ENV)
+    if store is not None:
+        os.environ[STORE_ENV] = str(store.resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(STORE_ENV, None)
+        else:
+            os.environ[STORE_ENV] = before
+
+
+def _from_stores(
+    runs: list[RunSpec], out: Path, stores: Sequence[Path], part: tuple[int, int] | None
+) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Each run's cell key; the runs whose cell has a record that counts written back as
+    their folders (a folder written from a record that no longer counts is removed); and,
+    per run, the records of its cell that do not count (named in the provenance). With
+    ``part``, records needing a replay are replayed by their cell's part only."""
+    import shutil
+
+    from fedshield.results.campaign import FROM_STORE, index, lookup, materialize, part_of
+    from fedshield.results.store import cell_key
+
+    by_cell = index(*stores)
+    keys: dict[str, str] = {}
+    rejected: dict[str, list[str]] = {}
+    for r in runs:
+        folder = out / r.name
+        keys[r.name] = key = cell_key(cfgmod.dump(cfgmod.validate(r.raw)))
+        summary = folder / "summary.json"
+        if summary.exists() and FROM_STORE in json.loads(summary.read_text()):
+            shutil.rmtree(folder)  # looked up again: the code may have changed since
+        if finished_summary(r.raw, str(folder)) is not None:
+            continue
+        found = lookup(key, by_cell, replay=part is None or part_of(key, part[1]) == part[0])
+        rejected[r.name] = [st.line() for st in found.rejected]
+        if found.counted is not None:
+            if folder.exists():
+                shutil.rmtree(folder)  # an unfinished run: the record replaces it
+            materialize(found.counted, folder)
+    return keys, rejected
+
+
+def _store_provenance(
+    summaries: list[dict[str, Any]], rejected: dict[str, list[str]]
+) -> dict[str, Any]:
+    """Which runs came from the store (by status: ``valid``, ``replayed``, with their
+    commits) and the records that were left out (stale or unchecked), named."""
+    from fedshield.results.campaign import FROM_STORE
+
+    used: dict[str, list[str]] = {}
+    for s in summaries:
+        if FROM_STORE in s:
+            used.setdefault(s[FROM_STORE]["state"], []).append(s["name"])
+    return {**used, "left_out": {k: v for k, v in sorted(rejected.items()) if v}}

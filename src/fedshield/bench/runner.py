@@ -230,12 +230,16 @@ def run_task(
         results = run_group([e["raw"] for e in entries], raw.get("lockstep", True))
     finally:
         logging.disable(before)
+    from fedshield.results.store import store_run
+
     source = provenance_now()
     cells = Path(out).parent
     recs = []
     for e, res in zip(entries, results):
-        write_run(run_dir(cells.parent, e["id"]), res.pop("config_text"), res.pop("history"))
+        text, history = res.pop("config_text"), res.pop("history")
+        write_run(run_dir(cells.parent, e["id"]), text, history)
         rec = {"id": e["id"], **e["meta"], **res, **source}
+        store_run(text, history, rec, "fedshield bench")  # to $FEDSHIELD_STORE, when set
         (cells / f"{e['id']}.json").write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
         recs.append(rec)
     return {"results": recs}

@@ -452,17 +452,20 @@ def resolve_dataset(
 
 
 def parse_dataset_params(
-    name: str, params: Mapping[str, Any] | None = None, where: str = "data.params"
+    name: str, params: Mapping[str, Any] | Params | None = None, where: str = "data.params"
 ) -> Params:
     """The validated ``data.params`` of dataset ``name``, without reading anything: the check
     the builder runs first. An unknown name is a RegistryError naming ``data.dataset``
-    (did-you-mean); a bad key or value a ConfigError naming ``where.key``."""
+    (did-you-mean); a bad key or value a ConfigError naming ``where.key``. Parameters this
+    returned (a :class:`Params`) are taken as they are: a run reads its config once."""
+    if isinstance(params, Params):
+        return params
     name, raw = resolve_dataset(name, params)
     return DATASETS.entry(name, "data.dataset").parse(raw, where)
 
 
 def dataset_info(
-    name: str, params: Mapping[str, Any] | None = None, where: str = "data.params"
+    name: str, params: Mapping[str, Any] | Params | None = None, where: str = "data.params"
 ) -> DatasetInfo:
     """The input shape and class count dataset ``name`` will have with ``params``, from the
     registry alone (a model can be checked against them before any data is loaded)."""
@@ -495,7 +498,7 @@ def load_dataset(
     name: str,
     root: str,
     download: bool | str,
-    params: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | Params | None = None,
     *,
     where: str = "data.params",
 ) -> DataBundle:
@@ -504,14 +507,14 @@ def load_dataset(
     file set whose shape or class count differs from the registered one, or whose inputs
     are not uint8 or floats in [0, 1] (or the range its ``input_range`` tag states:
     :mod:`fedshield.data.check`), is a DataError."""
-    name, params = resolve_dataset(name, params)
     p = parse_dataset_params(name, params, where)
+    name = resolve_dataset(name)[0]
     bundle = _load(name, root, download, p.kwargs())
     from fedshield.data.check import check_inputs, stated_range
 
     stated = stated_range(DATASETS.entry(name).tag_values("input_range"), name)
     check_inputs(bundle, bundle.name or name, stated)  # dtype and range, every loader
-    info = dataset_info(name, p.kwargs(), where)
+    info = dataset_info(name, p, where)
     if info.input_shape is not None and tuple(bundle.input_shape) != info.input_shape:
         raise DataError(
             f"dataset {name!r}: the data has input shape {tuple(bundle.input_shape)}, "

@@ -188,13 +188,21 @@ def partitioner_params(name: str, source: Mapping[str, Any] | Any, where: str = 
 
 
 def check_sizes(
-    n: int, num_clients: int, name: str, min_size: int = 1, *, where: str = "data", **params: Any
+    n: int,
+    num_clients: int,
+    name: str,
+    min_size: int = 1,
+    *,
+    where: str = "data",
+    parsed: Params | None = None,
+    **params: Any,
 ) -> None:
     """Refuse, from the sample count ``n`` alone, a split partitioner ``name`` cannot make:
     more clients than samples, ``min_size`` × clients beyond ``n``, too many shards, ...
-    (the builder calls it with the size the dataset declares, before loading it)."""
+    (the builder calls it with the size the dataset declares, before loading it).
+    ``parsed``: the parameters as :func:`partitioner_params` returned them."""
     entry = PARTITIONERS.entry(name, "data.partition")
-    kwargs = _kwargs(entry, params, min_size, where)
+    kwargs = (parsed or _parse_params(name, params, min_size, where)).kwargs()
     if num_clients > n:
         raise ConfigError(
             f"data.num_clients={num_clients} exceeds the {n} training samples available"
@@ -205,10 +213,16 @@ def check_sizes(
         check(n, num_clients, max(min_size, 1), **kwargs)
 
 
-def _kwargs(entry: Any, params: dict[str, Any], min_size: int, where: str) -> dict[str, Any]:
+def _parse_params(
+    name: str, params: Mapping[str, Any], min_size: int, where: str = "data"
+) -> Params:
+    """The validated parameters of partitioner ``name`` given as keywords (``min_size`` to
+    those whose schema has it); a run reads them once, from its ``[data]`` section
+    (:func:`partitioner_params`), and hands them on as ``parsed``."""
+    entry = PARTITIONERS.entry(name, "data.partition")
     if "min_size" in entry.schema.model_fields:
         params = {"min_size": min_size, **params}
-    return entry.parse(params, where).kwargs()
+    return entry.parse(params, where)
 
 
 def partition(
@@ -219,6 +233,7 @@ def partition(
     *,
     where: str = "data",
     min_size: int | None = None,
+    parsed: Params | None = None,
     **params: object,
 ) -> list[Tensor]:
     """Run a registered partitioner with ``params`` validated by its schema (keys named
@@ -230,9 +245,10 @@ def partition(
     if min_size is None:
         min_size = int(params.get("min_size", 1))  # type: ignore[call-overload]
     params = {k: v for k, v in params.items() if k != "min_size"}
-    kwargs = _kwargs(entry, params, min_size, where)
+    parsed = parsed or _parse_params(name, params, min_size, where)
+    kwargs = parsed.kwargs()
     y = labels.numpy() if isinstance(labels, Tensor) else np.asarray(labels)
-    check_sizes(len(y), num_clients, name, min_size, where=where, **params)
+    check_sizes(len(y), num_clients, name, min_size, where=where, parsed=parsed)
     parts = entry.obj(y, num_clients, np.random.default_rng([seed, 0xDA7A]), **kwargs)
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:

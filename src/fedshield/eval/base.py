@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from fedshield.core.params import Params
 from fedshield.data.bundle import DataBundle, TensorData
 from fedshield.registry import Registry
 
@@ -40,15 +41,24 @@ Evaluator = Callable[..., dict[str, float]]
 EVALUATORS: Registry[Evaluator] = Registry("evaluator", context=("model", "inputs"))
 
 
-def check_evaluators(names: list[str], params: dict[str, dict], num_classes: int) -> None:
+def check_evaluators(
+    names: list[str],
+    params: dict[str, dict],
+    num_classes: int,
+    parsed: Mapping[str, Params] | None = None,
+) -> None:
     """Before training: each evaluator's ``check(parsed_params, num_classes)`` where its
     registry entry declares one (an evaluator that cannot run on this data — AutoAttack
-    with fewer than 4 classes — was refused only after the whole run had trained)."""
+    with fewer than 4 classes — was refused only after the whole run had trained).
+    ``parsed``: ``{"eval.params.<name>": params}`` already validated (the builder's)."""
     for name in names:
         entry = EVALUATORS.entry(name, "eval.metrics")
         check = getattr(entry.obj, "check", None)
         if check is not None:
-            check(entry.parse(params.get(name, {}), f"eval.params.{name}"), num_classes)
+            where = f"eval.params.{name}"
+            got = (parsed or {}).get(where)
+            check(got if got is not None else entry.parse(params.get(name, {}), where),
+                  num_classes)  # fmt: skip
 
 
 def run_evaluators(

@@ -52,7 +52,14 @@ from fedshield.core.params import Params, parse_params
 from fedshield.data.bundle import TensorData
 from fedshield.errors import ConfigError
 from fedshield.eval.base import EVALUATORS, EvalInputs
-from fedshield.routing import POLICIES, ClientProfile, profile_clients, route, routing_metrics
+from fedshield.routing import (
+    POLICIES,
+    ClientProfile,
+    named_policy,
+    profile_clients,
+    route,
+    routing_metrics,
+)
 
 ALL_POLICIES = ("fixed", "global_resource", "robust", "client_resource", "client_robust")
 GLOBAL_POLICIES = ("fixed", "global_resource", "robust")
@@ -158,7 +165,7 @@ def _registered_policies(names: list[str], global_only: bool = False) -> list[st
             raise ValueError(
                 f"unknown routing policy {name!r}{hint}; known: {', '.join(POLICIES.names())}"
             )
-        if global_only and POLICIES.build(name).client_aware:
+        if global_only and named_policy(name).client_aware:
             raise ValueError(f"{name!r} is client-local: use global policies (a = 0)")
     return names
 
@@ -296,7 +303,7 @@ def routing_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dict[st
         out[f"profile/{k}/confidence_deficit"] = float(profile.confidence_deficit[k])
 
     for name in names:
-        if not POLICIES.build(name).client_aware:
+        if not named_policy(name).client_aware:
             out.update(_policy_dict(f"route/{name}", probs, labels, name))
 
     # Client-local test data: every policy, client-aware ones with the client's S_k.
@@ -329,7 +336,7 @@ def routing_adv_eval(model: nn.Module, inputs: EvalInputs, **params: Any) -> dic
     assert isinstance(p, RoutingAdvParams)
     _need_exits(model)
     names = _check_policies(p.policies)
-    if any(POLICIES.build(n).client_aware for n in names):
+    if any(named_policy(n).client_aware for n in names):
         raise ConfigError("eval.params.routing_adv.policies: use global policies (a = 0)")
     attacks, eps, adv_samples, clamp = p.attacks, p.eps, p.adv_samples, p.clamp
     pgd_steps, pgd_step_ratio = p.pgd_steps, p.pgd_step_ratio

@@ -53,7 +53,7 @@ def flat_dim(trunk: nn.Module, input_shape: tuple[int, int, int]) -> int:
         ) from None
 
 
-def _forwards_kwargs(entry: Entry[ModelFactory]) -> bool:
+def forwards_kwargs(entry: Entry[ModelFactory]) -> bool:
     """An entry without a declared schema whose factory takes ``**kwargs`` (a user plugin):
     the schema derived from its signature cannot know the forwarded keys."""
     if entry.declared:
@@ -63,19 +63,22 @@ def _forwards_kwargs(entry: Entry[ModelFactory]) -> bool:
 
 
 def parse_model_params(
-    name: str, params: Mapping[str, Any] | None = None, where: str = "model.params"
+    name: str, params: Mapping[str, Any] | Params | None = None, where: str = "model.params"
 ) -> Params:
     """The validated ``model.params`` of model ``name``, without building it: the check the
     builder runs before any data is loaded. An unknown name is a RegistryError naming
     ``model.name`` (did-you-mean); a bad key or value a ConfigError naming ``where.key``.
-    ``None`` values are dropped, so unset keys take the defaults."""
+    ``None`` values are dropped, so unset keys take the defaults. Parameters this returned
+    (a :class:`Params`) are taken as they are: a run reads its config once."""
+    if isinstance(params, Params):
+        return params
     entry = MODELS.entry(name, "model.name")
     given = {k: v for k, v in (params or {}).items() if v is not None}
     return entry.parse(given, where)
 
 
 def model_tags(
-    name: str, params: Mapping[str, Any] | None = None, where: str = "model.params"
+    name: str, params: Mapping[str, Any] | Params | None = None, where: str = "model.params"
 ) -> dict[str, frozenset[str]]:
     """The tags of model ``name`` built with ``params``: the entry's own, refined by the
     factory's ``tags_for(params, tags)`` where the tags depend on the parameters (a wrapper
@@ -105,12 +108,16 @@ def meta_model(
     name: str,
     input_shape: tuple[int, int, int],
     num_classes: int,
-    params: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | Params | None = None,
 ) -> nn.Module:
     """Model ``name`` built on the meta device (see :func:`check_model`): its structure,
-    for checks before data, without memory or random numbers."""
+    for checks before data, without memory or random numbers. Pretrained weights are files,
+    read when the model is really built: the ``pretrained*`` parameters are left out."""
     with torch.device("meta"):
-        return build_model(name, input_shape, num_classes, **dict(params or {}))
+        if isinstance(params, Params):
+            return build_parsed(name, input_shape, num_classes, params, arch_only=True)
+        arch = {k: v for k, v in (params or {}).items() if not k.startswith("pretrained")}
+        return build_model(name, input_shape, num_classes, **arch)
 
 
 def build_model(
@@ -122,14 +129,40 @@ def build_model(
     The instance carries ``registry_name`` and ``registry_tags`` (:func:`model_tags`), so
     ``fedshield.registry.tags_of(model)`` answers "has it BatchNorm?", "which family?"."""
     entry = MODELS.entry(name, "model.name")
-    if _forwards_kwargs(entry):
+    if forwards_kwargs(entry):
         kwargs: dict[str, Any] = {k: v for k, v in params.items() if v is not None}
-        tags = dict(entry.tags)
-    else:
-        kwargs = parse_model_params(name, params).kwargs()
-        tags = model_tags(name, params)
+        return _built(entry, input_shape, num_classes, kwargs, dict(entry.tags))
+    return build_parsed(name, input_shape, num_classes, parse_model_params(name, params))
+
+
+def build_parsed(
+    name: str,
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    params: Params,
+    *,
+    arch_only: bool = False,
+) -> nn.Module:
+    """:func:`build_model` from parameters :func:`parse_model_params` returned (the builder
+    reads a run's ``model.params`` once); ``arch_only``: the ``pretrained*`` parameters at
+    their defaults (no weights file is read)."""
+    entry = MODELS.entry(name, "model.name")
+    kwargs = params.kwargs()
+    if arch_only:
+        fields = type(params).model_fields
+        kwargs |= {k: fields[k].default for k in kwargs if k.startswith("pretrained")}
+    return _built(entry, input_shape, num_classes, kwargs, model_tags(name, params))
+
+
+def _built(
+    entry: Entry[ModelFactory],
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    kwargs: dict[str, Any],
+    tags: dict[str, frozenset[str]],
+) -> nn.Module:
     model = entry.obj(input_shape=tuple(input_shape), num_classes=num_classes, **kwargs)
     # plain attributes: nn.Module's __setattr__ is typed for tensors and modules only
-    model.registry_name = name  # type: ignore[assignment]
+    model.registry_name = entry.name  # type: ignore[assignment]
     model.registry_tags = tags  # type: ignore[assignment]
     return model

@@ -161,7 +161,8 @@ def _with_backbone(backbone: Any) -> type[Params]:
 
 
 def _tags_for(params: Params, tags: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
-    """dual_head's own tags plus the backbone's BatchNorm (its family stays dual_head)."""
+    """dual_head's own tags plus the backbone's BatchNorm and preferred layout (its family
+    stays dual_head)."""
     from fedshield.models.base import model_tags
 
     kw = params.kwargs()
@@ -169,8 +170,9 @@ def _tags_for(params: Params, tags: dict[str, frozenset[str]]) -> dict[str, froz
     fields = MODELS.entry(name).schema.model_fields
     own = model_tags(name, {k: v for k, v in kw.items() if k in fields})
     out = dict(tags)
-    if "batchnorm" in own:
-        out["batchnorm"] = frozenset()
+    for key in ("batchnorm", "channels_last"):
+        if key in own:
+            out[key] = own[key]
     return out
 
 

@@ -36,6 +36,8 @@ class ResNet18(Classifier):
         return self.body(x)
 
 
+# no channels_last tag: on CPU it measured within noise of NCHW, 0.84-1.23x per step across
+# runs (docs/results/bench_layout.txt)
 @MODELS.register("resnet18", schema=NoParams, tags=TAGS)
 def resnet18(input_shape: tuple[int, int, int], num_classes: int) -> ResNet18:
     """ResNet-18 with the CIFAR stem (3×3 stride 1, no max-pool), FedCART's backbone."""

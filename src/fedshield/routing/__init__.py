@@ -15,6 +15,7 @@ from fedshield.routing.policies import (
     ExitProbs,
     Policy,
     exit_threshold,
+    named_policy,
     resolve_policy,
     route,
     stack_exits,
@@ -40,6 +41,7 @@ from fedshield.routing.signals import (
 
 __all__ = [
     "POLICIES",
+    "named_policy",
     "ClientProfile",
     "ExitDecomposition",
     "ExitProbs",

@@ -6,6 +6,7 @@ A sample leaves at the first exit with C_e(x) > τ_{k,e}(x); exit L always accep
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,8 +130,15 @@ for _name, (_coeffs, _help) in _TABLE.items():
     POLICIES.register(_name, help=_help, schema=_policy_schema(_coeffs))(_factory(_name))
 
 
+@functools.cache
+def named_policy(name: str) -> Policy:
+    """The registered policy ``name`` at its registered coefficients, validated once per
+    process (an evaluation routes with it for every client and attack budget)."""
+    return POLICIES.build(name)
+
+
 def resolve_policy(policy: Policy | str) -> Policy:
-    return POLICIES.build(policy) if isinstance(policy, str) else policy
+    return named_policy(policy) if isinstance(policy, str) else policy
 
 
 def stack_exits(probs: ExitProbs) -> Tensor:

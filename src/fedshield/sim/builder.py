@@ -20,10 +20,13 @@ from fedshield.algorithms.server import SERVER_ALGORITHMS
 from fedshield.algorithms.server.cohort import rows_needed
 from fedshield.attacks.base import ATTACKS
 from fedshield.config import ExperimentConfig
+from fedshield.core.params import Params
 from fedshield.data import TensorData, carve, load_dataset, make_long_tail, partition
 from fedshield.errors import ConfigError
 from fedshield.models import build_model
-from fedshield.registry import Entry
+from fedshield.models.base import build_parsed
+from fedshield.models.layout import apply_layout, choose_layout
+from fedshield.registry import Entry, tags_of
 from fedshield.sim.byzantine_budget import (
     SKIP_WARN,
     ByzantineBudget,
@@ -70,7 +73,27 @@ def partition_params(d: Any) -> dict[str, Any]:
     return {k: getattr(d, k) for k in names if hasattr(d, k) and k != "min_size"}
 
 
-def check_data_sizes(cfg: ExperimentConfig, train_size: int | None) -> None:
+def read_sections(cfg: ExperimentConfig) -> dict[str, Params]:
+    """The validated parameters of the run's dataset, partitioner and model, each read once:
+    ``data.params``, ``data.partition`` (from the ``[data]`` fields its schema declares) and
+    ``model.params`` (absent for a plugin model whose factory forwards ``**kwargs``);
+    :func:`build_components` adds each evaluator's ``eval.params.<name>``."""
+    from fedshield.data import parse_dataset_params, partitioner_params
+    from fedshield.models.base import MODELS, forwards_kwargs, parse_model_params
+
+    d = cfg.data
+    out = {
+        "data.params": parse_dataset_params(d.dataset, d.params),
+        "data.partition": partitioner_params(d.partition, d),
+    }
+    if not forwards_kwargs(MODELS.entry(cfg.model.name, "model.name")):
+        out["model.params"] = parse_model_params(cfg.model.name, cfg.model.params)
+    return out
+
+
+def check_data_sizes(
+    cfg: ExperimentConfig, train_size: int | None, parsed: Params | None = None
+) -> None:
     """Sizes impossible for a train split of ``train_size`` samples (the dataset's declared
     size; None: unknown before the files are read): root/val sets that leave nothing, more
     clients than samples, ``min_size`` × clients or shards beyond the samples. The long-tail
@@ -86,7 +109,9 @@ def check_data_sizes(cfg: ExperimentConfig, train_size: int | None) -> None:
     where = f" ({d.dataset!r} has {train_size} training samples"
     where += f", {n} after the root/validation sets)" if sizes else ")"
     try:
-        check_sizes(n, d.num_clients, d.partition, d.min_size, **partition_params(d))
+        check_sizes(
+            n, d.num_clients, d.partition, d.min_size, parsed=parsed, **partition_params(d)
+        )
     except ConfigError as err:
         raise ConfigError(f"{err}{where}") from None
 
@@ -172,11 +197,11 @@ def invited_count(cfg: ExperimentConfig, rule: Aggregator) -> int:
     """S': the clients invited per round (``server.over_select``): ⌈factor·S⌉ (at most M)
     for a number, the statement's choice for ``"auto"``
     (:func:`fedshield.sim.byzantine_budget.auto_invited`; S without [faults]). Unset, it is
-    ``"auto"`` under [faults] where that makes the rounds live
-    (:func:`fedshield.sim.byzantine_budget.default_invited`) — a robust rule needs rows that
-    dropouts, availability and deadlines take away (a median named alone skipped 28 of 30
-    rounds at 30 % dropout; docs/faults.md, liveness) — and S otherwise;
-    ``over_select = 1`` opts out."""
+    ``"auto"`` under [faults] where the rounds would otherwise skip
+    (:func:`fedshield.sim.byzantine_budget.default_invited`: attacked runs only where that
+    makes them live) — a robust rule needs rows that dropouts, availability and deadlines
+    take away (a median named alone skipped 28 of 30 rounds at 30 % dropout; docs/faults.md,
+    liveness) — and S otherwise; ``over_select = 1`` opts out."""
     s, m, over = cfg.server.clients_per_round, cfg.data.num_clients, cfg.server.over_select
     if over is not None and over != "auto":
         return min(m, math.ceil(float(over) * s - 1e-9))
@@ -237,36 +262,38 @@ def state_budget(
 def build_components(cfg: ExperimentConfig) -> Components:
     """Every component, validated against its registry schema and tags, before any data is
     loaded: names (did-you-mean), nested parameters, compatibility, device."""
-    from fedshield.data import PARTITIONERS, dataset_info
+    from fedshield.data import dataset_info
     from fedshield.eval import EVALUATORS
     from fedshield.eval.base import check_evaluators
     from fedshield.models import model_tags
     from fedshield.models.base import meta_model
-    from fedshield.registry import tags_of
 
     load_plugins(cfg.plugins)
     c, s, d = cfg.client, cfg.server, cfg.data
-    info = dataset_info(d.dataset, d.params)
-    PARTITIONERS.entry(d.partition, "data.partition").parse(partition_params(d), "data")
-    check_data_sizes(cfg, info.train_size)
-    tags = model_tags(cfg.model.name, cfg.model.params)
+    # Each registry entry's parameters are read once here; build() takes them from
+    # Components.parsed (the same values, no second validation).
+    parsed = read_sections(cfg)
+    info = dataset_info(d.dataset, parsed["data.params"])
+    check_data_sizes(cfg, info.train_size, parsed["data.partition"])
+    model_params = parsed.get("model.params", cfg.model.params)
+    tags = model_tags(cfg.model.name, model_params)
     meta = None
     if info.input_shape is not None and info.num_classes is not None:
         # The whole model section against the data's shape, on the meta device (no memory);
         # pretrained weights are files, checked when the model is really built.
-        arch = {k: v for k, v in cfg.model.params.items() if not k.startswith("pretrained")}
-        meta = meta_model(cfg.model.name, info.input_shape, info.num_classes, arch)
+        meta = meta_model(cfg.model.name, info.input_shape, info.num_classes, model_params)
         tags = tags_of(meta)
     entries: dict[str, Entry[Any]] = {}
     for name in cfg.eval.metrics:
         entries[name] = EVALUATORS.entry(name, "eval.metrics")
-        entries[name].parse(cfg.eval.params.get(name, {}), f"eval.params.{name}")
+        where = f"eval.params.{name}"
+        parsed[where] = entries[name].parse(cfg.eval.params.get(name, {}), where)
     unlisted = sorted(set(cfg.eval.params) - set(cfg.eval.metrics))
     for name in unlisted:  # a preset's params stay when eval.metrics drops the evaluator
         EVALUATORS.entry(name, f"eval.params.{name}")  # a typo is still refused
         log.warning("eval.params.%s is ignored: %r is not in eval.metrics", name, name)
     if info.num_classes is not None:  # else after loading, in build()
-        check_evaluators(cfg.eval.metrics, cfg.eval.params, info.num_classes)
+        check_evaluators(cfg.eval.metrics, cfg.eval.params, info.num_classes, parsed)
     spec = LocalSpec(
         lr=c.lr,
         batch_size=c.batch_size,
@@ -354,7 +381,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
         from fedshield.sim.faults import check_faults
 
         check_faults(cfg)
-    comp = Components(client, server, aggregator, attack, budget)
+    comp = Components(client, server, aggregator, attack, budget, parsed)
     if cfg.privacy is not None and meta is not None:  # what cannot be private, before data
         from fedshield.privacy.checks import check_central, check_local
 
@@ -377,7 +404,6 @@ def check_coverage(
     group held by fewer clients than the rule's minimum (Krum's 2f + 3, ...) even under full
     participation is undefined. Smaller cohorts at run time degrade safely instead."""
     from fedshield.algorithms.server.aggregation import adapted_rule, coverage_groups
-    from fedshield.registry import tags_of
 
     if "mask" not in tags_of(comp.client).get("uploads", ()):
         return
@@ -429,27 +455,40 @@ def build(
         components = build_components(cfg)
     device = resolve_device(cfg.run.device)
     d = cfg.data
+    parsed = components.parsed
     if bundle is None:
-        bundle = load_dataset(d.dataset, d.root, d.download, d.params)
+        bundle = load_dataset(d.dataset, d.root, d.download, parsed.get("data.params", d.params))
     train = bundle.train
     if d.long_tail.rho > 1:
         train = make_long_tail(train, bundle.num_classes, d.long_tail.rho, cfg.seed)
     sizes = {k: v for k, v in {"root": d.root_size, "val": d.val_size}.items() if v > 0}
     train, held = carve(train, sizes, cfg.seed) if sizes else (train, {})
     parts = partition(
-        train.y, d.num_clients, d.partition, cfg.seed, min_size=d.min_size, **partition_params(d)
-    )
+        train.y, d.num_clients, d.partition, cfg.seed, min_size=d.min_size,
+        parsed=parsed.get("data.partition"), **partition_params(d),
+    )  # fmt: skip
     clients = [train.subset(p) for p in parts]
     if device.type == "cuda":  # small federated datasets fit on the device: no per-step copies
         clients = [c.to(device) for c in clients]
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params)
+    if "model.params" in parsed:
+        model = build_parsed(
+            cfg.model.name, bundle.input_shape, bundle.num_classes, parsed["model.params"]
+        )
+    else:
+        model = build_model(
+            cfg.model.name, bundle.input_shape, bundle.num_classes, **cfg.model.params
+        )
     model.to(device)
+    setting = cfg.run.memory_format or "auto"
+    layout, why = choose_layout(setting, tags_of(model), bundle.input_shape, device)
+    apply_layout(model, layout)
+    log.info("memory layout: %s (%s)", layout, why)
     check_coverage(cfg, components, model, clients, bundle.num_classes)
     state_groups(cfg, components, model, clients, bundle.num_classes)
     from fedshield.eval.base import check_evaluators
 
-    check_evaluators(cfg.eval.metrics, cfg.eval.params, bundle.num_classes)
+    check_evaluators(cfg.eval.metrics, cfg.eval.params, bundle.num_classes, parsed)
     exp = Experiment(
         cfg=cfg,
         components=components,

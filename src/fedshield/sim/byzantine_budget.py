@@ -336,15 +336,18 @@ def auto_invited(
 
 def default_invited(rule: Any, **args: Any) -> int:
     """``server.over_select`` unset under [faults]: S where the rounds are live already —
-    P(skipped or outvoted) at most :data:`SKIP_WARN` — else :func:`auto_invited`'s S' where
-    that makes them live, else S. Inviting more never helps where attackers who always
-    answer hold the arriving rows' majority (f grows with S': at 30 % fixed attackers and
-    30 % dropout S' = 38 still skips a quarter of the rounds), so there the run keeps S and
-    its statement names ``fill``."""
+    P(skipped or outvoted) at most :data:`SKIP_WARN` — else :func:`auto_invited`'s S'.
+    Without an attack the rule's f stays its breakdown on S, so inviting more only adds
+    rows; with one, f is taken from the S' invited and grows with it (at 30 % fixed
+    attackers and 30 % dropout S' = 38 still skips a quarter of the rounds), so there S'
+    is taken only where it makes the rounds live, and otherwise the run keeps S and its
+    statement names ``fill``."""
     s = args["cohort"]
     if _p_fails(rule, args, s) <= SKIP_WARN:
         return s
     chosen = auto_invited(rule, **args)
+    if not args.get("attacked", True):
+        return chosen
     return chosen if _p_fails(rule, args, chosen) <= SKIP_WARN else s
 
 

@@ -523,11 +523,15 @@ class Simulator:
     def finish(self, wall_s: float, more: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the summary, plots and report; ``more``: a backend's own summary entries
         (the Flower strategy's missing rows)."""
+        from fedshield.models.layout import layout_of
         from fedshield.provenance import run_provenance
 
         extra: dict[str, Any] = {"wall_s_this_session": wall_s, **(more or {})}
         # commit, config hash, and on CPU the kernels (a re-run on the same ones is exact)
         extra["provenance"] = run_provenance(self.config_text, self.device.type)
+        # the layout run.memory_format resolved to: results agree across layouts only to
+        # float tolerance (another summation order), like across kernels
+        extra["provenance"]["memory_format"] = layout_of(self.model)
         if self.comp.budget is not None:  # f under sampling, groups a minority may own
             extra["byzantine"] = self.comp.budget.as_dict()
         if self.comp.attack is not None:

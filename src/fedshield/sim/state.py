@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fedshield.algorithms.server import ServerAlgorithm
     from fedshield.attacks.base import DataAttack, UpdateAttack
     from fedshield.config import ExperimentConfig
+    from fedshield.core.params import Params
     from fedshield.faults.base import RoundFaults
     from fedshield.sim.byzantine_budget import ByzantineBudget
 
@@ -35,6 +36,9 @@ class Components:
     attack: UpdateAttack | DataAttack | None
     #: the run's Byzantine statement (:mod:`fedshield.sim.byzantine_budget`), in summary.json
     budget: ByzantineBudget | None = None
+    #: the dataset's, partitioner's and model's parameters as validated once
+    #: (:func:`fedshield.sim.builder.read_sections`)
+    parsed: dict[str, Params] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,0 +1,257 @@
+"""Memory layout (``run.memory_format``): NCHW vs the layout the rule picks, side by side.
+
+One thread, CPU. Per model family, the median step time over interleaved repeats (process
+CPU time: the other jobs of a shared machine disturb it far less than the wall clock) of
+
+* ``train``: forward + backward + SGD step on a batch of 32;
+* ``pgd``: one PGD step's input gradient (forward + backward to x);
+* ``eval``: a no-grad forward,
+
+in NCHW, with the model converted (``model``: what ``run.memory_format`` does; the first
+convolution writes channels_last) and with the inputs converted too (``both``: for
+one-channel inputs the same tensor, their NCHW strides already read as channels_last). Then
+max-pool's variants on cnn_small's [32, 16, 28, 28] activation, the demo's per-step
+training time against a plain NCHW PyTorch loop of the same model, and the end-to-end
+CPU time of short runs of the FedCART CPU preset and a DRAG CPU preset, contiguous vs
+auto (one process: ``run.memory_format`` switches).
+
+    PYTHONPATH=src python bench/bench_layout.py [--quick] [--out docs/results/bench_layout.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedshield import config
+from fedshield.models import build_model, model_tags
+from fedshield.models.layout import choose_layout
+from fedshield.sim.builder import build
+from fedshield.sim.engine import Simulator
+
+CL = torch.channels_last
+#: (label, model name, params, input shape, repeats)
+FAMILIES: list[tuple[str, str, dict[str, Any], tuple[int, int, int], int]] = [
+    ("cnn_small 28x28", "cnn_small", {}, (1, 28, 28), 15),
+    ("cnn_small 8x8", "cnn_small", {}, (1, 8, 8), 25),
+    ("dual_head(cnn_small)", "dual_head", {"backbone": "cnn_small"}, (1, 28, 28), 15),
+    ("cnn_emnist", "cnn_emnist", {}, (1, 28, 28), 9),
+    ("cnn_cifar10", "cnn_cifar10", {}, (3, 32, 32), 7),
+    ("cnn_cifar100", "cnn_cifar100", {}, (3, 32, 32), 7),
+    ("resnet18 32x32", "resnet18", {}, (3, 32, 32), 5),
+    ("mlp (control)", "mlp", {}, (1, 28, 28), 25),
+]
+
+
+def medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Median CPU milliseconds of each function, calls interleaved (two warm-ups)."""
+    for f in fns.values():
+        f()
+        f()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, f in fns.items():
+            t = time.process_time()
+            f()
+            times[k].append(time.process_time() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def step_fns(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Callable[[], Any]]:
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the same weights every call
+
+    def train() -> None:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def pgd() -> None:
+        xa = x.detach().clone().requires_grad_(True)
+        torch.autograd.grad(F.cross_entropy(model(xa), y), xa)
+
+    def evaluate() -> None:
+        with torch.no_grad():
+            model(x)
+
+    return {"train": train, "pgd": pgd, "eval": evaluate}
+
+
+def families(quick: bool) -> list[str]:
+    cpu = torch.device("cpu")
+    lines = [
+        "## per step, batch 32: median CPU ms; NCHW | model converted (the rule's way) | "
+        "model + inputs converted; gain = NCHW / model",
+        f"{'family':22s} {'layout':14s} "
+        + "  ".join(f"{k:>6s}: NCHW  model   both  gain" for k in ("train", "pgd", "eval")),
+    ]
+    for label, name, params, shape, repeats in FAMILIES:
+        layout, _ = choose_layout("auto", model_tags(name, params), shape, cpu)
+        torch.manual_seed(0)
+        base = build_model(name, shape, 10, **params)
+        base.train(True)
+        x, y = torch.rand(32, *shape), torch.randint(0, 10, (32,))
+        fns: dict[str, Callable[[], Any]] = {}
+        for mode in ("nchw", "model", "both"):
+            m = copy.deepcopy(base)
+            if mode != "nchw":
+                m.to(memory_format=CL)
+            xm = x.contiguous(memory_format=CL) if mode == "both" else x
+            for k, f in step_fns(m, xm, y).items():
+                fns[f"{mode}/{k}"] = f
+        r = medians(fns, max(2, repeats // 3) if quick else repeats)
+        cells = []
+        for k in ("train", "pgd", "eval"):
+            a, b, c = r[f"nchw/{k}"], r[f"model/{k}"], r[f"both/{k}"]
+            cells.append(f"{a:6.2f} {b:6.2f} {c:6.2f} {a / b:5.2f}x")
+        lines.append(f"{label:22s} {layout:14s}    " + "   ".join(cells))
+        print(lines[-1], flush=True)
+    return lines
+
+
+def pool_variants() -> list[str]:
+    """Exact max-pool equivalents (values and gradients bit-identical: tests/test_layout.py)."""
+    x = torch.relu(torch.randn(32, 16, 28, 28))
+    xc = x.contiguous(memory_format=CL)
+
+    def dim_max(t: Tensor) -> Tensor:  # the 2×2 window as two max-over-a-dim reductions
+        n, c, h, w = t.shape
+        v = t[..., : h // 2 * 2, : w // 2 * 2].unflatten(-1, (w // 2, 2)).amax(-1)
+        return v.unflatten(-2, (h // 2, 2)).amax(-2)
+
+    fns = {
+        "F.max_pool2d, NCHW input": lambda: F.max_pool2d(x, 2),
+        "F.max_pool2d, channels_last input": lambda: F.max_pool2d(xc, 2),
+        "convert to channels_last + pool": lambda: F.max_pool2d(x.contiguous(memory_format=CL), 2),
+        "two amax over window dims, NCHW": lambda: dim_max(x),  # forward only: amax splits
+        # the gradient of tied inputs, max_pool2d routes it to one
+    }
+    assert torch.equal(F.max_pool2d(x, 2), dim_max(x))
+    r = medians(fns, 40)
+    for k, v in r.items():
+        print(f"{k:36s} {v:7.3f} ms", flush=True)
+    out = ["## max-pool 2x2 on [32, 16, 28, 28] (cnn_small's first pool), forward, median CPU ms"]
+    base = r["F.max_pool2d, NCHW input"]
+    out += [f"{k:36s} {v:7.3f} ms  ({base / v:4.1f}x)" for k, v in r.items()]
+    return out
+
+
+def plain_loop(model: nn.Module, data: Any, steps: int, batch: int, lr: float) -> None:
+    """A hand-written NCHW PyTorch loop: ``steps`` SGD steps on random batches."""
+    g = torch.Generator().manual_seed(0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        x, y = data.batch(torch.randint(len(data), (batch,), generator=g))
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def demo_steps(quick: bool) -> list[str]:
+    """The demo preset's client training (10 clients × 10 steps, sequential on CPU: its
+    28×28 cnn_small is above the FLOP count where batching pays) per local step, against a
+    plain NCHW loop doing the same number of steps on the same model and data."""
+    out = ["## demo preset: one round's local training per step (10 clients x 10 steps), "
+           "median CPU ms over interleaved repeats"]  # fmt: skip
+    sims = {}
+    for fmt in ("contiguous", "auto"):
+        overrides = [f"run.memory_format={fmt}", "run.progress=false"]
+        cfg = config.load(preset="demo", overrides=overrides)
+        sims[fmt] = Simulator(build(cfg))
+    sim = sims["auto"]
+    steps = sim.cfg.client.local_steps * sim.cfg.server.clients_per_round
+    plain = copy.deepcopy(sims["contiguous"].model)
+    data = sim.exp.clients[0]
+    rnd = iter(range(1, 10_000))
+    fns = {
+        "plain NCHW loop": lambda: plain_loop(plain, data, steps, 32, 0.05),
+        "fedshield contiguous": lambda: sims["contiguous"].train_cohort(
+            sims["contiguous"].begin_round(next(rnd))
+        ),
+        "fedshield auto": lambda: sim.train_cohort(sim.begin_round(next(rnd))),
+    }
+    r = medians(fns, 3 if quick else 7)
+    base = r["plain NCHW loop"]
+    for k, v in r.items():
+        out.append(f"{k:24s} {v / steps:7.3f} ms/step   ratio to plain loop {v / base:5.2f}")
+    return out
+
+
+def end_to_end(quick: bool) -> list[str]:
+    """Whole runs in this process (data loaded once per run), contiguous then auto, twice
+    interleaved; CPU seconds and wall seconds of ``Simulator.run``."""
+    runs = [
+        ("fedcart-fmnistlt-cpu", ["rounds=3"]),
+        ("drag-mnist5k-dir0.1-cpu", ["rounds=3"]),
+    ]
+    out = ["## end to end: Simulator.run of short preset runs (build excluded), "
+           "min over repeats; CPU s / wall s"]  # fmt: skip
+    for preset, overrides in runs:
+        times: dict[str, list[tuple[float, float]]] = {"contiguous": [], "auto": []}
+        for _ in range(1 if quick else 2):
+            for fmt in times:
+                cfg = config.load(
+                    preset=preset,
+                    overrides=[*overrides, f"run.memory_format={fmt}", "run.progress=false"],
+                )
+                sim = Simulator(build(cfg))
+                c, w = time.process_time(), time.perf_counter()
+                sim.run()
+                times[fmt].append((time.process_time() - c, time.perf_counter() - w))
+        cpu = {k: min(t[0] for t in v) for k, v in times.items()}
+        wall = {k: min(t[1] for t in v) for k, v in times.items()}
+        out.append(
+            f"{preset + ' ' + ' '.join(overrides):36s} contiguous {cpu['contiguous']:6.1f} / "
+            f"{wall['contiguous']:6.1f}   auto {cpu['auto']:6.1f} / {wall['auto']:6.1f}   "
+            f"auto/contiguous CPU {cpu['auto'] / cpu['contiguous']:.2f}"
+        )
+        print(out[-1], flush=True)
+    return out
+
+
+def header() -> list[str]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return [
+        f"# bench_layout  device=cpu  threads={torch.get_num_threads()}  torch {torch.__version__}"
+        f"  commit {commit}",
+        "# PYTHONPATH=src python bench/bench_layout.py; shared 2-core VM, other jobs running",
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    ap.add_argument("--skip-runs", action="store_true", help="no end-to-end runs")
+    ap.add_argument("--out", type=Path, default=None, help="also write the report here")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    logging.getLogger("fedshield").setLevel(logging.WARNING)
+    lines = header()
+    print("\n".join(lines), flush=True)
+    for part in (families, lambda q: pool_variants(), demo_steps):
+        lines += ["", *part(args.quick)]
+    if not args.skip_runs:
+        lines += ["", *end_to_end(args.quick)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The run store (docs/results-store.md): a record made before a change to a module its run
+loaded is replayed valid or shown stale, never silently used; stores made apart merge by
+file; a campaign's parts cover every missing run once."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedshield import config, runner
+from fedshield.results import campaign, store, validity
+from fedshield.sweep import RunSpec, run_sweep
+
+
+@pytest.fixture
+def raw(small_cfg) -> dict[str, Any]:
+    """A tiny real run: digits, mlp, 2 rounds, one thread."""
+    return config.apply_overrides(small_cfg, ["rounds=2", "run.threads=1"])
+
+
+@pytest.fixture
+def made(tmp_path, raw) -> Path:
+    """A store holding the record of one tiny real run."""
+    runner.run(config.validate(raw), tmp_path / "run", quiet=True, store=tmp_path / "made")
+    return tmp_path / "made"
+
+
+def _one(s: Path) -> tuple[Path, dict[str, Any]]:
+    [(f, rec)] = list(store.records(s))
+    return f, rec
+
+
+def _changed(monkeypatch, module: str) -> None:
+    """As if ``module``'s source had been edited since the record was made."""
+    real = store.current_hashes
+
+    def now(names):
+        return {m: ("0" * 64 if m == module else h) for m, h in real(names).items()}
+
+    monkeypatch.setattr(validity, "current_hashes", now)
+
+
+def test_a_record_names_the_code_that_made_it(made) -> None:
+    f, rec = _one(made)
+    assert f.name == store.record_name(rec) and f.name.startswith(rec["cell"][:16])
+    assert {"fedshield.runner", "fedshield.sim.engine", "fedshield.aggregators.mean"} <= set(
+        rec["modules"]
+    )
+    assert [r["round"] for r in rec["rounds"]] == [1, 2] and "test_acc" in rec["rounds"][0]
+    assert rec["summary"]["final_test_acc"] == rec["rounds"][-1]["test_acc"]
+    assert {"torch", "numpy"} <= set(rec["versions"]) and rec["kernels"]["threads"] == 1
+    assert validity.status(f, rec).state == "valid"  # the code here made it
+
+
+def test_changed_code_needs_a_replay_which_reproduces_and_stamps(made, tmp_path, monkeypatch):
+    s = tmp_path / "store"
+    shutil.copytree(made, s)
+    f, rec = _one(s)
+    _changed(monkeypatch, "fedshield.aggregators.mean")
+    st = validity.status(f, rec)
+    assert st.state == "unchecked" and not st.counts
+    assert st.changed == ["fedshield.aggregators.mean"]
+    st = validity.check(f, rec, rounds=2)  # the replay at this code gives the same rounds
+    assert st.state == "replayed" and st.counts
+    [stamp] = validity.stamps(f)
+    assert stamp["ok"] and stamp["rounds"] == 2 and stamp["modules"]["fedshield.aggregators.mean"]
+    # the stamp holds for this code only: another change needs another replay
+    _changed(monkeypatch, "fedshield.sim.engine")
+    assert validity.status(f, rec).state == "unchecked"
+
+
+def test_a_record_its_replay_contradicts_is_stale_and_left_out(made, raw, tmp_path, monkeypatch):
+    s = tmp_path / "store"
+    _, rec = _one(made)
+    bad = copy.deepcopy(rec)
+    # 0.2 of accuracy at round 2: far outside the kernel tolerance (0.024)
+    bad["rounds"][1]["test_acc"] += 0.2
+    f = store.write(bad, s)
+    _changed(monkeypatch, "fedshield.aggregators.mean")
+    st = validity.check(f, bad, rounds=2)
+    assert st.state == "stale" and "round 2 test_acc" in st.why
+    assert validity.status(f, bad).state == "stale"  # the verdict is kept beside it
+    # a sweep over its cell does not use it: the run is made again, the record is named
+    out = tmp_path / "sweep"
+    spec = RunSpec("t", raw, {})
+    comparison = run_sweep([spec], out, stores=[s])
+    assert comparison is not None
+    summary = json.loads((out / "t" / "summary.json").read_text())
+    assert campaign.FROM_STORE not in summary
+    assert summary["final_test_acc"] == rec["summary"]["final_test_acc"]  # same kernels here
+    prov = json.loads((out / "provenance.json").read_text())
+    assert prov["store"]["left_out"]["t"][0].startswith("stale")
+    assert len(store.files(s)) == 2  # the new run's record joined the stale one
+
+
+def test_stores_made_apart_merge_by_file(made, tmp_path) -> None:
+    _, rec = _one(made)
+    a, b = tmp_path / "a", tmp_path / "b"
+    fa, fb = store.write(rec, a), store.write(copy.deepcopy(rec), b)
+    assert fa.name == fb.name and fa.read_bytes() == fb.read_bytes()  # same record, same file
+    other = {**rec, "seed": 1}
+    assert store.write(other, b).name != fa.name
+    for f in store.files(b):
+        if (a / f.name).exists():
+            assert (a / f.name).read_bytes() == f.read_bytes()  # nothing to resolve
+        shutil.copy(f, a)
+    assert len(store.files(a)) == 2
+    with gzip.open(fa, "rt") as fh:  # JSON lines: pandas reads a file in one line too
+        assert json.loads(fh.readline())["cell"] == rec["cell"]
+
+
+def test_parts_make_every_missing_run_once_and_the_merged_store_completes_the_grid(tmp_path, raw):
+    runs = [
+        RunSpec(name, config.apply_overrides(raw, [f"client.lr={lr}", f"seed={s}",
+                                                   f'name="{name}"']), {})
+        for lr in (0.05, 0.1) for s in (0, 1) for name in [f"lr={lr}_seed={s}"]
+    ]  # fmt: skip
+    n = 2
+    keys = [store.cell_key(config.dump(config.validate(r.raw))) for r in runs]
+    parts = [campaign.part_of(k, n) for k in keys]
+    assert set(parts) <= {1, 2}
+    made: list[str] = []
+    for k in range(1, n + 1):
+        s = tmp_path / f"store{k}"
+        got = run_sweep(runs, tmp_path / f"part{k}", stores=[s], part=(k, n))
+        assert (got is None) == (parts.count(k) < len(runs))  # tables once all are in
+        made += [rec["name"] for _, rec in store.records(s)]
+    assert sorted(made) == sorted(r.name for r in runs)  # each run in exactly one part
+    merged = tmp_path / "merged"
+    for k in range(1, n + 1):
+        shutil.copytree(tmp_path / f"store{k}", merged, dirs_exist_ok=True)
+    out = tmp_path / "all"
+    comparison = run_sweep(runs, out, stores=[merged])
+    assert comparison is not None and len(comparison.summaries) == len(runs)
+    assert all(campaign.FROM_STORE in s for s in comparison.summaries)  # none made again
+    assert len(store.files(merged)) == len(runs)
+    assert json.loads((out / "provenance.json").read_text())["store"]["valid"]
+
+
+def test_part_is_k_of_n() -> None:
+    assert campaign.parse_part("2/4") == (2, 4)
+    for bad in ("0/4", "5/4", "1", "a/b"):
+        with pytest.raises(ValueError, match="k/n"):
+            campaign.parse_part(bad)
