@@ -34,9 +34,8 @@ import torch
 
 from fedshield import config as cfgmod
 from fedshield.core.flat import set_buffers, set_params
-from fedshield.data import load_dataset, make_long_tail, partition
+from fedshield.data import load_dataset, make_long_tail, partition, partitioner_params
 from fedshield.sim import engine
-from fedshield.sim.builder import partition_params
 
 PRESET = "fedcart-fmnistlt-cpu"
 GROUPS = {"maj": [0, 1, 2], "med": [3, 4, 5], "min": [6, 7, 8, 9]}
@@ -56,8 +55,9 @@ def client_class_counts(seed: int, sets: Sequence[str] = ()) -> torch.Tensor:
     bundle = load_dataset(d.dataset, d.root, d.download, d.params)
     train = make_long_tail(bundle.train, bundle.num_classes, d.long_tail.rho, cfg.seed)
     parts = partition(
-        train.y, d.num_clients, d.partition, cfg.seed, min_size=d.min_size, **partition_params(d)
-    )
+        train.y, d.num_clients, d.partition, cfg.seed, min_size=d.min_size,
+        parsed=partitioner_params(d.partition, d),
+    )  # fmt: skip
     return torch.stack([torch.bincount(train.y[p], minlength=bundle.num_classes) for p in parts])
 
 

@@ -64,15 +64,6 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def partition_params(d: Any) -> dict[str, Any]:
-    """The partitioner's parameters, from the data section's fields of the same name
-    (``min_size`` aside: it holds for every partitioner and is passed on its own)."""
-    from fedshield.data import PARTITIONERS
-
-    names = PARTITIONERS.entry(d.partition, "data.partition").schema.model_fields
-    return {k: getattr(d, k) for k in names if hasattr(d, k) and k != "min_size"}
-
-
 def read_sections(cfg: ExperimentConfig) -> dict[str, Params]:
     """The validated parameters of the run's dataset, partitioner and model, each read once:
     ``data.params``, ``data.partition`` (from the ``[data]`` fields its schema declares) and
@@ -91,14 +82,13 @@ def read_sections(cfg: ExperimentConfig) -> dict[str, Params]:
     return out
 
 
-def check_data_sizes(
-    cfg: ExperimentConfig, train_size: int | None, parsed: Params | None = None
-) -> None:
+def check_data_sizes(cfg: ExperimentConfig, train_size: int | None, parsed: Params) -> None:
     """Sizes impossible for a train split of ``train_size`` samples (the dataset's declared
     size; None: unknown before the files are read): root/val sets that leave nothing, more
     clients than samples, ``min_size`` × clients or shards beyond the samples. The long-tail
     profile only removes samples, so the declared size bounds what the partition gets and
-    a config refused here could not run; the same checks run again on the loaded data."""
+    a config refused here could not run; the same checks run again on the loaded data.
+    ``parsed``: the partitioner's parameters (:func:`read_sections`)."""
     from fedshield.data import check_carve, check_sizes
 
     if train_size is None:
@@ -109,9 +99,7 @@ def check_data_sizes(
     where = f" ({d.dataset!r} has {train_size} training samples"
     where += f", {n} after the root/validation sets)" if sizes else ")"
     try:
-        check_sizes(
-            n, d.num_clients, d.partition, d.min_size, parsed=parsed, **partition_params(d)
-        )
+        check_sizes(n, d.num_clients, d.partition, d.min_size, parsed=parsed)
     except ConfigError as err:
         raise ConfigError(f"{err}{where}") from None
 
@@ -457,7 +445,7 @@ def build(
     d = cfg.data
     parsed = components.parsed
     if bundle is None:
-        bundle = load_dataset(d.dataset, d.root, d.download, parsed.get("data.params", d.params))
+        bundle = load_dataset(d.dataset, d.root, d.download, parsed["data.params"])
     train = bundle.train
     if d.long_tail.rho > 1:
         train = make_long_tail(train, bundle.num_classes, d.long_tail.rho, cfg.seed)
@@ -465,7 +453,7 @@ def build(
     train, held = carve(train, sizes, cfg.seed) if sizes else (train, {})
     parts = partition(
         train.y, d.num_clients, d.partition, cfg.seed, min_size=d.min_size,
-        parsed=parsed.get("data.partition"), **partition_params(d),
+        parsed=parsed["data.partition"],
     )  # fmt: skip
     clients = [train.subset(p) for p in parts]
     if device.type == "cuda":  # small federated datasets fit on the device: no per-step copies
