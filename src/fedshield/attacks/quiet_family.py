@@ -43,10 +43,10 @@ from torch import Tensor
 from fedshield.aggregators._ops import W, to_dtype
 from fedshield.aggregators.median import coordinate_median
 from fedshield.attacks._common import CohortAttack, Ctx, Rng, honest_pool, with_rows
-from fedshield.attacks._published import MARGIN, radii, spread, unit
+from fedshield.attacks._published import MARGIN, unit
 from fedshield.attacks.base import ATTACKS
 from fedshield.attacks.opportunist import winning_count
-from fedshield.attacks.stealth import DEFAULT_TAU, TAU, evading_placement, honest_centre
+from fedshield.attacks.stealth import TAU, evading_placement, honest_centre, hug_radius
 from fedshield.core.params import Params
 from fedshield.preaggregators.nnm import default_f, nnm
 
@@ -187,16 +187,7 @@ class Quiet(CohortAttack):
 
     def radius(self, pool: Tensor, centre: Tensor, v: Tensor, context: Ctx) -> float:
         """r of eq. (1) along −v, recording what set it."""
-        dist = spread(pool, centre)
-        if self.tau is not None:
-            self.last_radius, self.last_source = self.tau * dist, "tau"
-            return self.last_radius
-        published = radii(context, pool, centre, v)
-        if not published:
-            self.last_radius, self.last_source = DEFAULT_TAU * dist, "default"
-            return self.last_radius
-        source = min(published, key=lambda k: published[k])
-        self.last_radius, self.last_source = published[source], source
+        self.last_radius, self.last_source = hug_radius(pool, centre, v, self.tau, context)
         return self.last_radius
 
 

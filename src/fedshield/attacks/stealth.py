@@ -120,6 +120,22 @@ def honest_centre(pool: Tensor, how: str, context: Ctx) -> Tensor:
     return coordinate_median(pool)
 
 
+def hug_radius(
+    pool: Tensor, centre: Tensor, v: Tensor, tau: float | None, context: Ctx
+) -> tuple[float, str]:
+    """The radius r of eq. (1) along −v from ``centre`` and what set it: τ × the median
+    honest distance D when ``tau`` is set, else the smallest radius the server's defenses
+    publish (:func:`fedshield.attacks._published.radii`), else DEFAULT_TAU × D."""
+    dist = spread(pool, centre)
+    if tau is not None:
+        return tau * dist, "tau"
+    published = radii(context, pool, centre, v)
+    if not published:
+        return DEFAULT_TAU * dist, "default"
+    source = min(published, key=lambda k: published[k])
+    return published[source], source
+
+
 def stealth_row(pool: Tensor, centre: Tensor, h: float, radius: float) -> Tensor:
     """Eq. (1), in float64 and clamped to ``pool``'s finite range: c − h·r·ū."""
     u = unit(pool.to(torch.float64).mean(dim=0))
@@ -181,15 +197,8 @@ class Stealth(CohortAttack):
 
     def radius(self, pool: Tensor, centre: Tensor, context: Ctx) -> tuple[float, str]:
         """r of eq. (1) and what set it."""
-        dist = spread(pool, centre)
-        if self.tau is not None:
-            return self.tau * dist, "tau"
         u = unit(pool.to(torch.float64).mean(dim=0))
-        published = radii(context, pool, centre, u)
-        if not published:
-            return DEFAULT_TAU * dist, "default"
-        source = min(published, key=lambda k: published[k])
-        return published[source], source
+        return hug_radius(pool, centre, u, self.tau, context)
 
     def craft(self, updates: Tensor, mask: Tensor, generator: Rng, context: Ctx) -> Tensor:
         pool = honest_pool(updates, mask)
@@ -228,4 +237,7 @@ class Stealth(CohortAttack):
         return with_rows(updates, mask, to_dtype(rows, updates.dtype))
 
 
-__all__ = ["DEFAULT_TAU", "TAU", "Stealth", "evading_placement", "honest_centre", "stealth_row"]
+__all__ = [
+    "DEFAULT_TAU", "TAU", "Stealth", "evading_placement", "honest_centre", "hug_radius",
+    "stealth_row",
+]  # fmt: skip
