@@ -90,11 +90,14 @@ class QuietParams(Params):
 
 
 def nnm_centre(pool: Tensor) -> Tensor:
-    """The coordinate-wise median of the NNM-mixed honest rows (f = ⌊(n − 1)/2⌋)."""
-    n = pool.shape[0]
+    """The coordinate-wise median of the NNM-mixed honest rows (f = ⌊(n − 1)/2⌋), over the
+    finite ones: an honest client's non-finite upload is the server's to reject, and NNM's
+    distances are defined on finite rows only."""
+    finite = pool[torch.isfinite(pool).all(dim=1)]
+    n = finite.shape[0]
     if n < 2:
-        return coordinate_median(pool)
-    mixed = nnm(pool.to(W), default_f(None, n))
+        return coordinate_median(finite if n else pool)
+    mixed = nnm(finite.to(W), default_f(None, n))
     return coordinate_median(mixed).to(pool.dtype)
 
 

@@ -1,13 +1,13 @@
 """Fuzz the round loop with quiet attackers (docs/security.md §6b; ``tests/test_round_fuzz.py``).
 
 :mod:`fedshield.testing.fuzz` corrupts uploads after training; here the registered quiet
-attacks (``stealth``, ``opportunist``, ``cache_poison``) craft the Byzantine rows through the
-engine's own attack path (:meth:`Simulator.end_round`: the attack with the context it gets
-in a run — the rule, the round defenses and their published history), for a few rounds in a
-row so that the cross-round defenses' memory (the cache, the step history, the scores) is
-exercised, with the honest rows scaled to the edges of float32 (1e30, 1e-30, zero) and with
-honest clients dropping out. Recorded: whether θ, the buffers and the server state stay
-finite and whether anything raised.
+attacks (``stealth``, ``opportunist``, ``cache_poison``, the ``quiet`` family) craft the
+Byzantine rows through the engine's own attack path (:meth:`Simulator.end_round`: the
+attack with the context it gets in a run — the rule, the round defenses and their
+published history), for a few rounds in a row so that the cross-round defenses' memory
+(the cache, the step history, the scores) is exercised, with the honest rows scaled to the
+edges of float32 (1e30, 1e-30, zero) and with honest clients dropping out. Recorded:
+whether θ, the buffers and the server state stay finite and whether anything raised.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ ATTACKS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("cache_poison", {"scale": 1e6}),
     ("cache_poison", {"direction": "fixed"}),
     ("cache_poison", {"direction": "own", "scale": 1e6}),
+    # the searched family: own-deviation spread about NNM's centre, turned sign direction;
+    # the simplex past the radius, only in rounds the attackers can win
+    ("quiet", {"centre": "nnm", "direction": "sign", "cosine": 0.5, "spread": "own", "j": 3.0}),
+    ("quiet", {"h": 5.0, "spread": "simplex", "timing": "outvote"}),
 )
 
 #: Round-defense chains the attacks meet (none, the quiet-attacker reproducer's pair, all three,
