@@ -102,9 +102,9 @@ def test_flower_transport_fuzz() -> None:
 def test_quiet_attackers_fuzz() -> None:
     """Colluding (stealth, the quiet family), opportunistic and cache-poisoning attackers
     crafting their rows through the engine's attack path for 2 rounds (the second reads
-    the first's cache, step history and scores), under the round defenses and honest dropout, with honest rows
-    scaled to 1e30, 1e-30 or zero: θ, buffers and server state stay finite and nothing
-    raises. ~45 s of CPU: 5 simulators × the 11 attack settings."""
+    the first's cache, step history and scores), under the round defenses and honest
+    dropout, with honest rows scaled to 1e30, 1e-30 or zero: θ, buffers and server state
+    stay finite and nothing raises. ~45 s of CPU: 5 simulators × the 11 attack settings."""
     from fedshield.testing import quiet_fuzz
 
     sims = [
