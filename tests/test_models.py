@@ -80,3 +80,39 @@ def test_check_model_builds_nothing_and_names_a_too_small_input():
         check_model("cnn_cifar100", (1, 4, 4), 10)
     with pytest.raises(ConfigError, match=r"^model.params.hidden: Input should be greater"):
         check_model("mlp", (1, 8, 8), 10, {"hidden": 0})
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("cnn_small", (1, 28, 28)),
+        ("cnn_small", (1, 8, 8)),
+        ("cnn_emnist", (1, 28, 28)),
+        ("cnn_cifar10", (3, 32, 32)),
+        ("cnn_cifar100", (3, 32, 32)),
+    ],
+)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_conv_pool_relu_is_the_papers_conv_relu_pool_bit_for_bit(name, shape, layout):
+    """The CNNs pool before their ReLU (cheaper); the papers' order, conv → ReLU → pool, built
+    from the same weights gives the same logits and gradients exactly: max commutes with
+    ReLU and the gradient reaches the same arg-max entries (or none), with no arithmetic."""
+    torch.manual_seed(0)
+    ours = build_model(name, shape, 10).to(memory_format=layout)
+    papers = build_model(name, shape, 10).to(memory_format=layout)
+    papers.load_state_dict(ours.state_dict())
+    t = list(papers.trunk)
+    swapped = []
+    for i in range(0, len(t), 3):  # (conv, pool, relu) → (conv, relu, pool)
+        assert isinstance(t[i], torch.nn.Conv2d) and isinstance(t[i + 1], torch.nn.MaxPool2d)
+        swapped += [t[i], t[i + 2], t[i + 1]]
+    papers.trunk = torch.nn.Sequential(*swapped)
+    x = torch.randn(16, *shape)
+    y = torch.randint(0, 10, (16,))
+    outs = []
+    for m in (ours, papers):
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        outs.append([loss.detach(), *(p.grad for p in m.parameters())])
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)

@@ -58,8 +58,15 @@ class ConvNet(Classifier):
         return self.mlp(self.trunk(x).flatten(1))
 
 
-def _conv(cin: int, cout: int, k: int, pad: int) -> list[nn.Module]:
-    return [nn.Conv2d(cin, cout, k, padding=pad), nn.ReLU(inplace=True)]
+def _stage(cin: int, cout: int, k: int, pad: int, pool: int = 2) -> list[nn.Module]:
+    """conv → max-pool → ReLU: the papers' conv → ReLU → max-pool, computed in the cheaper
+    order. Max-pooling commutes with the monotone ReLU (max relu(a) = relu(max a), and the
+    gradient reaches the same arg-max entry, or none when the window's max is ≤ 0), so the
+    outputs and gradients are the same bit for bit (tests/test_models.py), while ReLU and its
+    backward touch a quarter of the elements: cnn_small's training step 1.4x faster
+    (docs/results/bench_layout.txt). The convolutions keep their indices (0, 3, 6) in the
+    trunk, so state dicts are unchanged."""
+    return [nn.Conv2d(cin, cout, k, padding=pad), nn.MaxPool2d(pool), nn.ReLU(inplace=True)]
 
 
 @MODELS.register("cnn_small", schema=CNNSmallParams, tags=CONV)
@@ -72,9 +79,7 @@ def cnn_small(
     first pooling, which they could not afford twice."""
     c = input_shape[0]
     pool = 2 if min(input_shape[1:]) >= 16 else 1  # 8×8 digits cannot be pooled twice
-    trunk = nn.Sequential(
-        *_conv(c, width, 3, 1), nn.MaxPool2d(pool), *_conv(width, 2 * width, 3, 1), nn.MaxPool2d(2)
-    )
+    trunk = nn.Sequential(*_stage(c, width, 3, 1, pool), *_stage(width, 2 * width, 3, 1))
     return ConvNet(trunk, [hidden], input_shape, num_classes)
 
 
@@ -82,9 +87,7 @@ def cnn_small(
 def cnn_emnist(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
     """The DRAG paper's EMNIST CNN: two conv5×5 layers (32, 64) with pooling, FC 512, FC C."""
     c = input_shape[0]
-    trunk = nn.Sequential(
-        *_conv(c, 32, 5, 2), nn.MaxPool2d(2), *_conv(32, 64, 5, 2), nn.MaxPool2d(2)
-    )
+    trunk = nn.Sequential(*_stage(c, 32, 5, 2), *_stage(32, 64, 5, 2))
     return ConvNet(trunk, [512], input_shape, num_classes)
 
 
@@ -92,9 +95,7 @@ def cnn_emnist(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
 def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
     """The DRAG paper's CIFAR-10 CNN: two padded conv5×5(64) + pool stages, FC 384, 192, C."""
     c = input_shape[0]
-    trunk = nn.Sequential(
-        *_conv(c, 64, 5, 2), nn.MaxPool2d(2), *_conv(64, 64, 5, 2), nn.MaxPool2d(2)
-    )
+    trunk = nn.Sequential(*_stage(c, 64, 5, 2), *_stage(64, 64, 5, 2))
     return ConvNet(trunk, [384, 192], input_shape, num_classes)
 
 
@@ -102,14 +103,7 @@ def cnn_cifar10(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
 def cnn_cifar100(input_shape: tuple[int, int, int], num_classes: int) -> ConvNet:
     """The DRAG paper's CIFAR-100 CNN: three padded conv3×3 + pool stages, FC 256, FC C."""
     c = input_shape[0]
-    trunk = nn.Sequential(
-        *_conv(c, 32, 3, 1),
-        nn.MaxPool2d(2),
-        *_conv(32, 64, 3, 1),
-        nn.MaxPool2d(2),
-        *_conv(64, 128, 3, 1),
-        nn.MaxPool2d(2),
-    )
+    trunk = nn.Sequential(*_stage(c, 32, 3, 1), *_stage(32, 64, 3, 1), *_stage(64, 128, 3, 1))
     return ConvNet(trunk, [256], input_shape, num_classes)
 
 
