@@ -54,6 +54,18 @@ FAMILIES: list[tuple[str, str, dict[str, Any], tuple[int, int, int], int]] = [
 ]
 
 
+def papers_order(model: nn.Module) -> nn.Module:
+    """``model`` with its (conv, max-pool, ReLU) stages put back in the papers' order,
+    conv → ReLU → max-pool, in place: the same function (tests/test_models.py), the way
+    the CNNs were written before, and how a plain PyTorch loop would write them."""
+    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
+        for i in range(len(seq) - 2):
+            a, b, c = seq[i], seq[i + 1], seq[i + 2]
+            if isinstance(a, nn.Conv2d) and isinstance(b, nn.MaxPool2d) and isinstance(c, nn.ReLU):
+                seq[i + 1], seq[i + 2] = c, b
+    return model
+
+
 def medians(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """Median CPU milliseconds of each function, calls interleaved (two warm-ups)."""
     for f in fns.values():
@@ -90,10 +102,11 @@ def step_fns(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Callable[[], A
 def families(quick: bool) -> list[str]:
     cpu = torch.device("cpu")
     lines = [
-        "## per step, batch 32: median CPU ms; NCHW | model converted (the rule's way) | "
-        "model + inputs converted; gain = NCHW / model",
+        "## per step, batch 32: median CPU ms; before = NCHW in the papers' conv → ReLU → pool "
+        "order | NCHW | model converted (the rule's way) | model + inputs converted; "
+        "gain = before / model",
         f"{'family':22s} {'layout':14s} "
-        + "  ".join(f"{k:>6s}: NCHW  model   both  gain" for k in ("train", "pgd", "eval")),
+        + "  ".join(f"{k:>6s}: before  NCHW  model   both  gain" for k in ("train", "pgd", "eval")),
     ]
     for label, name, params, shape, repeats in FAMILIES:
         layout, _ = choose_layout("auto", model_tags(name, params), shape, cpu)
@@ -102,9 +115,11 @@ def families(quick: bool) -> list[str]:
         base.train(True)
         x, y = torch.rand(32, *shape), torch.randint(0, 10, (32,))
         fns: dict[str, Callable[[], Any]] = {}
-        for mode in ("nchw", "model", "both"):
+        for mode in ("before", "nchw", "model", "both"):
             m = copy.deepcopy(base)
-            if mode != "nchw":
+            if mode == "before":
+                papers_order(m)
+            elif mode != "nchw":
                 m.to(memory_format=CL)
             xm = x.contiguous(memory_format=CL) if mode == "both" else x
             for k, f in step_fns(m, xm, y).items():
@@ -112,8 +127,8 @@ def families(quick: bool) -> list[str]:
         r = medians(fns, max(2, repeats // 3) if quick else repeats)
         cells = []
         for k in ("train", "pgd", "eval"):
-            a, b, c = r[f"nchw/{k}"], r[f"model/{k}"], r[f"both/{k}"]
-            cells.append(f"{a:6.2f} {b:6.2f} {c:6.2f} {a / b:5.2f}x")
+            z, a, b, c = (r[f"{m}/{k}"] for m in ("before", "nchw", "model", "both"))
+            cells.append(f"{z:6.2f} {a:6.2f} {b:6.2f} {c:6.2f} {z / b:5.2f}x")
         lines.append(f"{label:22s} {layout:14s}    " + "   ".join(cells))
         print(lines[-1], flush=True)
     return lines
@@ -160,7 +175,8 @@ def plain_loop(model: nn.Module, data: Any, steps: int, batch: int, lr: float) -
 def demo_steps(quick: bool) -> list[str]:
     """The demo preset's client training (10 clients × 10 steps, sequential on CPU: its
     28×28 cnn_small is above the FLOP count where batching pays) per local step, against a
-    plain NCHW loop doing the same number of steps on the same model and data."""
+    plain NCHW loop doing the same number of steps on the same model and data, written
+    the usual way (conv → ReLU → pool; the baseline) and pooling first."""
     out = ["## demo preset: one round's local training per step (10 clients x 10 steps), "
            "median CPU ms over interleaved repeats"]  # fmt: skip
     sims = {}
@@ -170,11 +186,13 @@ def demo_steps(quick: bool) -> list[str]:
         sims[fmt] = Simulator(build(cfg))
     sim = sims["auto"]
     steps = sim.cfg.client.local_steps * sim.cfg.server.clients_per_round
-    plain = copy.deepcopy(sims["contiguous"].model)
+    plain = papers_order(copy.deepcopy(sims["contiguous"].model))
+    pooled = copy.deepcopy(sims["contiguous"].model)
     data = sim.exp.clients[0]
     rnd = iter(range(1, 10_000))
     fns = {
         "plain NCHW loop": lambda: plain_loop(plain, data, steps, 32, 0.05),
+        "plain loop, pool first": lambda: plain_loop(pooled, data, steps, 32, 0.05),
         "fedshield contiguous": lambda: sims["contiguous"].train_cohort(
             sims["contiguous"].begin_round(next(rnd))
         ),
@@ -187,33 +205,44 @@ def demo_steps(quick: bool) -> list[str]:
     return out
 
 
+#: (preset, overrides): FedCART's CPU preset on the schedule of its T = 150 page job
+#: (natural accuracy every 5 rounds, robust every 10, AutoAttack at the last) for 30 rounds,
+#: and the DRAG page's CPU preset
+E2E_RUNS = [
+    ("fedcart-fmnistlt-cpu", ["rounds=30", "eval.every=5", "eval.metrics_every=10"]),
+    ("drag-mnist5k-dir0.1-cpu", ["rounds=10"]),
+]
+
+
 def end_to_end(quick: bool) -> list[str]:
-    """Whole runs in this process (data loaded once per run), contiguous then auto, twice
-    interleaved; CPU seconds and wall seconds of ``Simulator.run``."""
-    runs = [
-        ("fedcart-fmnistlt-cpu", ["rounds=3"]),
-        ("drag-mnist5k-dir0.1-cpu", ["rounds=3"]),
-    ]
-    out = ["## end to end: Simulator.run of short preset runs (build excluded), "
-           "min over repeats; CPU s / wall s"]  # fmt: skip
-    for preset, overrides in runs:
-        times: dict[str, list[tuple[float, float]]] = {"contiguous": [], "auto": []}
+    """Whole runs in this process (data loaded once per run): ``before`` (NCHW, the CNNs in
+    the papers' conv → ReLU → pool order: the code before the layout rule) and ``auto``
+    (this commit's defaults), interleaved; CPU seconds and wall seconds of
+    ``Simulator.run``."""
+    out = ["## end to end: Simulator.run (build excluded), min over repeats; CPU s / wall s; "
+           "before = NCHW + conv → ReLU → pool"]  # fmt: skip
+    for preset, overrides in E2E_RUNS[1:] if quick else E2E_RUNS:
+        times: dict[str, list[tuple[float, float]]] = {"before": [], "auto": []}
         for _ in range(1 if quick else 2):
-            for fmt in times:
+            for mode in times:
+                fmt = "contiguous" if mode == "before" else "auto"
                 cfg = config.load(
                     preset=preset,
                     overrides=[*overrides, f"run.memory_format={fmt}", "run.progress=false"],
                 )
-                sim = Simulator(build(cfg))
+                exp = build(cfg)
+                if mode == "before":
+                    papers_order(exp.model)
+                sim = Simulator(exp)
                 c, w = time.process_time(), time.perf_counter()
                 sim.run()
-                times[fmt].append((time.process_time() - c, time.perf_counter() - w))
+                times[mode].append((time.process_time() - c, time.perf_counter() - w))
         cpu = {k: min(t[0] for t in v) for k, v in times.items()}
         wall = {k: min(t[1] for t in v) for k, v in times.items()}
         out.append(
-            f"{preset + ' ' + ' '.join(overrides):36s} contiguous {cpu['contiguous']:6.1f} / "
-            f"{wall['contiguous']:6.1f}   auto {cpu['auto']:6.1f} / {wall['auto']:6.1f}   "
-            f"auto/contiguous CPU {cpu['auto'] / cpu['contiguous']:.2f}"
+            f"{preset + ' ' + ' '.join(overrides):72s} before {cpu['before']:6.1f} / "
+            f"{wall['before']:6.1f}   auto {cpu['auto']:6.1f} / {wall['auto']:6.1f}   "
+            f"auto/before CPU {cpu['auto'] / cpu['before']:.2f}"
         )
         print(out[-1], flush=True)
     return out
