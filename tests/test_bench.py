@@ -230,25 +230,20 @@ def test_the_readme_grid_bench_plans_every_feasible_run() -> None:
 
 
 def test_collect_bench_records_provenance(tmp_path: Path) -> None:
-    import importlib.util
+    from fedshield.results import collect
 
     out = tmp_path / "out"
     assert main(["bench", "--bench", "tiny-cpu", "--out", str(out), "-q",
                  "--only", "defense=median"]) == 0  # fmt: skip
-    path = Path(__file__).parents[1] / "tools" / "render_results.py"
-    spec = importlib.util.spec_from_file_location("render_results", path)
-    assert spec is not None and spec.loader is not None
-    rr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rr)
     data = tmp_path / "data"
-    files = rr.collect_bench(out, data)
+    files = collect.collect_bench(out, data)
     assert (data / "bench-tiny-cpu-worst.csv").exists() and files
-    assert rr.check_provenance(data) == []
+    assert collect.check_provenance(data) == []
     header = (data / "bench-tiny-cpu-header.md").read_text()
     assert "attack mode per_round" in header and "faults / dropout: none" in header
     assert "commit" in header and "fedshield" in header
     (data / "bench-tiny-cpu-worst.csv").write_text("changed\n")
-    assert any("changed since" in p for p in rr.check_provenance(data))
+    assert any("changed since" in p for p in collect.check_provenance(data))
 
 
 def test_axes_modes_and_overrides_reach_the_run_configs() -> None:
