@@ -16,3 +16,9 @@ verdicts), :mod:`~fedshield.results.curves` (curves over rounds),
 :mod:`~fedshield.results.sampling` (a page's sampled cell re-run). ``fedshield results
 status|replay|page|render|paired|curves`` (``python -m fedshield.results``).
 """
+
+#: The modules of this package a run's process may load (``fedshield run`` / ``sweep``):
+#: the others, the pages', are imported only by the ``fedshield results`` command when it
+#: runs (tests/test_import_graph.py, tests/test_run_store.py).
+RUN_SIDE = frozenset({"fedshield.results", "fedshield.results.__main__", "fedshield.results.store",
+                      "fedshield.results.validity", "fedshield.results.campaign"})  # fmt: skip
