@@ -216,6 +216,32 @@ def test_list_benches_shows_the_bundled_ones(capsys: Any) -> None:
     assert "robustness-digits-cpu" in out and "tiny-cpu" in out
 
 
+def test_bench_list_names_both_kinds_of_bench_and_how_to_run_them(
+    capsys: Any, monkeypatch: Any
+) -> None:
+    """docs/bench.md: the registered benches (``fedshield bench --bench NAME``) and the
+    checkout's measurement scripts (``python bench/NAME.py``), each script with the first
+    sentence of its docstring."""
+    from fedshield.bench.command import bench_names
+    from fedshield.bench.scripts import BENCH_DIR, scripts
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per row
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "fedshield bench --bench NAME" in out and "python bench/NAME.py" in out
+    for name in bench_names():
+        assert f"│ {name} " in out, name
+    found = {s.name: s.summary for s in scripts()}
+    assert set(found) == {f.name for f in BENCH_DIR.glob("*.py")} and "bench_round.py" in found
+    for name, summary in found.items():
+        assert f"│ bench/{name} " in out and summary in out, name
+    assert found["bench_pgd.py"] == (
+        "PGD-10 throughput: fedshield.adversarial.pgd vs torchattacks.PGD (same model, same batch)."
+    )
+    assert main(["bench", "--list", "--bench", "tiny-cpu"]) == 2
+    assert "--list lists the benches and runs nothing; drop --bench" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_readme_grid_bench_plans_every_feasible_run() -> None:
     """The bundled grid of the README table: 22 defenses × 18 attacks × 4 shares × 3 seeds,
