@@ -30,7 +30,10 @@ from pathlib import Path
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The subcommands and their arguments (also ``fedshield results``)."""
-    sub = ap.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sub = ap.add_subparsers(
+        dest="action", required=True, metavar="ACTION",
+        help="status / replay: the run store; page / render / paired / curves: the pages",
+    )  # fmt: skip
     for action, what in (
         ("status", "each record valid, replayed, unchecked or stale at the current code"),
         ("replay", "as status, replaying the unchecked records at the current code"),
@@ -58,8 +61,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "provenance (fedshield.results.collect).",
     )  # fmt: skip
     rd.add_argument("--check", action="store_true", help="fail if a document is out of date")
-    rd.add_argument("--collect", nargs="*", default=[], metavar="SWEEP_DIR")
-    rd.add_argument("--collect-bench", nargs="*", default=[], metavar="BENCH_DIR")
+    rd.add_argument(
+        "--collect", nargs="*", default=[], metavar="SWEEP_DIR",
+        help="copy these sweeps' result files to docs/results/data with provenance; no render",
+    )  # fmt: skip
+    rd.add_argument(
+        "--collect-bench", nargs="*", default=[], metavar="BENCH_DIR",
+        help="the same for `fedshield bench` output folders",
+    )  # fmt: skip
     pr = sub.add_parser(
         "paired", help="variant A minus B paired by seed (fedshield.results.paired)",
         description="Per metric: mean ± 95 %% t interval of the per-seed differences, the "
