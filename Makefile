@@ -34,7 +34,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	tools/timed.sh "slow tests" $(PY) -m pytest -q -n 2 --dist loadgroup -m slow --durations=15
 
-# One results page from nothing at this commit (docs/results/pages.toml; tools/results.py):
+# One results page from nothing at this commit (docs/results/pages.toml; `fedshield results page`):
 #   make results PAGE=brdrag [OUT=runs/results]   (OUT=. publishes docs/results/ in place)
 #   make results PAGE=brdrag ONLY=brdrag-ct-cpu [JOBS=2]   (those jobs; the others' data as published)
 #   make results PAGE=drag PART=1/4 [STORE=dir]   (part 1 of 4 of its missing runs, records
@@ -46,8 +46,8 @@ JOBS ?=
 PART ?=
 STORE ?=
 results: $(STAMP)
-	@test -n "$(PAGE)" || { $(PY) tools/results.py --list; echo "error: give PAGE=<one of the pages above>" >&2; exit 2; }
-	$(PY) tools/results.py "$(PAGE)" --out "$(OUT)" $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),-j "$(JOBS)") $(if $(PART),--part "$(PART)") $(if $(STORE),--store "$(STORE)")
+	@test -n "$(PAGE)" || { $(PY) -m fedshield.results page --list; echo "error: give PAGE=<one of the pages above>" >&2; exit 2; }
+	$(PY) -m fedshield.results page "$(PAGE)" --out "$(OUT)" $(if $(ONLY),--only "$(ONLY)") $(if $(JOBS),-j "$(JOBS)") $(if $(PART),--part "$(PART)") $(if $(STORE),--store "$(STORE)")
 
 bench: $(STAMP)
 	$(PY) bench/bench_round.py

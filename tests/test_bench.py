@@ -216,6 +216,32 @@ def test_list_benches_shows_the_bundled_ones(capsys: Any) -> None:
     assert "robustness-digits-cpu" in out and "tiny-cpu" in out
 
 
+def test_bench_list_names_both_kinds_of_bench_and_how_to_run_them(
+    capsys: Any, monkeypatch: Any
+) -> None:
+    """docs/bench.md: the registered benches (``fedshield bench --bench NAME``) and the
+    checkout's measurement scripts (``python bench/NAME.py``), each script with the first
+    sentence of its docstring."""
+    from fedshield.bench.command import bench_names
+    from fedshield.bench.scripts import BENCH_DIR, scripts
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per row
+    assert main(["bench", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "fedshield bench --bench NAME" in out and "python bench/NAME.py" in out
+    for name in bench_names():
+        assert f"│ {name} " in out, name
+    found = {s.name: s.summary for s in scripts()}
+    assert set(found) == {f.name for f in BENCH_DIR.glob("*.py")} and "bench_round.py" in found
+    for name, summary in found.items():
+        assert f"│ bench/{name} " in out and summary in out, name
+    assert found["bench_pgd.py"] == (
+        "PGD-10 throughput: fedshield.adversarial.pgd vs torchattacks.PGD (same model, same batch)."
+    )
+    assert main(["bench", "--list", "--bench", "tiny-cpu"]) == 2
+    assert "--list lists the benches and runs nothing; drop --bench" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_the_readme_grid_bench_plans_every_feasible_run() -> None:
     """The bundled grid of the README table: 22 defenses × 18 attacks × 4 shares × 3 seeds,
@@ -230,25 +256,20 @@ def test_the_readme_grid_bench_plans_every_feasible_run() -> None:
 
 
 def test_collect_bench_records_provenance(tmp_path: Path) -> None:
-    import importlib.util
+    from fedshield.results import collect
 
     out = tmp_path / "out"
     assert main(["bench", "--bench", "tiny-cpu", "--out", str(out), "-q",
                  "--only", "defense=median"]) == 0  # fmt: skip
-    path = Path(__file__).parents[1] / "tools" / "render_results.py"
-    spec = importlib.util.spec_from_file_location("render_results", path)
-    assert spec is not None and spec.loader is not None
-    rr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rr)
     data = tmp_path / "data"
-    files = rr.collect_bench(out, data)
+    files = collect.collect_bench(out, data)
     assert (data / "bench-tiny-cpu-worst.csv").exists() and files
-    assert rr.check_provenance(data) == []
+    assert collect.check_provenance(data) == []
     header = (data / "bench-tiny-cpu-header.md").read_text()
     assert "attack mode per_round" in header and "faults / dropout: none" in header
     assert "commit" in header and "fedshield" in header
     (data / "bench-tiny-cpu-worst.csv").write_text("changed\n")
-    assert any("changed since" in p for p in rr.check_provenance(data))
+    assert any("changed since" in p for p in collect.check_provenance(data))
 
 
 def test_axes_modes_and_overrides_reach_the_run_configs() -> None:

@@ -72,12 +72,19 @@ def test_report_prints_its_own_output_folder(tmp_path, capsys, monkeypatch) -> N
 def test_every_option_of_every_subcommand_has_help() -> None:
     parser = build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    missing = [
-        f"{name} {action.option_strings or action.dest}"
-        for name, sub in subs.choices.items()
-        for action in sub._actions
-        if not isinstance(action, argparse._HelpAction) and not action.help
-    ]
+
+    def undocumented(name: str, sub: argparse.ArgumentParser) -> list[str]:
+        """``sub``'s options without help, its own subcommands' too (``results page``)."""
+        out = []
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for n, p in action.choices.items():
+                    out += undocumented(f"{name} {n}", p)
+            if not isinstance(action, argparse._HelpAction) and not action.help:
+                out.append(f"{name} {action.option_strings or action.dest}")
+        return out
+
+    missing = [x for name, sub in subs.choices.items() for x in undocumented(name, sub)]
     assert not missing, missing
     assert set(subs.choices) == {"run", "list", "report", "sweep", "bench", "results", "recommend"}
 

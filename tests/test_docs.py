@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fedshield.results import collect, curves, render
+from fedshield.results.__main__ import main as results_main
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,15 +25,13 @@ def _tool(name: str):
 
 
 def test_every_results_table_equals_its_rendering_from_the_data() -> None:
-    render = _tool("render_results")
     stale = [
         p.name for p in render.documents() if render.render_document(p.read_text()) != p.read_text()
     ]
-    assert not stale, f"run `python tools/render_results.py`: {stale}"
+    assert not stale, f"run `fedshield results render`: {stale}"
 
 
 def test_rendering_a_pivot_with_seed_intervals(tmp_path) -> None:
-    render = _tool("render_results")
     data = tmp_path / "cells.csv"
     data.write_text(
         "variant,attack.name,n_seeds,final_test_acc,final_test_acc_mean,final_test_acc_ci95\n"
@@ -48,8 +49,7 @@ def test_rendering_a_pivot_with_seed_intervals(tmp_path) -> None:
 
 
 def test_every_result_file_records_the_commit_and_config_that_made_it() -> None:
-    render = _tool("render_results")
-    assert render.check_provenance() == []
+    assert collect.check_provenance() == []
 
 
 def test_collect_records_provenance_and_a_changed_file_is_noticed(tmp_path) -> None:
@@ -57,34 +57,32 @@ def test_collect_records_provenance_and_a_changed_file_is_noticed(tmp_path) -> N
 
     import pytest
 
-    render = _tool("render_results")
     sweep = tmp_path / "runs" / "g"
     sweep.mkdir(parents=True)
     (sweep / "comparison.csv").write_text("label,final_test_acc\na,0.5\n")
     (sweep / "cells.csv").write_text("variant,n_seeds\na,1\n")
     data = tmp_path / "data"
     with pytest.raises(SystemExit, match="provenance.json: missing"):
-        render.collect(sweep, data)
+        collect.collect(sweep, data)
     prov = {"grid": "demo", "commits": ["abc"], "config_sha256": "f00", "runs": {"a": "f00"}}
     (sweep / "provenance.json").write_text(json.dumps(prov))
-    render.collect(sweep, data)
+    collect.collect(sweep, data)
     side = json.loads((data / "g.provenance.json").read_text())
     assert side["commits"] == ["abc"] and set(side["files"]) == {"g.csv", "g-cells.csv"}
-    assert render.check_provenance(data) == []
+    assert collect.check_provenance(data) == []
     (data / "g.csv").write_text("label,final_test_acc\na,0.9\n")  # edited afterwards
     (data / "other.csv").write_text("x\n")  # never collected
-    problems = render.check_provenance(data)
+    problems = collect.check_provenance(data)
     assert any(p.startswith("g.csv: changed since") for p in problems)
     assert any(p.startswith("other.csv: no *.provenance.json") for p in problems)
     # a sweep's record named its last finished run as the grid
     (data / "g.provenance.json").write_text(json.dumps(side | {"grid": "a"}))
     problem = "g.provenance.json: grid 'a' is neither a bundled grid nor 'g'"
-    assert problem in render.check_provenance(data)
+    assert problem in collect.check_provenance(data)
 
 
 def test_rendering_shows_the_seed_spread_next_to_the_interval(tmp_path) -> None:
     """mean ± h [min, max] by default; spread=seeds lists every seed; spread=none hides it."""
-    render = _tool("render_results")
     (tmp_path / "cells.csv").write_text(
         "variant,n_seeds,acc_mean,acc_ci95,acc_min,acc_max,acc_seeds\n"
         "fedcart,3,0.621,0.320,0.474,0.714,0:0.714 1:0.474 2:0.676\n"
@@ -102,7 +100,6 @@ def test_rendering_shows_the_seed_spread_next_to_the_interval(tmp_path) -> None:
 def test_collect_writes_per_round_curves_over_the_seeds(tmp_path) -> None:
     import json
 
-    render = _tool("render_results")
     sweep = tmp_path / "g"
     rows = []
     for seed, vals in ((0, (0.2, 0.5)), (1, (0.4, 0.7))):
@@ -112,7 +109,7 @@ def test_collect_writes_per_round_curves_over_the_seeds(tmp_path) -> None:
         run.joinpath("metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
         rows.append(f"a_seed={seed},a,{seed},10")
     (sweep / "comparison.csv").write_text("label,variant,seed,rounds\n" + "\n".join(rows) + "\n")
-    out, cols = render.round_rows(sweep)
+    out, cols = collect.round_rows(sweep)
     assert cols[:3] == ["variant", "round", "n_seeds"]
     assert [r["round"] for r in out] == [5, 10]
     assert [r["robust/worst_mean"] for r in out] == pytest.approx([0.3, 0.6])
@@ -137,7 +134,6 @@ def test_the_generated_presets_equal_their_generator(tmp_path, monkeypatch) -> N
 
 
 def test_rendering_worst_cases_over_several_sources(tmp_path) -> None:
-    render = _tool("render_results")
     data = {
         "a.csv": "fedavg,noise,0.5\nfedavg,ipm,0.8\nbrdrag,noise,0.9\n",
         "b.csv": "fedavg,noise,0.2\nbrdrag,ipm,0.7\nbrdrag,noise,0.85\n",
@@ -243,13 +239,11 @@ def test_the_python_api_section_runs_as_printed(tmp_path, monkeypatch) -> None:
 def test_a_verdict_per_budget_and_curves_from_the_per_run_budget_file(tmp_path) -> None:
     """The per-run, per-round file ``--collect`` writes beside the cells gives the
     paired verdict at every budget (``paired=A,B by=round``) and the curves with a band over
-    the seeds (tools/curves.py). Worked example: B ahead at round 10 on 3 of 3 seeds, A
+    the seeds (fedshield.results.curves). Worked example: B ahead at round 10 on 3 of 3 seeds, A
     ahead at round 20 on 3 of 3 (a crossing the final-round table alone would not show)."""
     import csv
     import json
 
-    render = _tool("render_results")
-    curves = _tool("curves")
     sweep = tmp_path / "s"
     comp = ["label,variant,seed,rounds"]
     worst = {"a": {10: [0.30, 0.32, 0.31], 20: [0.70, 0.72, 0.69]},
@@ -265,7 +259,7 @@ def test_a_verdict_per_budget_and_curves_from_the_per_run_budget_file(tmp_path) 
             (sweep / label / "metrics.jsonl").write_text(lines)
             comp.append(f"{label},{v},{seed},20")
     (sweep / "comparison.csv").write_text("\n".join(comp) + "\n")
-    rows, cols = render.budget_rows(sweep)
+    rows, cols = collect.budget_rows(sweep)
     assert cols == ["variant", "seed", "round", "test_acc", "robust/worst"]
     assert len(rows) == 12 and {r["round"] for r in rows} == {10, 20}
     src = tmp_path / "budget.csv"
@@ -281,13 +275,13 @@ def test_a_verdict_per_budget_and_curves_from_the_per_run_budget_file(tmp_path) 
     assert "b ahead" in at10 and "0 / 3" in at10 and "-21.3" in at10
     assert "a ahead" in at20 and "3 / 0" in at20 and "+10.0" in at20
     png = tmp_path / "fig.png"
-    assert curves.main([str(src), "--metrics", "robust/worst,test_acc", "--out", str(png),
-                        "--budgets", "10,20"]) == 0  # fmt: skip
+    assert results_main(["curves", str(src), "--metrics", "robust/worst,test_acc",
+                         "--out", str(png), "--budgets", "10,20"]) == 0  # fmt: skip
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     by_variant = curves.series(list(csv.DictReader(src.open())), "robust/worst", "variant")
     assert by_variant["a"][1] == (20, pytest.approx(0.70333333), 0.69, 0.72, 3)
     with pytest.raises(SystemExit, match="no column nope"):
-        curves.main([str(src), "--metrics", "nope", "--out", str(png)])
+        results_main(["curves", str(src), "--metrics", "nope", "--out", str(png)])
 
 # -- the docs' enumerations and counts against the registries ------------------
 _WORDS = {"three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}

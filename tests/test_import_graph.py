@@ -54,3 +54,20 @@ def test_no_module_below_the_round_loop_imports_it() -> None:
         if layer(d) in UPPER
     )
     assert not found, found
+
+
+def test_only_the_results_command_imports_the_results_pages() -> None:
+    """The results pages' modules (fedshield.results.make, render, paired, ...) are imported
+    by each other and by the ``fedshield results`` command when it runs, never by the run
+    side (:data:`fedshield.results.RUN_SIDE`: store, validity, campaign) or anything else of
+    the package: a run's record hashes the modules its process loaded, so changing how pages
+    are made or rendered leaves every stored run valid (tests/test_run_store.py runs one)."""
+    from fedshield.results import RUN_SIDE
+
+    graph = import_graph(SRC, "fedshield")
+    pages = {m for m in graph if m.startswith("fedshield.results.") and m not in RUN_SIDE}
+    assert {"fedshield.results.make", "fedshield.results.render"} <= pages
+    entry = pages | {"fedshield.results.__main__"}
+    found = sorted(f"{m} -> {d}" for m, deps in graph.items() if m not in entry
+                   for d in deps & pages)  # fmt: skip
+    assert not found, found

@@ -1,23 +1,12 @@
-"""tools/paired.py: the paired per-seed comparison rendered into the results pages."""
+"""fedshield.results.paired: the paired per-seed comparison rendered into the results pages."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _tool(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from fedshield.results import paired, render
 
 
 def _rows(a: list[str], b: list[str]) -> list[dict[str, str]]:
@@ -27,7 +16,7 @@ def _rows(a: list[str], b: list[str]) -> list[dict[str, str]]:
 
 def test_worked_example() -> None:
     """d = (1, 2, 3): mean 2, sd 1, t_{0.975,2} = 4.3027 → h = 2.484; signs 3/0 → p = 2/8."""
-    p = _tool("paired").paired(_rows(["1", "2", "3"], ["0", "0", "0"]), "A", "B", "m")
+    p = paired.paired(_rows(["1", "2", "3"], ["0", "0", "0"]), "A", "B", "m")
     assert p.diffs == [1.0, 2.0, 3.0]
     assert p.mean == pytest.approx(2.0)
     assert p.half == pytest.approx(4.302653 / 3**0.5, rel=1e-5)
@@ -37,19 +26,18 @@ def test_worked_example() -> None:
 
 
 def test_verdicts_ties_and_diverged_runs() -> None:
-    mod = _tool("paired")
     # B ahead by 5 ± small on seeds 0-3; seed 4's A run diverged (empty) and is not paired
     rows = _rows(["0.10", "0.11", "0.09", "0.10", ""], ["0.15", "0.16", "0.14", "0.15", "0.1"])
-    p = mod.paired(rows, "A", "B", "m", scale=100)
+    p = paired.paired(rows, "A", "B", "m", scale=100)
     assert p.seeds == ["0", "1", "2", "3"]
     assert p.mean == pytest.approx(-5.0)
     assert p.verdict == "B ahead"
     # a tie is dropped from the sign test; one seed gives no interval → undecided
-    q = mod.paired(_rows(["1", "2"], ["1", "1"]), "A", "B", "m")
+    q = paired.paired(_rows(["1", "2"], ["1", "1"]), "A", "B", "m")
     assert (q.wins_a, q.wins_b, q.sign_p) == (1, 0, 1.0)
-    assert mod.paired(_rows(["1"], ["0"]), "A", "B", "m").verdict == "undecided"
+    assert paired.paired(_rows(["1"], ["0"]), "A", "B", "m").verdict == "undecided"
     with pytest.raises(ValueError, match="two runs"):
-        mod.paired(_rows(["1", "2"], ["0", "0"]) + _rows(["1"], []), "A", "B", "m")
+        paired.paired(_rows(["1", "2"], ["0", "0"]) + _rows(["1"], []), "A", "B", "m")
 
 
 def test_pairs_within_a_grid_key() -> None:
@@ -57,14 +45,13 @@ def test_pairs_within_a_grid_key() -> None:
         {"variant": v, "seed": "0", "rho": rho, "m": m}
         for v, rho, m in [("A", "5", "1"), ("B", "5", "0"), ("A", "100", "0"), ("B", "100", "2")]
     ]
-    p = _tool("paired").paired(rows, "A", "B", "m", by=["rho"])
+    p = paired.paired(rows, "A", "B", "m", by=["rho"])
     assert dict(zip(p.seeds, p.diffs)) == {"0/5": 1.0, "0/100": -2.0}
 
 
 def test_render_block(tmp_path: Path) -> None:
     src = tmp_path / "cmp.csv"
     src.write_text("label,variant,seed,m\nx,A,0,0.5\ny,B,0,0.4\nz,A,1,0.6\nw,B,1,0.4\n")
-    render = _tool("render_results")
     text = render.render(
         {"source": "cmp.csv", "paired": "A,B", "value": "m", "digits": "1"}, tmp_path
     )
@@ -76,11 +63,10 @@ def test_render_block(tmp_path: Path) -> None:
 def test_pooled_sources_refuse_a_seed_twice(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("variant,seed,m\nA,0,0.5\nB,0,0.4\n")
     (tmp_path / "b.csv").write_text("variant,seed,m\nA,1,0.6\nB,1,0.4\n")
-    mod = _tool("paired")
-    text = mod.render_paired({"source": "a.csv,b.csv", "paired": "A,B", "value": "m"}, tmp_path)
+    text = paired.render_paired({"source": "a.csv,b.csv", "paired": "A,B", "value": "m"}, tmp_path)
     assert "| m | 2 (0, 1) |" in text
     with pytest.raises(ValueError, match="two runs"):
-        mod.render_paired({"source": "a.csv,a.csv", "paired": "A,B", "value": "m"}, tmp_path)
+        paired.render_paired({"source": "a.csv,a.csv", "paired": "A,B", "value": "m"}, tmp_path)
 
 
 def test_block_tests_each_grid_value_on_its_own(tmp_path: Path) -> None:
@@ -95,7 +81,7 @@ def test_block_tests_each_grid_value_on_its_own(tmp_path: Path) -> None:
         for s, m in enumerate(vals)
     ]
     (tmp_path / "c.csv").write_text("\n".join(rows) + "\n")
-    text = _tool("paired").render_paired(
+    text = paired.render_paired(
         {"source": "c.csv", "paired": "A,B", "value": "m", "by": "rho", "scale": "1"}, tmp_path
     )
     lines = [line for line in text.splitlines() if line.startswith("| m @")]
@@ -113,7 +99,6 @@ def test_variant_column_and_where_filter(tmp_path: Path) -> None:
         "brdrag,ipm,0.2,0,0.10\nfltrust,ipm,0.2,0,0.90\n"
         "brdrag,ipm,0.2,1,0.10\nfltrust,ipm,0.2,1,0.90\n"
     )
-    render = _tool("render_results")
     opts = {"source": "runs.csv", "paired": "brdrag,fltrust", "value": "test_acc"}
     text = render.render(
         {**opts, "variant": "defense", "where": "attack:adaptive_root", "by": "share"}, tmp_path
@@ -127,7 +112,7 @@ def test_variant_column_and_where_filter(tmp_path: Path) -> None:
     assert "-80.0" not in text  # the ipm rows were filtered out
     # the default column is still ``variant``: nothing pairs in this file
     assert "| test_acc | 0 | - |" in render.render(opts, tmp_path)
-    p = _tool("paired").paired(
+    p = paired.paired(
         [{"defense": "A", "seed": "0", "m": "1"}, {"defense": "B", "seed": "0", "m": "0"}],
         "A", "B", "m", column="defense",
     )  # fmt: skip
@@ -137,9 +122,9 @@ def test_variant_column_and_where_filter(tmp_path: Path) -> None:
 def test_two_equal_differences_are_undecided() -> None:
     """Two seeds +1.5, +1.5: the t interval has zero width, the sign test p = 0.5 — no
     evidence, so no verdict; three equal differences decide."""
-    two = _tool("paired").paired(_rows(["2.5", "3.5"], ["1", "2"]), "A", "B", "m")
+    two = paired.paired(_rows(["2.5", "3.5"], ["1", "2"]), "A", "B", "m")
     assert (two.half, two.sign_p, two.verdict) == (0.0, 0.5, "undecided")
-    three = _tool("paired").paired(_rows(["2.5", "3.5", "4.5"], ["1", "2", "3"]), "A", "B", "m")
+    three = paired.paired(_rows(["2.5", "3.5", "4.5"], ["1", "2", "3"]), "A", "B", "m")
     assert three.verdict == "A ahead"
 
 
@@ -150,5 +135,5 @@ def test_two_differences_equal_up_to_float32_rounding_are_undecided() -> None:
     a = ["0.8199999928474426", "0.7674999833106995"]
     b = ["0.8349999785423279", "0.7825000286102295"]
     for scale in (1.0, 100.0):  # as the page renders it: in points
-        two = _tool("paired").paired(_rows(a, b), "A", "B", "m", scale=scale)
+        two = paired.paired(_rows(a, b), "A", "B", "m", scale=scale)
         assert 0 < two.half < 1e-4 * scale and two.verdict == "undecided"

@@ -61,8 +61,8 @@ def test_the_demo_data_was_made_by_todays_demo_configs() -> None:
     assert not stale, (
         f"the demo configs changed since docs/results/data/demo*.csv were measured ({stale}): "
         f"re-run `fedshield sweep --grid demo --out runs/demo`, then "
-        f"`python tools/render_results.py --collect runs/demo` and "
-        f"`python tools/render_results.py`"
+        f"`fedshield results render --collect runs/demo` and "
+        f"`fedshield results render`"
     )
 
 

@@ -1,13 +1,13 @@
 """Every results page is made by one command at a stated commit:
-docs/results/pages.toml declares each page's jobs, `make results PAGE=...` (tools/results.py)
-regenerates it from nothing into a chosen folder, the page names the commit of its data, a
-diverged run is shown as diverged, and a sampled cell of every page re-run at the current
-commit must lie in the published seeds' range (the check fails on a stale page)."""
+docs/results/pages.toml declares each page's jobs, `make results PAGE=...` (`fedshield
+results page`, fedshield.results.make) regenerates it from nothing into a chosen folder,
+the page names the commit of its data, a diverged run is shown as diverged, and a sampled
+cell of every page re-run at the current commit must lie in the published seeds' range
+(the check fails on a stale page)."""
 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
 import shutil
@@ -17,24 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from fedshield.results import collect, header, make, pages, render, sampling
+from fedshield.results.__main__ import main as results_main
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "data"
 
 
-def _tool(name: str):  # type: ignore[no-untyped-def]
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-results = _tool("results")
-render = _tool("render_results")
-PAGES = results.load_pages()
+PAGES = pages.load_pages()
 #: Pages whose sampled cell another test re-runs already.
 SAMPLED_ELSEWHERE = {
     "demo": "tests/test_results_fresh.py (the demo's median cell)",
@@ -53,7 +43,7 @@ def _blocks(doc: Path) -> list[dict[str, str]]:
 
 def _produced(page) -> set[str]:  # type: ignore[no-untyped-def]
     """The file names a page's jobs write (collect's and collect_bench's naming)."""
-    return {results.TIMES, *(f for j in page.jobs for f in j.outputs())}
+    return {pages.TIMES, *(f for j in page.jobs for f in j.outputs())}
 
 
 @pytest.mark.parametrize("name", sorted(PAGES))
@@ -73,8 +63,8 @@ def test_a_page_reads_only_what_its_own_jobs_make(name: str) -> None:
 
 
 def _reads(doc: Path) -> list[str]:
-    """The result files the document's blocks read (tools/results.py's own reading)."""
-    return [f for f in results._reads(doc.read_text()) if f.startswith("docs/results/")]
+    """The result files the document's blocks read (the page command's own reading)."""
+    return [f for f in render.reads(doc.read_text()) if f.startswith("docs/results/")]
 
 
 def test_every_result_a_document_quotes_is_made_by_some_page() -> None:
@@ -112,7 +102,7 @@ def test_the_published_data_is_what_the_page_command_makes(name: str) -> None:
 
 
 def test_the_header_names_every_job_and_its_commit() -> None:
-    text = results.render_header("brdrag")
+    text = header.render_header("brdrag")
     assert "`make results PAGE=brdrag`" in text
     for j in PAGES["brdrag"].jobs:
         prov = json.loads((DATA / f"{j.stem}.provenance.json").read_text())
@@ -122,7 +112,7 @@ def test_the_header_names_every_job_and_its_commit() -> None:
 
 def test_an_unknown_page_is_one_line_and_exit_2() -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "results.py"), "nosuchpage"],
+        [sys.executable, "-m", "fedshield.results", "page", "nosuchpage"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2
@@ -188,17 +178,17 @@ def test_make_results_regenerates_a_page_from_nothing_into_a_chosen_folder(tmp_p
         "<!-- fedshield:table source=docs/results/data/tiny-cells.csv columns=variant,n_seeds,"
         "final_test_acc spread=seeds -->\n<!-- fedshield:end -->\n"
     )
-    page = results.load_pages(pages_dir / "pages.toml")["tiny"]
-    doc = results.run_page(page, out)
+    page = pages.load_pages(pages_dir / "pages.toml")["tiny"]
+    doc = make.run_page(page, out)
     text = doc.read_text()
     prov = json.loads((pages_dir / "data" / "tiny.provenance.json").read_text())
     assert f"`{prov['commits'][0][:7]}`" in text and "make results PAGE=tiny" in text
     cell = r"^\| (fedavg|median) \| 2 \| (\d\.\d{3}) ± \d\.\d{3} \((\d\.\d{3}), (\d\.\d{3})\)"
     rows = re.findall(cell, text, re.M)
     assert [r[0] for r in rows] == ["fedavg", "median"], text
-    times = list(csv.DictReader((pages_dir / "data" / results.TIMES).open()))
+    times = list(csv.DictReader((pages_dir / "data" / pages.TIMES).open()))
     assert [t["runs"] for t in times] == ["4"]
-    assert render.check_provenance(pages_dir / "data") == []
+    assert collect.check_provenance(pages_dir / "data") == []
 
 
 SAMPLED = sorted(n for n, p in PAGES.items() if p.sample)
@@ -212,19 +202,19 @@ def test_a_page_made_in_parts_on_two_machines_then_merged(tmp_path: Path) -> Non
     grid = tmp_path / "tiny.toml"
     grid.write_text('name = "tiny"\nbase = "brdrag-digits-cpu"\nset = ["rounds=2"]\n')
     jobs = f'grid = [{{ name = "{grid}", seeds = "0,1,2" }}]\n'
-    header = "<!-- fedshield:table page=t -->\n<!-- fedshield:end -->"
-    page = _page_in(tmp_path / "page", header, jobs)
+    block = "<!-- fedshield:table page=t -->\n<!-- fedshield:end -->"
+    page = _page_in(tmp_path / "page", block, jobs)
     merged = tmp_path / "merged"
     for k in (1, 2):
         out = tmp_path / f"machine{k}"
-        assert results.run_page(page, out, part=f"{k}/2") is None
+        assert make.run_page(page, out, part=f"{k}/2") is None
         assert not (out / "docs" / "results" / "data" / "tiny.csv").exists()
         made = out / "docs" / "results" / "store"  # absent where the part had no run
         if made.exists():
             shutil.copytree(made, merged, dirs_exist_ok=True)
     assert len(list(merged.glob("*.jsonl.gz"))) == 3  # each run in exactly one part
     out = tmp_path / "page"
-    doc = results.run_page(page, out, store=merged)
+    doc = make.run_page(page, out, store=merged)
     assert doc is not None and "— 3 runs from the run store" in doc.read_text()
     assert len(list(merged.glob("*.jsonl.gz"))) == 3  # none made again
 
@@ -239,7 +229,7 @@ def test_the_sampled_cell_reproduces_at_the_current_commit(name: str) -> None:
     """The page's sampled cell (its cheapest training cell) re-run now lies in the range of
     the seeds the page published, widened by the kernel tolerance measured for the demo: a
     page whose numbers this commit no longer makes fails here."""
-    got = results.sample(name)
+    got = sampling.sample(name)
     assert got.ok, got.line()
 
 
@@ -273,8 +263,8 @@ def test_a_bad_pages_toml_names_its_key_in_one_line(
 ) -> None:
     f = tmp_path / "pages.toml"
     f.write_text(text)
-    with pytest.raises(results.BadInput) as err:
-        results.load_pages(f)
+    with pytest.raises(pages.BadInput) as err:
+        pages.load_pages(f)
     assert re.search(message, str(err.value.code)), err.value.code
     assert "\n" not in str(err.value.code)
 
@@ -283,11 +273,11 @@ def test_every_declared_sample_names_a_run_and_metric_of_its_job() -> None:
     """pages.toml's own samples pass the checks (the rest is the slow test's)."""
     for page in PAGES.values():
         if page.sample:
-            results._check_sample(page.name, page.sample, page.jobs)
+            pages._check_sample(page.name, page.sample, page.jobs)
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
-    rc = results.main(list(argv))
+    rc = results_main(["page", *argv])
     err = capsys.readouterr().err
     return rc, err
 
@@ -317,19 +307,19 @@ def test_a_command_job_fills_its_placeholders_per_argument() -> None:
     argument), {{}} a literal brace pair; the label of `-m package.module sub` is
     package-sub, of a script its stem."""
     line = "{py} -m fedshield.cli run --set eval.params={{}} --out {runs}/x"
-    job = results.Job("command", line)
+    job = pages.Job("command", line)
     assert job.command(Path("/a b")) == [sys.executable, "-m", "fedshield.cli", "run", "--set",
                                          "eval.params={}", "--out", "/a b/runs/x"]  # fmt: skip
     assert job.label == "fedshield-run"
     assert job.shown() == "fedshield run --set eval.params={} --out OUT/runs/x"
-    script = results.Job("command", "{py} tools/cart_step_sweep.py round {runs}")
+    script = pages.Job("command", "{py} tools/cart_step_sweep.py round {runs}")
     assert script.label == "cart_step_sweep"
-    assert results.Job("grid", "bench/tiny.toml").label == "tiny"
+    assert pages.Job("grid", "bench/tiny.toml").label == "tiny"
 
 
 def test_campaign_times_record_the_commit_sha(tmp_path: Path) -> None:
-    results._record_time(tmp_path, results.Job("grid", "demo", "0,1"), 4, 12.3)
-    (row,) = csv.DictReader((tmp_path / results.TIMES).open())
+    make._record_time(tmp_path, pages.Job("grid", "demo", "0,1"), 4, 12.3)
+    (row,) = csv.DictReader((tmp_path / pages.TIMES).open())
     assert re.fullmatch(r"[0-9a-f]{7}|unknown", row["commit"]), row
     assert (row["grid"], row["seeds"], row["runs"], row["wall_s"]) == ("demo", "0,1", "4", "12")
 
@@ -339,18 +329,18 @@ def test_the_readme_page_renders_into_a_fresh_folder_as_published(tmp_path: Path
     """The README quotes every page: with no job run (``--only`` none), its tables render in
     OUT from the published files, copied with their provenance records, exactly as in the
     repository."""
-    doc = results.run_page(PAGES["demo"], tmp_path, only=set())
+    doc = make.run_page(PAGES["demo"], tmp_path, only=set())
     assert doc == tmp_path / "README.md"
     assert doc.read_text() == render.render_document((ROOT / "README.md").read_text())
-    assert render.check_provenance(tmp_path / "docs" / "results" / "data") == []
+    assert collect.check_provenance(tmp_path / "docs" / "results" / "data") == []
 
 
-def _page_in(tmp_path: Path, body: str, jobs: str = "") -> results.Page:
-    pages = tmp_path / "docs" / "results"
-    pages.mkdir(parents=True, exist_ok=True)
-    (pages / "t.md").write_text(f"# t\n\n{body}\n")
-    (pages / "pages.toml").write_text(f'[t]\ndoc = "docs/results/t.md"\n{jobs}')
-    return results.load_pages(pages / "pages.toml")["t"]
+def _page_in(tmp_path: Path, body: str, jobs: str = "") -> pages.Page:
+    folder = tmp_path / "docs" / "results"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "t.md").write_text(f"# t\n\n{body}\n")
+    (folder / "pages.toml").write_text(f'[t]\ndoc = "docs/results/t.md"\n{jobs}')
+    return pages.load_pages(folder / "pages.toml")["t"]
 
 
 @pytest.mark.parametrize(
@@ -365,8 +355,8 @@ def _page_in(tmp_path: Path, body: str, jobs: str = "") -> results.Page:
 )
 def test_a_page_whose_data_is_missing_fails_naming_it(tmp_path: Path, block: str) -> None:
     page = _page_in(tmp_path, f"<!-- fedshield:table {block} -->\nold\n<!-- fedshield:end -->")
-    with pytest.raises(results.PageFailed, match="not rendered: .*nosuch"):
-        results.run_page(page, tmp_path, only=set())
+    with pytest.raises(pages.PageFailed, match="not rendered: .*nosuch"):
+        make.run_page(page, tmp_path, only=set())
 
 
 @pytest.mark.parametrize(
@@ -385,8 +375,8 @@ def test_an_unknown_grid_or_bench_fails_before_any_job_runs(
 ) -> None:
     first = 'command = [{ run = "{py} -c \'open(\\"{out}/ran\\", \\"w\\")\'" }]\n'
     page = _page_in(tmp_path / "src", "", jobs + first)
-    with pytest.raises(results.BadInput, match=message):
-        results.run_page(page, tmp_path / "out")
+    with pytest.raises(pages.BadInput, match=message):
+        make.run_page(page, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -396,24 +386,24 @@ def test_a_grid_folder_with_runs_of_another_commit_is_refused(tmp_path: Path) ->
     run = tmp_path / "out" / "runs" / "demo" / "fedavg"
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"provenance": {"commit": "0123456789ab"}}))
-    with pytest.raises(results.BadInput, match=r"runs/demo: holds runs made at commit 0123456"):
-        results.run_page(page, tmp_path / "out")
+    with pytest.raises(pages.BadInput, match=r"runs/demo: holds runs made at commit 0123456"):
+        make.run_page(page, tmp_path / "out")
     assert not (tmp_path / "out" / "docs").exists()
 
 
 def test_a_job_that_writes_nothing_fails_the_page(tmp_path: Path) -> None:
     page = _page_in(tmp_path, "", 'command = [{ run = "{py} -c pass", writes = ["made.csv"] }]\n')
-    with pytest.raises(results.PageFailed, match="did not write made.csv, made.provenance.json"):
-        results.run_page(page, tmp_path)
+    with pytest.raises(pages.PageFailed, match="did not write made.csv, made.provenance.json"):
+        make.run_page(page, tmp_path)
     (tmp_path / "docs" / "results" / "made.csv").write_text("a\n1\n")  # an earlier run's
-    with pytest.raises(results.PageFailed, match="did not write made.csv"):
-        results.run_page(page, tmp_path)
+    with pytest.raises(pages.PageFailed, match="did not write made.csv"):
+        make.run_page(page, tmp_path)
 
 
 def test_a_failing_job_is_one_error_line(tmp_path: Path) -> None:
     page = _page_in(tmp_path, "", "command = [{ run = \"{py} -c 'raise SystemExit(4)'\" }]\n")
-    with pytest.raises(results.PageFailed, match=r"failed \(exit 4\)"):
-        results.run_page(page, tmp_path)
+    with pytest.raises(pages.PageFailed, match=r"failed \(exit 4\)"):
+        make.run_page(page, tmp_path)
 
 
 def _prov(data: Path, stem: str, commit: str) -> None:
@@ -426,12 +416,12 @@ def test_the_header_claims_no_commit_while_a_job_is_unmeasured(tmp_path: Path) -
     data = tmp_path / "docs" / "results" / "data"
     data.mkdir()
     _prov(data, "demo", "abcdef0123")
-    text = results.render_header("t", tmp_path)
+    text = header.render_header("t", tmp_path)
     assert "- `fedshield sweep --grid demo` — commit `abcdef0`\n" in text
     assert "- `fedshield sweep --grid drag-c-cpu --seeds 0,1` — not yet measured\n" in text
     assert "Not yet measured: drag-c-cpu" in text and "All of this page's data" not in text
     _prov(data, "drag-c-cpu", "abcdef0999")
-    assert "All of this page's data was made at commit `abcdef0`." in results.render_header(
+    assert "All of this page's data was made at commit `abcdef0`." in header.render_header(
         "t", tmp_path
     )
 
@@ -449,7 +439,7 @@ def test_the_header_says_which_runs_came_from_the_store_and_names_those_left_out
             "store": {"valid": ["fedavg", "median"], "replayed": ["drag"],
                       "left_out": {"median": [stale]}}}  # fmt: skip
     (data / "demo.provenance.json").write_text(json.dumps(prov))
-    text = results.render_header("t", tmp_path)
+    text = header.render_header("t", tmp_path)
     line = next(x for x in text.splitlines() if "--grid demo" in x)
     assert "`abcdef0`, `1234567` (mixed" in line
     assert "3 runs from the run store, 1 of them replayed valid at the page's code" in line
@@ -482,8 +472,8 @@ def _csv(path: Path, rows: list[dict[str, object]]) -> None:
         w.writerows(rows)
 
 
-def _grid_page(sample: dict[str, object]) -> results.Page:
-    return results.Page("p", "d.md", "", [results.Job("grid", "g", "0,1,2")], sample)
+def _grid_page(sample: dict[str, object]) -> pages.Page:
+    return pages.Page("p", "d.md", "", [pages.Job("grid", "g", "0,1,2")], sample)
 
 
 def test_the_published_cell_leaves_out_diverged_seeds_final_and_per_round(
@@ -500,12 +490,12 @@ def test_the_published_cell_leaves_out_diverged_seeds_final_and_per_round(
         for s, r, v in ((0, 5, 0.6), (1, 5, 0.2), (12, 5, 0.5), (0, 6, 0.9))
     ])  # fmt: skip
     s = {"grid": "g", "run": "a=1_seed=0", "metric": "final_test_acc"}
-    assert results._published_grid(_grid_page(s), s, tmp_path) == ({"0": 0.8, "12": 0.7}, {"1"})
+    assert sampling._published_grid(_grid_page(s), s, tmp_path) == ({"0": 0.8, "12": 0.7}, {"1"})
     s = {"grid": "g", "run": "a=1_seed=0", "metric": "test_acc", "round": 5}
-    assert results._published_grid(_grid_page(s), s, tmp_path) == ({"0": 0.6, "12": 0.5}, {"1"})
+    assert sampling._published_grid(_grid_page(s), s, tmp_path) == ({"0": 0.6, "12": 0.5}, {"1"})
     s = {"grid": "g", "run": "a=1_seed=0", "metric": "robust/worst"}
-    with pytest.raises(results.BadInput, match=r"metric: 'robust/worst' is not a column of g\.csv"):
-        results._published_grid(_grid_page(s), s, tmp_path)
+    with pytest.raises(pages.BadInput, match=r"metric: 'robust/worst' is not a column of g\.csv"):
+        sampling._published_grid(_grid_page(s), s, tmp_path)
 
 
 def test_the_published_cell_of_a_grid_without_seeds(tmp_path: Path) -> None:
@@ -513,7 +503,7 @@ def test_the_published_cell_of_a_grid_without_seeds(tmp_path: Path) -> None:
     _csv(data / "g.csv", [{"label": "m_noise=1.0", "final_test_acc": 0.7},
                           {"label": "m_noise=1.0x", "final_test_acc": 0.1}])  # fmt: skip
     s = {"grid": "g", "run": "m_noise=1.0", "metric": "final_test_acc"}
-    assert results._published_grid(_grid_page(s), s, tmp_path) == ({"-": 0.7}, set())
+    assert sampling._published_grid(_grid_page(s), s, tmp_path) == ({"-": 0.7}, set())
 
 
 def test_the_published_bench_cell_by_id_and_seed(tmp_path: Path) -> None:
@@ -524,10 +514,10 @@ def test_the_published_bench_cell_by_id_and_seed(tmp_path: Path) -> None:
                          ("m__sign_flip__t0__s1", "diverged", 0.1),
                          ("m__sign_flip__t0__s10", "ok", 0.6), ("m__sign_flip__t1__s0", "ok", 0.2))
     ])  # fmt: skip
-    page = results.Page("p", "d.md", "", [results.Job("bench", "b")])
+    page = pages.Page("p", "d.md", "", [pages.Job("bench", "b")])
     s = {"bench": "b", "run": "m__sign_flip__t0__s0", "metric": "test_acc"}
-    assert results._published_bench(page, s, tmp_path) == ({"0": 0.8, "10": 0.6}, {"1"})
-    assert results.split_seed("m__sign_flip", "__s") == ("m__sign_flip", "-")
+    assert sampling._published_bench(page, s, tmp_path) == ({"0": 0.8, "10": 0.6}, {"1"})
+    assert sampling.split_seed("m__sign_flip", "__s") == ("m__sign_flip", "-")
 
 
 @pytest.mark.parametrize(
@@ -545,7 +535,7 @@ def test_a_sample_matches_what_was_published_diverged_included(
 ) -> None:
     """In the range (± tolerance) of the seeds that did not diverge; a run that diverges now
     matches only a seed published as diverged, and a seed published as diverged must diverge."""
-    got = results.Sample("p", "c", "m", value, {"0": 0.7, "2": 0.8}, seed, frozenset({"1"}), 0.02)
+    got = sampling.Sample("p", "c", "m", value, {"0": 0.7, "2": 0.8}, seed, frozenset({"1"}), 0.02)
     assert got.ok is ok, got.line()
     assert ("→ ok" if ok else "→ STALE") in got.line()
 
@@ -553,11 +543,11 @@ def test_a_sample_matches_what_was_published_diverged_included(
 def test_the_sample_of_a_grid_file_expands_it(tmp_path: Path) -> None:
     grid = tmp_path / "tiny.toml"
     grid.write_text('name = "tiny"\nbase = "brdrag-digits-cpu"\nset = ["rounds=2"]\n')
-    page = results.Page("p", "d.md", "", [results.Job("grid", str(grid), "0,1", ("rounds=3",))])
-    raw = results._grid_run(page, {"grid": str(grid), "run": "tiny_seed=1"})
+    page = pages.Page("p", "d.md", "", [pages.Job("grid", str(grid), "0,1", ("rounds=3",))])
+    raw = sampling._grid_run(page, {"grid": str(grid), "run": "tiny_seed=1"})
     assert (raw["rounds"], raw["seed"]) == (3, 1)
-    with pytest.raises(results.BadInput, match="sample.run: 'tiny_seed=7' is not a run of"):
-        results._grid_run(page, {"grid": str(grid), "run": "tiny_seed=7"})
+    with pytest.raises(pages.BadInput, match="sample.run: 'tiny_seed=7' is not a run of"):
+        sampling._grid_run(page, {"grid": str(grid), "run": "tiny_seed=7"})
 
 
 def test_a_page_published_in_place_renders_the_repository_itself(
@@ -569,8 +559,8 @@ def test_a_page_published_in_place_renders_the_repository_itself(
     job = f'command = [{{ run = """{{py}} -c "{write}"""", writes = ["x.txt"] }}]\n'
     block = "<!-- fedshield:table include=docs/results/x.txt -->\n<!-- fedshield:end -->"
     page = _page_in(tmp_path, block, job)
-    monkeypatch.setattr(results, "ROOT", tmp_path)
-    doc = results.run_page(page, tmp_path)
+    monkeypatch.setattr(make, "ROOT", tmp_path)
+    doc = make.run_page(page, tmp_path)
     assert doc == tmp_path / "docs" / "results" / "t.md"
     assert "include=docs/results/x.txt -->\n```\nhi\n```\n<!-- fedshield:end -->" in doc.read_text()
     made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
@@ -593,30 +583,30 @@ def test_a_command_output_that_is_no_table_records_the_commit_it_ran_at(
     write = "open('{out}/docs/results/x.txt', 'w').write('hi')"
     job = f'command = [{{ run = """{{py}} -c "{write}"""", writes = ["x.txt"] }}]\n'
     page = _page_in(tmp_path, "", job)
-    assert "` — its output records no commit\n" in results.render_header("t", tmp_path)
-    monkeypatch.setattr(results, "ROOT", tmp_path)
-    results.run_page(page, tmp_path / "out")
+    assert "` — its output records no commit\n" in header.render_header("t", tmp_path)
+    monkeypatch.setattr(make, "ROOT", tmp_path)
+    make.run_page(page, tmp_path / "out")
     side = tmp_path / "out" / "docs" / "results" / "data" / "x.provenance.json"
     prov = json.loads(side.read_text())
     commit = source_commit()["commit"] or "unknown"
     assert prov["commits"] == [commit] and prov["output"] == "x.txt"
-    assert render.check_provenance(side.parent) == []
+    assert collect.check_provenance(side.parent) == []
     data = tmp_path / "docs" / "results" / "data"
     data.mkdir()
     _prov(data, "x", "abcdef0123")
-    header = results.render_header("t", tmp_path)
-    assert "` — commit `abcdef0`\n" in header
-    assert "All of this page's data was made at commit `abcdef0`." in header
+    text = header.render_header("t", tmp_path)
+    assert "` — commit `abcdef0`\n" in text
+    assert "All of this page's data was made at commit `abcdef0`." in text
 
 
 def test_a_sample_drops_evaluators_only_where_they_run_after_the_compared_round() -> None:
     """`skip_metrics` is refused for a run whose robust evaluation runs before the compared
     round (fedcart-methods-cpu: every 5 rounds) and drops it where it runs at the end."""
     page = PAGES["fedcart"]
-    every5 = results._grid_run(page, {"grid": "fedcart-methods-cpu", "run": "fedcart_seed=0"})
-    with pytest.raises(results.BadInput, match="every 5 rounds, before the compared round 20"):
-        results._without_metrics(every5, None, "sample")
-    assert results._without_metrics(every5, 5, "sample")["eval"]["metrics"] == []
-    last = results._grid_run(page, {"grid": "fedcart-baselines-cpu", "run": "fedpgd_seed=0"})
+    every5 = sampling._grid_run(page, {"grid": "fedcart-methods-cpu", "run": "fedcart_seed=0"})
+    with pytest.raises(pages.BadInput, match="every 5 rounds, before the compared round 20"):
+        sampling._without_metrics(every5, None, "sample")
+    assert sampling._without_metrics(every5, 5, "sample")["eval"]["metrics"] == []
+    last = sampling._grid_run(page, {"grid": "fedcart-baselines-cpu", "run": "fedpgd_seed=0"})
     assert last["eval"]["metrics"]
-    assert results._without_metrics(last, None, "sample")["eval"]["metrics"] == []
+    assert sampling._without_metrics(last, None, "sample")["eval"]["metrics"] == []

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fedshield import config, runner
-from fedshield.results import campaign, store, validity
+from fedshield.results import RUN_SIDE, campaign, store, validity
 from fedshield.sweep import RunSpec, run_sweep
 
 
@@ -148,3 +148,30 @@ def test_part_is_k_of_n() -> None:
     for bad in ("0/4", "5/4", "1", "a/b"):
         with pytest.raises(ValueError, match="k/n"):
             campaign.parse_part(bad)
+
+
+def test_a_record_hashes_no_page_module_so_page_code_never_invalidates_it(tmp_path, raw):
+    """``fedshield run`` and ``fedshield sweep`` through the command line, each in its own
+    process: their records name no module of the results pages (fedshield.results.make,
+    render, ...), only the run side's (:data:`fedshield.results.RUN_SIDE`)."""
+    import subprocess
+    import sys
+
+    import tomli_w
+
+    src = Path(store.__file__).resolve().parents[2]
+    pkg = sorted(p.stem for p in (src / "fedshield" / "results").glob("*.py"))
+    pages = {f"fedshield.results.{m}" for m in pkg} - RUN_SIDE - {"fedshield.results.__init__"}
+    assert {"fedshield.results.make", "fedshield.results.render"} <= pages
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(tomli_w.dumps(config.apply_overrides(raw, ["rounds=1"])))
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'name = "g"\nfile = "{cfg}"\n')
+    for argv in (["run", str(cfg), "--out", str(tmp_path / "run")],
+                 ["sweep", str(grid), "-j", "1", "--out", str(tmp_path / "sweep")]):  # fmt: skip
+        s = tmp_path / f"store-{argv[0]}"
+        cmd = [sys.executable, "-m", "fedshield", *argv, "-q", "--store", str(s)]
+        subprocess.run(cmd, check=True, capture_output=True)
+        _, rec = _one(s)
+        ours = {m for m in rec["modules"] if m.startswith("fedshield.results")}
+        assert "fedshield.results.store" in ours and not ours & pages, (argv[0], ours & pages)

@@ -26,11 +26,10 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
+from fedshield.results.collect import PROVENANCE, SELF_RECORDING, check_provenance
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "results" / "data"
-sys.path.insert(0, str(ROOT / "tools"))
-
-from render_results import PROVENANCE, SELF_RECORDING, check_provenance  # noqa: E402
 
 #: The ``--set`` options the grid jobs of docs/results/pages.toml pass.
 MEASURE_SETS = {g: ["eval.every=20", "eval.metrics_every=20"] for g in (

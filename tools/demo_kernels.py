@@ -14,7 +14,7 @@ the same for every variant: only the kernels differ.
 
 Why: the coordinate-wise median and the attacked FedAvg amplify last-bit differences of the
 convolution and matmul kernels (tests/test_results_fresh.py), so the demo's third digit is
-not the same on every CPU. ``tools/render_results.py`` renders the file like any other
+not the same on every CPU. ``fedshield results render`` renders the file like any other
 (``columns=label,final_test_acc_native,...,final_test_acc_spread``).
 """
 

@@ -300,12 +300,12 @@ def main() -> None:
             ]
     out = Path(args.out)
     # The "Under attack" section below the marker (the robustness bench's tables, rendered
-    # by tools/render_results.py) is not this report's: keep it.
+    # by fedshield results render) is not this report's: keep it.
     kept = ""
     if out.exists() and KEEP in out.read_text():
         kept = "\n" + KEEP + out.read_text().split(KEEP, 1)[1]
     out.write_text("\n".join(lines) + "\n" + kept)
-    # One summary row for the README (rendered by tools/render_results.py).
+    # One summary row for the README (rendered by fedshield results render).
     summary = {
         "pairs": len(pairs),
         "pairs_with_masks": sum(1 for p in pairs if p[2]),
@@ -337,7 +337,7 @@ def _write(path: Path, rows: list[dict[str, str]]) -> None:
 
 
 def write_provenance(data: Path) -> None:
-    """``<name>.provenance.json`` beside a data file (tools/render_results.py checks it): the
+    """``<name>.provenance.json`` beside a data file (fedshield.results.collect checks it): the
     commit, and as config hash the hash of the fuzz's definition (this tool + harnesses)."""
     import hashlib
     import json

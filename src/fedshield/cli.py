@@ -580,8 +580,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     res = sub.add_parser(
         "results", parents=[quiet_verbose],
-        help="the run store's records at this code: valid, replayed, unchecked or stale "
-        "(docs/results-store.md)",
+        help="the run store's records at this code (status, replay: docs/results-store.md) "
+        "and the results pages made from them (page, render, paired, curves: "
+        "docs/results/index.md)",
     )  # fmt: skip
     add_results(res)
     res.set_defaults(func=cmd_results)

@@ -114,6 +114,8 @@ def cmd_bench(args: argparse.Namespace, ray: Any, console: Any) -> int:
     from fedshield.bench.render import worst_table
     from fedshield.bench.runner import config_shas, execute
 
+    if args.list:
+        return _list(args, console)
     if args.render is not None:
         return _render_only(args, console)
     if (args.bench_file is None) == (args.bench is None):
@@ -172,10 +174,49 @@ def _render_only(args: argparse.Namespace, console: Any) -> int:
     return 0
 
 
+def _list(args: argparse.Namespace, console: Any) -> int:
+    """``--list``: the registered benches and the checkout's measurement scripts, each with
+    how to run it (:mod:`fedshield.bench.scripts`, docs/bench.md)."""
+    given = [f for f, v in (("a bench file", args.bench_file), ("--bench", args.bench),
+                            ("--render", args.render), ("--only", args.only)) if v]  # fmt: skip
+    if given:
+        raise ConfigError(f"--list lists the benches and runs nothing; drop {given[0]}")
+    from rich.table import Table
+    from rich.text import Text
+
+    from fedshield.bench.scripts import BENCH_DIR, scripts
+
+    reg = Table(
+        title="registered benches — result-producing sweeps of cells: fedshield bench --bench NAME",
+        title_justify="left",
+    )
+    reg.add_column("name")
+    reg.add_column("description")
+    for name in bench_names():
+        reg.add_row(name, Text(read_bench(name=name)[0].description))
+    console.print(reg)
+    found = scripts()
+    if not found:
+        console.print(f"measurement scripts: none here (they are the checkout's {BENCH_DIR})")
+        return 0
+    meas = Table(
+        title="measurement scripts — timings and side-by-side checks: python bench/NAME.py "
+        "(from the repository root)",
+        title_justify="left",
+    )
+    meas.add_column("script")
+    meas.add_column("measures")
+    for sc in found:
+        meas.add_row(f"bench/{sc.name}", Text(sc.summary))
+    console.print(meas)
+    return 0
+
+
 def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> None:
     b = sub.add_parser(
         "bench", parents=parents,
-        help="the robustness benchmark: defenses × attacks × shares × heterogeneity × seeds",
+        help="the robustness benchmark: defenses × attacks × shares × heterogeneity × seeds "
+        "(--list: these benches and the bench/ measurement scripts)",
     )  # fmt: skip
     b.add_argument("bench_file", nargs="?", help="bench TOML file (or --bench NAME)")
     b.add_argument("--bench", help="a bundled bench (see `fedshield list benches`)")
@@ -189,6 +230,11 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> N
         "--render",
         metavar="DIR",
         help="re-draw the tables and plots of a bench folder from its run files; runs nothing",
+    )
+    b.add_argument(
+        "--list",
+        action="store_true",
+        help="list the registered benches and the measurement scripts of bench/ (runs nothing)",
     )
     b.add_argument("-j", "--jobs", type=int, default=1, help="parallel processes (local)")
     b.add_argument("--group", type=int, default=24, help="runs trained in lockstep per task")

@@ -16,20 +16,20 @@ with d_s = A_s − B_s over the n seeds both have (the rendered block tests each
 
 Differences are shown in points (×100) by default (``scale=100``). A diverged run (an empty
 metric) leaves its seed out of that metric's pairs, and the table says how many seeds were
-paired. Used by ``tools/render_results.py`` (block option ``paired=A,B``; ``source`` may list
+paired. Used by :mod:`fedshield.results.render` (block option ``paired=A,B``; ``source`` may list
 several comparison files of disjoint seeds, comma-separated; ``variant=COLUMN`` names the
 column that holds the variants, ``variant`` by default — ``variant=defense`` pairs two
-defenses of a bench's ``runs.csv``, with ``where=`` keeping one attack) and as a script:
+defenses of a bench's ``runs.csv``, with ``where=`` keeping one attack) and as a command:
 
-    python tools/paired.py docs/results/data/fedcart-methods-cpu.csv fedcart calfat \\
+    fedshield results paired docs/results/data/fedcart-methods-cpu.csv fedcart calfat \\
         robust/worst robust/natural groups/minority/natural
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -177,9 +177,9 @@ def render_paired(
     read: Callable[[Path], list[dict[str, str]]] = _read,
 ) -> str:
     """The block ``source=<comparison.csv>[,<comparison.csv>...] paired=A,B value=m1,m2
-    [by=k1,k2] [variant=COLUMN] [scale=100] [digits=1]`` of ``tools/render_results.py``.
+    [by=k1,k2] [variant=COLUMN] [scale=100] [digits=1]`` of :mod:`fedshield.results.render`.
     Several sources (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them
-    is an error. ``read`` loads one source (render_results passes its ``where=`` filter)."""
+    is an error. ``read`` loads one source (render passes its ``where=`` filter)."""
     rows: list[dict[str, str]] = []
     for name in opts["source"].split(","):
         source = root / name
@@ -201,15 +201,8 @@ def render_paired(
     return "\n".join(lines) + f"\n\n{PAIRED_NOTE}\n"
 
 
-def main(argv: Sequence[str]) -> int:
-    if len(argv) < 4:
-        print(__doc__)
-        return 2
-    sources, a, b, *metrics = argv
-    opts = {"source": sources, "paired": f"{a},{b}", "value": ",".join(metrics)}
+def main(args: argparse.Namespace) -> int:
+    """``fedshield results paired SOURCE A B METRIC...``: the table, as a block renders it."""
+    opts = {"source": args.source, "paired": f"{args.a},{args.b}", "value": ",".join(args.metrics)}
     print(render_paired(opts, Path.cwd()), end="")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -1,13 +1,13 @@
 """Curves over rounds with a band across seeds, from a sweep's per-run budget file.
 
-    python tools/curves.py docs/results/data/fedcart-methods-t150-cpu-budget.csv \
+    fedshield results curves docs/results/data/fedcart-methods-t150-cpu-budget.csv \
         --metrics robust/natural,robust/worst,groups/minority/natural \
         --out docs/results/figures/fedcart-t150.png [--budgets 20,40,80,150]
 
 One panel per metric; per variant (``--by``, default ``variant``) the mean over the seeds
 at each evaluated round, with the band from the lowest to the highest seed (a collapsed
 seed shows; the paired verdicts per budget are ``paired=A,B by=round`` blocks on the same
-file, ``tools/render_results.py``). The budgets named by ``--budgets`` are marked. The
+file, :mod:`fedshield.results.render`). The budgets named by ``--budgets`` are marked. The
 figure's corner names the file it was drawn from, so a reader can find the data.
 """
 
@@ -77,14 +77,8 @@ def draw(
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("source", type=Path, help="a sweep's <name>-budget.csv")
-    ap.add_argument("--metrics", required=True, help="comma-separated columns, one panel each")
-    ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    ap.add_argument("--by", default="variant", help="the column that names a curve")
-    ap.add_argument("--budgets", default="", help="rounds to mark, e.g. 20,40,80,150")
-    args = ap.parse_args(argv)
+def main(args: argparse.Namespace) -> int:
+    """``fedshield results curves`` (its arguments: :mod:`fedshield.results.__main__`)."""
     if not args.source.is_file():
         print(f"error: {args.source}: no such file", file=sys.stderr)
         return 2
@@ -96,7 +90,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics = [m for m in args.metrics.split(",") if m]
     print(draw(args.source, metrics, args.out, args.by, budgets))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
