@@ -137,3 +137,18 @@ def test_two_differences_equal_up_to_float32_rounding_are_undecided() -> None:
     for scale in (1.0, 100.0):  # as the page renders it: in points
         two = paired.paired(_rows(a, b), "A", "B", "m", scale=scale)
         assert 0 < two.half < 1e-4 * scale and two.verdict == "undecided"
+
+
+def test_two_metrics_of_the_same_runs_pair_by_seed() -> None:
+    """variant=@metric: A and B fill the metric's {} (robust vs fixed routing of one run)."""
+    rows = [
+        {"seed": "0", "route/robust/acc": "0.80", "route/fixed/acc": "0.78"},
+        {"seed": "1", "route/robust/acc": "0.70", "route/fixed/acc": "0.71"},
+        {"seed": "2", "route/robust/acc": "0.90", "route/fixed/acc": "0.86"},
+    ]
+    p = paired.paired(rows, "robust", "fixed", "route/{}/acc", scale=100, column="@metric")
+    assert p.seeds == ["0", "1", "2"]
+    assert p.diffs == pytest.approx([2.0, -1.0, 4.0])
+    assert (p.wins_a, p.wins_b) == (2, 1)
+    with pytest.raises(ValueError, match="no \\{\\}"):
+        paired.paired(rows, "robust", "fixed", "route/robust/acc", column="@metric")

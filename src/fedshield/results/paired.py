@@ -19,7 +19,10 @@ metric) leaves its seed out of that metric's pairs, and the table says how many 
 paired. Used by :mod:`fedshield.results.render` (block option ``paired=A,B``; ``source`` may list
 several comparison files of disjoint seeds, comma-separated; ``variant=COLUMN`` names the
 column that holds the variants, ``variant`` by default — ``variant=defense`` pairs two
-defenses of a bench's ``runs.csv``, with ``where=`` keeping one attack) and as a command:
+defenses of a bench's ``runs.csv``, with ``where=`` keeping one attack; ``variant=@metric``
+pairs two metrics of the same runs instead, A and B filling the ``{}`` of each ``value``:
+``paired=robust,fixed variant=@metric value=route/{}/acc`` is route/robust/acc −
+route/fixed/acc per run) and as a command:
 
     fedshield results paired docs/results/data/fedcart-methods-cpu.csv fedcart calfat \\
         robust/worst robust/natural groups/minority/natural
@@ -35,6 +38,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scipy import stats
+
+
+#: ``variant=`` value that pairs two metrics of the same runs (``value=`` names hold ``{}``)
+METRIC_PAIRS = "@metric"
 
 
 @dataclass(frozen=True)
@@ -88,14 +95,18 @@ def paired(
 ) -> Paired:
     """d_s = scale · (A_s − B_s) for every key (seed, *by) that both variants (values of
     ``column``) ran to a finite value of ``metric``; mean, 95 % t half-width, sign counts
-    and sign test."""
+    and sign test. ``column = "@metric"``: every row is a run of both, A's value in the
+    metric named ``metric`` with A in place of its ``{}``, B's likewise."""
+    by_metric = column == METRIC_PAIRS
+    if by_metric and "{}" not in metric:
+        raise ValueError(f"variant=@metric: the value {metric!r} has no {{}} for {a} and {b}")
 
     def table(variant: str) -> dict[tuple[str, ...], float]:
         out: dict[tuple[str, ...], float] = {}
         for r in rows:
-            if r.get(column) != variant:
+            if not by_metric and r.get(column) != variant:
                 continue
-            v = _float(r.get(metric))
+            v = _float(r.get(metric.replace("{}", variant) if by_metric else metric))
             if v is not None:
                 key = (r["seed"], *(r.get(k, "") for k in by))
                 if key in out:
