@@ -181,7 +181,8 @@ def recommendation(
 ) -> dict[str, Any]:
     """The recommended configuration for the threat model (root data, attack mode,
     faults), its measured worst case and what ``server`` (the configured ``algorithm``,
-    ``aggregator``, ``round_defenses``) differs in; ``line`` is the build-time sentence."""
+    ``aggregator``, ``pre_aggregators``, the applied ``round_defenses``) differs in;
+    ``line`` is the build-time sentence, ``short`` the console's."""
     from fedshield.crossround import recommended as rec
 
     threat = rec.ThreatModel(root, mode, faults)
@@ -195,6 +196,7 @@ def recommendation(
         "worst_gap": None if worst is None else worst.gap,
         "differs": rec.differences(conf, server),
         "line": rec.statement(threat, server),
+        "short": rec.short_statement(threat, server),
     }
 
 
