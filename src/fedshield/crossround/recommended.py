@@ -61,7 +61,8 @@ class Configuration:
             return self.aggregator
         from fedshield.algorithms.server import SERVER_ALGORITHMS
 
-        own: str = SERVER_ALGORITHMS.entry(self.algorithm, "server.algorithm").obj.default_aggregator
+        entry = SERVER_ALGORITHMS.entry(self.algorithm, "server.algorithm")
+        own: str = entry.obj.default_aggregator
         return own
 
     def describe(self) -> str:

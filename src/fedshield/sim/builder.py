@@ -224,7 +224,8 @@ def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[li
         return [], "no round defenses"
     if cfg.privacy is not None and cfg.privacy.central is not None:
         return [], "no round defenses by default under [privacy.central] (not in its accounting)"
-    threat = recommended.ThreatModel(cfg.data.root_size > 0, cfg.attack.mode, cfg.faults is not None)
+    root, faults = cfg.data.root_size > 0, cfg.faults is not None
+    threat = recommended.ThreatModel(root, cfg.attack.mode, faults)
     conf = recommended.for_rule(threat, entry.name, s.pre_aggregators)
     names = list(conf.round_defenses)
     return names, (
