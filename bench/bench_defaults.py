@@ -130,14 +130,15 @@ def main() -> None:
         r = [one(s, rounds, faults=faults) for s in seeds]
         acc = [x["acc"] for x in r]
         skipped = "/".join(str(x["skipped"]) for x in r)
+        invited = "/".join(str(x["invited"]) for x in r)
         print(
             row(faults, [acc, ref]) + f"  {100 * (mean(acc) - mean(ref)):+5.1f}  {skipped:>7}"
-            f"  {r[0]['invited']}",
+            f"  {invited}",
             flush=True,
         )
     print(
         f"\n({time.perf_counter() - start:.0f} s; gap: mean difference in points; skipped: "
-        "rounds θ was kept, per seed; S': clients invited per round)"
+        "rounds θ was kept, per seed; S': clients invited per round, per seed)"
     )
 
 
