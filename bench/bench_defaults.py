@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_liveness import BASE, FAULTS  # the liveness grid: one definition
 
 from fedshield.config import validate
+from fedshield.provenance import source_commit
 from fedshield.runner import run
 
 NOISE = {"name": "noise", "params": {"sigma": 100.0}, "fraction": 0.3}
@@ -97,12 +97,11 @@ def main() -> None:
     args = ap.parse_args()
     logging.getLogger("fedshield").setLevel(logging.ERROR)  # the table, not each build's lines
     seeds, rounds = args.seeds, args.rounds
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
+    src = source_commit()
+    commit = (src["commit"] or "?")[:7] + (" (dirty)" if src["dirty"] else "")
     print(
         f"digits mlp64 dirichlet 0.5, S=10, {rounds} rounds, seeds {' '.join(map(str, seeds))}, "
-        f"commit {commit or '?'}; each cell: final test accuracy per seed | mean"
+        f"commit {commit}; each cell: final test accuracy per seed | mean"
     )
     start = time.perf_counter()
 
