@@ -33,7 +33,9 @@ P(round skipped or its rule outvoted) is within 0.01 of the least over S' ≤ mi
 threat model — root data at the server or not, ``attack.mode``, a ``[faults]`` model or not — the
 statement names the configuration fedshield recommends, its measured worst case on the published
 grid and what the configured server differs from it (:mod:`fedshield.crossround.recommended`: one
-table, chosen from the measured cells, which the docs render too).
+table, chosen from the measured cells, which the docs render too); a short form of it, with the
+round defenses the run applies (a robust rule named alone gets the recommended ones), is the
+console's build-time line (logger ``fedshield.statement``).
 
 Everything is a log line at build time and the ``byzantine`` field of summary.json.
 """
