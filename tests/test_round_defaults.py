@@ -61,11 +61,21 @@ def test_a_robust_rule_named_alone_gets_the_recommended_round_defenses(raw, capl
 
 def test_the_rule_picks_its_own_candidate_else_the_no_root_recommendation(raw) -> None:
     threat = rec.ThreatModel(root=False, mode="fixed", faults=False)
-    cc = build_components(config.validate(_raw(raw, NOISE, aggregator="centered_clipping")))
-    assert _applied(cc) == list(rec.for_rule(threat, "centered_clipping").round_defenses)
-    assert "momentum" in _applied(cc)  # cc-momentum(-rep): measured with this rule
     krum = build_components(config.validate(_raw(raw, NOISE, aggregator="krum")))
     assert _applied(krum) == list(rec.recommend(threat).round_defenses)
+
+
+def test_a_default_keeps_no_model_per_client(raw, caplog) -> None:
+    """Centered Clipping's candidate (cc-momentum-rep) keeps a momentum row per client:
+    O(M·d) in the server state and its checkpoints, which a default must not add unasked."""
+    threat = rec.ThreatModel(root=False, mode="fixed", faults=False)
+    conf = rec.for_rule(threat, "centered_clipping")
+    assert "momentum" in conf.round_defenses
+    with caplog.at_level(logging.INFO, logger="fedshield"):
+        cc = build_components(config.validate(_raw(raw, NOISE, aggregator="centered_clipping")))
+    assert _applied(cc) == [n for n in conf.round_defenses if n != "momentum"]
+    said = next(r.getMessage() for r in caplog.records if r.name == "fedshield.statement")
+    assert "less momentum: O(M·d) memory, opt in" in said
 
 
 def test_an_empty_list_opts_out_and_a_plain_rule_gets_none(raw, caplog) -> None:

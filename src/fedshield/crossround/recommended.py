@@ -285,6 +285,24 @@ def statement(threat: ThreatModel, server: dict[str, Any]) -> str:
     )
 
 
+#: A default never keeps a model per client: defenses whose memory is O(M·d) (momentum, cache,
+#: fill) would hold M rows of d in the server state and in every checkpoint (opt in to them).
+DEFAULT_MEMORY_EXCLUDED = "M*d"
+
+
+def default_defenses(conf: Configuration) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The round defenses of ``conf`` a robust rule named alone gets, and those left out for
+    their memory (:data:`DEFAULT_MEMORY_EXCLUDED`, read from the registry's ``memory`` tag)."""
+    from fedshield.crossround.base import ROUND_DEFENSES
+
+    def heavy(name: str) -> bool:
+        entry = ROUND_DEFENSES.entry(name, "server.round_defenses")
+        return DEFAULT_MEMORY_EXCLUDED in entry.tag_values("memory")
+
+    kept = tuple(n for n in conf.round_defenses if not heavy(n))
+    return kept, tuple(n for n in conf.round_defenses if heavy(n))
+
+
 def short_statement(threat: ThreatModel, server: dict[str, Any]) -> str:
     """:func:`statement` in a few words, for the console: the recommendation, its worst
     measured gap and what the configured ``server`` differs in."""
@@ -321,6 +339,7 @@ __all__ = [
     "Configuration",
     "ThreatModel",
     "WorstCase",
+    "default_defenses",
     "differences",
     "for_rule",
     "markdown_table",

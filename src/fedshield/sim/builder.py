@@ -211,7 +211,9 @@ def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[li
     tagged ``robust`` gets the recommended round defenses for the run's threat model
     (:func:`fedshield.crossround.recommended.for_rule`): a rule called robust is meant to
     hold the rounds its cohort's attackers outnumber it too (docs/cross-round.md,
-    "Default"), with or without a simulated ``[attack]`` (a deployment has none); under
+    "Default"), with or without a simulated ``[attack]`` (a deployment has none), less those
+    that keep a model per client (:func:`~fedshield.crossround.recommended.default_defenses`);
+    under
     ``[privacy.central]`` none, whose accounting covers no round defense. Resolved here,
     not written into the config, so a config without the key hashes as before."""
     from fedshield.crossround import recommended
@@ -227,10 +229,11 @@ def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[li
     root, faults = cfg.data.root_size > 0, cfg.faults is not None
     threat = recommended.ThreatModel(root, cfg.attack.mode, faults)
     conf = recommended.for_rule(threat, entry.name, s.pre_aggregators)
-    names = list(conf.round_defenses)
-    return names, (
-        f"round defenses [{', '.join(names)}] by default for the robust rule {entry.name!r} "
-        f"(those of {conf.name!r}; opt out: server.round_defenses = [])"
+    kept, heavy = recommended.default_defenses(conf)
+    less = f" less {', '.join(heavy)}: O(M·d) memory, opt in" if heavy else ""
+    return list(kept), (
+        f"round defenses [{', '.join(kept)}] by default for the robust rule {entry.name!r} "
+        f"(those of {conf.name!r}{less}; opt out: server.round_defenses = [])"
     )
 
 
