@@ -270,4 +270,5 @@ def test_the_budget_statement_is_logged_once_per_cli_run(tmp_path, small_cfg, ca
         assert main(["run", str(path), "--out", str(tmp_path / "o"), "-q"]) == 0
     lines = [r.getMessage() for r in caplog.records if "byzantine budget: fixed" in r.getMessage()]
     assert len(lines) == 1, lines
-    assert "no server.round_defenses" in lines[0]
+    # Median named alone: the recommended round defenses act on the rounds it cannot defend
+    assert "by default for the robust rule 'median'" in lines[0]

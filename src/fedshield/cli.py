@@ -633,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
+    if args.command == "run" and not getattr(args, "quiet", False):  # builder.py's statement
+        logging.getLogger("fedshield.statement").setLevel(logging.INFO)
     try:
         return args.func(args)
     except FedshieldError as err:

@@ -106,11 +106,13 @@ class ServerConfig(Section):
     pre_aggregator_args: dict[str, dict[str, Any]] = Field(
         {}, description="parameters per pre-aggregator, e.g. {nnm = {f = 2}}"
     )
-    # None when unset: a resolved config without them dumps (and hashes) as before.
+    # None when unset: a resolved config without them dumps (and hashes) as before; the
+    # builder resolves the default (sim/builder.py, default_round_defenses).
     round_defenses: list[str] | None = Field(
         None,
         description="defenses across rounds, in order (cache, collusion, consistency, fill, "
-        "momentum, reputation, step_bound; `fedshield list round-defenses`); unset: none",
+        "momentum, reputation, step_bound; `fedshield list round-defenses`); unset: the "
+        "recommended ones for a robust rule (docs/cross-round.md, Default), else none; [] none",
     )
     round_defense_args: dict[str, dict[str, Any]] | None = Field(
         None, description="parameters per round defense, e.g. {step_bound = {kappa = 3.0}}"

@@ -55,6 +55,16 @@ class Configuration:
             out["pre_aggregators"] = list(self.pre_aggregators)
         return out
 
+    def rule(self) -> str:
+        """The aggregator it runs (the algorithm's own where ``aggregator`` is None)."""
+        if self.aggregator is not None:
+            return self.aggregator
+        from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+        entry = SERVER_ALGORITHMS.entry(self.algorithm, "server.algorithm")
+        own: str = entry.obj.default_aggregator
+        return own
+
     def describe(self) -> str:
         rule = self.aggregator or f"{self.algorithm}'s own rule"
         if self.pre_aggregators:
@@ -185,20 +195,50 @@ def worst_case(name: str, data: dict[str, Any] | None = None) -> WorstCase | Non
     return WorstCase(key[0], key[1], key[2], a, b, n, len(means))
 
 
-def recommend(threat: ThreatModel, data: dict[str, Any] | None = None) -> Configuration:
-    """The candidate usable under ``threat`` with the best measured worst case (module
-    docstring) among those measured on the most cells; :data:`FALLBACK` when none is
-    measured."""
-    usable = [
+def _usable(threat: ThreatModel) -> list[Configuration]:
+    return [
         c for c in CONFIGURATIONS.values() if c.name != BASELINE and (threat.root or not c.root)
     ]
+
+
+def _best(usable: list[Configuration], data: dict[str, Any] | None) -> Configuration | None:
+    """The best measured worst case among ``usable`` measured on the most cells."""
     worst = {c.name: w for c in usable if (w := worst_case(c.name, data)) is not None}
     most = max((w.cells for w in worst.values()), default=0)
     # A candidate measured on fewer cells than another is not comparable with it.
     scored = [(w.gap, name) for name, w in worst.items() if w.cells == most]
-    if not scored:
-        return CONFIGURATIONS[FALLBACK[threat.root]]
-    return CONFIGURATIONS[max(scored)[1]]
+    return CONFIGURATIONS[max(scored)[1]] if scored else None
+
+
+def recommend(threat: ThreatModel, data: dict[str, Any] | None = None) -> Configuration:
+    """The candidate usable under ``threat`` with the best measured worst case (module
+    docstring) among those measured on the most cells; :data:`FALLBACK` when none is
+    measured."""
+    return _best(_usable(threat), data) or CONFIGURATIONS[FALLBACK[threat.root]]
+
+
+def for_rule(
+    threat: ThreatModel,
+    rule: str,
+    pre_aggregators: tuple[str, ...] | list[str] = (),
+    data: dict[str, Any] | None = None,
+) -> Configuration:
+    """The configuration whose round defenses a robust rule named without
+    ``server.round_defenses`` gets (docs/cross-round.md, "Default"): among the candidates
+    usable under ``threat`` that run the same rule behind the same pre-aggregators, the one
+    with the best measured worst case; a rule no candidate runs gets those of the
+    recommendation without root data (its round defenses act on rows and applied steps, not
+    on a reference, so they suit any rule)."""
+    same = [
+        c
+        for c in _usable(threat)
+        if c.rule() == rule and tuple(c.pre_aggregators) == tuple(pre_aggregators)
+    ]
+    if same:
+        best = _best(same, data)
+        # Unmeasured: the rule's candidate with the most round defenses.
+        return best or max(same, key=lambda c: (len(c.round_defenses), c.name))
+    return recommend(ThreatModel(False, threat.mode, threat.faults), data)
 
 
 def threat_models() -> list[ThreatModel]:
@@ -245,6 +285,35 @@ def statement(threat: ThreatModel, server: dict[str, Any]) -> str:
     )
 
 
+#: A default never keeps a model per client: defenses whose memory is O(M·d) (momentum, cache,
+#: fill) would hold M rows of d in the server state and in every checkpoint (opt in to them).
+DEFAULT_MEMORY_EXCLUDED = "M*d"
+
+
+def default_defenses(conf: Configuration) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The round defenses of ``conf`` a robust rule named alone gets, and those left out for
+    their memory (:data:`DEFAULT_MEMORY_EXCLUDED`, read from the registry's ``memory`` tag)."""
+    from fedshield.crossround.base import ROUND_DEFENSES
+
+    def heavy(name: str) -> bool:
+        entry = ROUND_DEFENSES.entry(name, "server.round_defenses")
+        return DEFAULT_MEMORY_EXCLUDED in entry.tag_values("memory")
+
+    kept = tuple(n for n in conf.round_defenses if not heavy(n))
+    return kept, tuple(n for n in conf.round_defenses if heavy(n))
+
+
+def short_statement(threat: ThreatModel, server: dict[str, Any]) -> str:
+    """:func:`statement` in a few words, for the console: the recommendation, its worst
+    measured gap and what the configured ``server`` differs in."""
+    rec = recommend(threat)
+    worst = worst_case(rec.name)
+    gap = "not measured" if worst is None else f"worst measured case {100 * worst.gap:+.1f} points"
+    diff = differences(rec, server)
+    differs = "the run differs in " + ", ".join(diff) if diff else "the run is this configuration"
+    return f"recommended for {threat.describe()}: {rec.name!r} ({gap}); {differs}"
+
+
 def markdown_table(data: dict[str, Any] | None = None) -> str:
     """The docs' table: per threat model, the recommendation and its worst case."""
     lines = [
@@ -270,10 +339,13 @@ __all__ = [
     "Configuration",
     "ThreatModel",
     "WorstCase",
+    "default_defenses",
     "differences",
+    "for_rule",
     "markdown_table",
     "measured",
     "recommend",
+    "short_statement",
     "statement",
     "threat_models",
     "worst_case",

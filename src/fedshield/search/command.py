@@ -70,6 +70,13 @@ def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError("--tuning-seeds and --held-out-seeds must not share a seed")
     base = cfg.model_dump(mode="json", exclude_none=True)
     rounds = args.rounds or cfg.rounds
+    if cfg.server.round_defenses is None:  # the search starts from what the run applies
+        from fedshield.aggregators.base import AGGREGATORS
+        from fedshield.sim.builder import default_round_defenses, load_plugins
+
+        load_plugins(cfg.plugins)
+        entry = AGGREGATORS.entry(cfg.server.aggregator, "server.aggregator")
+        base["server"]["round_defenses"] = default_round_defenses(cfg, entry)[0]
     start = Defense.of(base["server"])
     why = refusal(base, start)
     if why is not None:

@@ -39,6 +39,8 @@ from fedshield.sim.majorities import state_groups
 from fedshield.sim.state import Components, Experiment
 
 log = logging.getLogger("fedshield")
+#: The build-time recommendation line, which ``fedshield run`` shows on the console.
+statement_log = logging.getLogger("fedshield.statement")
 
 
 def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
@@ -203,14 +205,56 @@ def _budget(rule: Aggregator, cfg: ExperimentConfig, invited: int | None = None)
     return run_budget(rule, **_budget_args(cfg), invited=invited)
 
 
+def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[list[str], str]:
+    """``server.round_defenses`` as the run applies them, and what the console line says of
+    them. Set (``[]`` included: the opt-out), they are the configured ones. Unset, a rule
+    tagged ``robust`` gets the recommended round defenses for the run's threat model
+    (:func:`fedshield.crossround.recommended.for_rule`): a rule called robust is meant to
+    hold the rounds its cohort's attackers outnumber it too (docs/cross-round.md,
+    "Default"), with or without a simulated ``[attack]`` (a deployment has none), less those
+    that keep a model per client (:func:`~fedshield.crossround.recommended.default_defenses`);
+    under
+    ``[privacy.central]`` none, whose accounting covers no round defense. Resolved here,
+    not written into the config, so a config without the key hashes as before."""
+    from fedshield.crossround import recommended
+
+    s = cfg.server
+    if s.round_defenses is not None:
+        names = list(s.round_defenses)
+        return names, f"server.round_defenses={names}" if names else "no round defenses"
+    if not entry.has("robust"):
+        return [], "no round defenses"
+    if cfg.privacy is not None and cfg.privacy.central is not None:
+        return [], "no round defenses by default under [privacy.central] (not in its accounting)"
+    root, faults = cfg.data.root_size > 0, cfg.faults is not None
+    threat = recommended.ThreatModel(root, cfg.attack.mode, faults)
+    conf = recommended.for_rule(threat, entry.name, s.pre_aggregators)
+    kept, heavy = recommended.default_defenses(conf)
+    less = f" less {', '.join(heavy)}: O(M·d) memory, opt in" if heavy else ""
+    return list(kept), (
+        f"round defenses [{', '.join(kept)}] by default for the robust rule {entry.name!r} "
+        f"(those of {conf.name!r}{less}; opt out: server.round_defenses = [])"
+    )
+
+
 def state_budget(
-    cfg: ExperimentConfig, rule: Aggregator, invited: int | None = None
+    cfg: ExperimentConfig,
+    rule: Aggregator,
+    invited: int | None = None,
+    defenses: tuple[list[str], str] | None = None,
 ) -> ByzantineBudget:
     """The run's Byzantine statement (logged) for the built rule; refuses a rule that
     cannot outvote that f on the sampled cohort even when every client answers (a rule
     behind Bucketing: f attackers spoil up to f of the ⌈S/s⌉ buckets). Under [faults] the
     liveness line too: who arrives, the expected share of skipped rounds (a warning above
-    a tenth)."""
+    a tenth). ``defenses``: the round defenses the run applies and their phrase
+    (:func:`default_round_defenses`; default: the configured ones). The recommendation
+    line goes to the console (logger ``fedshield.statement``, which ``fedshield run``
+    shows)."""
+    if defenses is None:
+        names = list(cfg.server.round_defenses or [])
+        defenses = names, f"server.round_defenses={names}" if names else "no round defenses"
+    applied, said = defenses
     budget = _budget(rule, cfg, invited)
     s = budget.asked
     need = rows_needed(rule, budget.f)
@@ -224,10 +268,9 @@ def state_budget(
         )
     line = budget.line(repr(rule))
     if budget.p_exceeds > 0:  # what acts on the rounds the rule cannot defend alone
-        names = cfg.server.round_defenses
-        line += f"; server.round_defenses={names}" if names else "; no server.round_defenses"
+        line += f"; {said}"
     (log.warning if budget.p_exceeds >= 0.01 else log.info)(line)
-    fills = "fill" in (cfg.server.round_defenses or [])
+    fills = "fill" in applied
     live = budget.liveness_line(repr(rule), fills)
     if live is not None and budget.arrival is not None:
         skips = budget.arrival["p_skip"] > SKIP_WARN and not fills
@@ -235,7 +278,8 @@ def state_budget(
     server = {
         "algorithm": cfg.server.algorithm,
         "aggregator": cfg.server.aggregator,
-        "round_defenses": list(cfg.server.round_defenses or []),
+        "pre_aggregators": list(cfg.server.pre_aggregators),
+        "round_defenses": applied,
     }
     budget.recommended = recommendation(
         root=cfg.data.root_size > 0,
@@ -243,7 +287,9 @@ def state_budget(
         faults=cfg.faults is not None,
         server=server,
     )
+    budget.recommended["round_defenses"] = {"applied": applied, "said": said}
     log.info(budget.recommended["line"])
+    statement_log.info("%s; this run: %s", budget.recommended["short"], said)
     return budget
 
 
@@ -319,7 +365,8 @@ def build_components(cfg: ExperimentConfig) -> Components:
     _check_tags(cfg, entries, tags)
     if meta is not None:
         client.check_model(meta)  # tiers and exit layout against the model, before data
-    budget = state_budget(cfg, aggregator, invited)
+    defenses = default_round_defenses(cfg, entries["aggregator"])
+    budget = state_budget(cfg, aggregator, invited, defenses)
     server = server_cls(
         aggregator,
         lr=s.lr,
@@ -331,17 +378,18 @@ def build_components(cfg: ExperimentConfig) -> Components:
     server.byzantine_f = budget.f
     if getattr(client.params, "proto_views", None) == "sum" and hasattr(server, "proto_bias_max"):
         server.proto_bias_max = 2.0  # FedCART: summed views double an honest bias entry
-    if s.round_defenses or s.round_defense_args:  # cached rows, step bound (crossround)
+    names = defenses[0]
+    if names or s.round_defense_args:  # cached rows, step bound (crossround)
         from fedshield.crossround import build_round_defenses, check_compatible
 
-        defenses = build_round_defenses(s.round_defenses or [], s.round_defense_args)
-        if defenses is not None:
+        built = build_round_defenses(names, s.round_defense_args)
+        if built is not None:
             uploads = tags_of(client).get("uploads", frozenset())
             check_compatible(
-                defenses, uploads, cfg.privacy is not None and cfg.privacy.central is not None
+                built, uploads, cfg.privacy is not None and cfg.privacy.central is not None
             )
             a = cfg.attack
-            if "fill" in (s.round_defenses or []) and a.name != "none" and a.mode == "per_round":
+            if "fill" in names and a.name != "none" and a.mode == "per_round":
                 # A client's cached row may be from a round it attacked in: a filled row
                 # could add a Byzantine row beyond this round's ⌊fraction·S⌋.
                 raise ConfigError(
@@ -349,7 +397,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
                     "attack.mode='per_round' a client's cached row may be from a round it "
                     "attacked in; use attack.mode='fixed' or another defense"
                 )
-            server.round_defenses = defenses
+            server.round_defenses = built
 
     attack = None
     if cfg.attack.name != "none":

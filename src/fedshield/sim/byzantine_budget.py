@@ -33,7 +33,9 @@ P(round skipped or its rule outvoted) is within 0.01 of the least over S' ≤ mi
 threat model — root data at the server or not, ``attack.mode``, a ``[faults]`` model or not — the
 statement names the configuration fedshield recommends, its measured worst case on the published
 grid and what the configured server differs from it (:mod:`fedshield.crossround.recommended`: one
-table, chosen from the measured cells, which the docs render too).
+table, chosen from the measured cells, which the docs render too); a short form of it, with the
+round defenses the run applies (a robust rule named alone gets the recommended ones), is the
+console's build-time line (logger ``fedshield.statement``).
 
 Everything is a log line at build time and the ``byzantine`` field of summary.json.
 """
@@ -181,7 +183,8 @@ def recommendation(
 ) -> dict[str, Any]:
     """The recommended configuration for the threat model (root data, attack mode,
     faults), its measured worst case and what ``server`` (the configured ``algorithm``,
-    ``aggregator``, ``round_defenses``) differs in; ``line`` is the build-time sentence."""
+    ``aggregator``, ``pre_aggregators``, the applied ``round_defenses``) differs in;
+    ``line`` is the build-time sentence, ``short`` the console's."""
     from fedshield.crossround import recommended as rec
 
     threat = rec.ThreatModel(root, mode, faults)
@@ -195,6 +198,7 @@ def recommendation(
         "worst_gap": None if worst is None else worst.gap,
         "differs": rec.differences(conf, server),
         "line": rec.statement(threat, server),
+        "short": rec.short_statement(threat, server),
     }
 
 

@@ -53,8 +53,10 @@ def can_be_owned(budget: ByzantineBudget, rule: Any) -> bool:
     return budget.mode != "none" or configured_f(rule) is not None
 
 
-def _round_defenses(cfg: ExperimentConfig) -> str:
-    names = cfg.server.round_defenses or []
+def _round_defenses(comp: Components) -> str:
+    """The round defenses the run applies (configured, or the default of a robust rule)."""
+    defenses = getattr(comp.server, "round_defenses", None)
+    names = [d.name for d in defenses.defenses] if defenses is not None else []
     return f"server.round_defenses={names}" if names else "no server.round_defenses"
 
 
@@ -120,7 +122,7 @@ def hold_tiers(
         raise ConfigError(
             f"server.aggregator={cfg.server.aggregator!r} with client.params tiers: {where} "
             f"({cfg.attack.name}, attack.fraction={cfg.attack.fraction}, {budget.mode}); no "
-            f"rule is known to hold a block its attackers can be half of ({_round_defenses(cfg)}"
+            f"rule is known to hold a block its attackers can be half of ({_round_defenses(comp)}"
             "; measured: median 0.10 with or without round defenses); use tiers whose "
             "holders keep an honest majority (client.params.depths) or fewer attackers"
         )
@@ -129,7 +131,7 @@ def hold_tiers(
         where,
         f" and {len(out) - 1} more coverage group(s)" if len(out) > 1 else "",
         does,
-        "an attack of that f would be refused at build time" if robust else _round_defenses(cfg),
+        "an attack of that f would be refused at build time" if robust else _round_defenses(comp),
     )
     return out
 
@@ -157,7 +159,7 @@ def hold_classes(
             lo if lo == hi else f"{lo}-{hi}",
             budget.f,
             does,
-            _round_defenses(cfg),
+            _round_defenses(comp),
         )
     return out
 
