@@ -39,7 +39,6 @@ from pathlib import Path
 
 from scipy import stats
 
-
 #: ``variant=`` value that pairs two metrics of the same runs (``value=`` names hold ``{}``)
 METRIC_PAIRS = "@metric"
 
