@@ -152,3 +152,13 @@ def test_two_metrics_of_the_same_runs_pair_by_seed() -> None:
     assert (p.wins_a, p.wins_b) == (2, 1)
     with pytest.raises(ValueError, match="no \\{\\}"):
         paired.paired(rows, "robust", "fixed", "route/robust/acc", column="@metric")
+
+
+def test_a_difference_within_float32_rounding_is_a_tie_not_a_win() -> None:
+    """0.025000000000000022 − 0.025 (one run's worst client logged through float32 on one
+    side) is no win: the sign test drops it like an exact tie."""
+    p = paired.paired(
+        _rows(["0.025000000000000022", "0.5", "0.4"], ["0.025", "0.3", "0.6"]), "A", "B", "m"
+    )
+    assert (p.wins_a, p.wins_b) == (1, 1)
+    assert p.sign_p == pytest.approx(1.0)

@@ -633,8 +633,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
-    if args.command == "run" and not getattr(args, "quiet", False):  # builder.py's statement
-        logging.getLogger("fedshield.statement").setLevel(logging.INFO)
+    statement = logging.getLogger("fedshield.statement")  # builder.py's recommendation line
+    level = statement.level
+    if args.command == "run" and not getattr(args, "quiet", False):
+        statement.setLevel(logging.INFO)
     try:
         return args.func(args)
     except FedshieldError as err:
@@ -643,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(_interrupted(args), file=sys.stderr)
         return 130
+    finally:  # for this command only: a later sweep in the same process stays quiet
+        statement.setLevel(level)
 
 
 if __name__ == "__main__":

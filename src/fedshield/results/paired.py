@@ -123,12 +123,13 @@ def paired(
         half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     else:
         half = float("nan")
-    wins_a = sum(d > 0 for d in diffs)
-    wins_b = sum(d < 0 for d in diffs)
-    sign_p = float(stats.binomtest(wins_a, wins_a + wins_b, 0.5).pvalue) if wins_a + wins_b else 1.0
     seeds = ["/".join(k) for k in keys]
     values = [abs(t[k]) for k in keys for t in (ta, tb)]
     resolution = 4 * 2.0**-23 * abs(scale) * max([1.0, *values])
+    # a difference within the float32 rounding of the logged values is a tie, not a win
+    wins_a = sum(d > resolution for d in diffs)
+    wins_b = sum(d < -resolution for d in diffs)
+    sign_p = float(stats.binomtest(wins_a, wins_a + wins_b, 0.5).pvalue) if wins_a + wins_b else 1.0
     return Paired(metric, seeds, diffs, mean, half, wins_a, wins_b, sign_p, resolution)
 
 
