@@ -162,3 +162,14 @@ def test_a_difference_within_float32_rounding_is_a_tie_not_a_win() -> None:
     )
     assert (p.wins_a, p.wins_b) == (1, 1)
     assert p.sign_p == pytest.approx(1.0)
+
+
+def test_lower_is_better_counts_negative_differences_as_a_wins() -> None:
+    """Rounds to a target: A 2 and 4 rounds sooner than B on every seed is A ahead."""
+    rows = _rows(["10", "12", "14"], ["14", "14", "18"])
+    p = paired.paired(rows, "A", "B", "m", better=-1)
+    assert p.diffs == [-4.0, -2.0, -4.0]
+    assert (p.wins_a, p.wins_b) == (3, 0)
+    assert p.verdict == "A ahead"
+    higher = paired.paired(rows, "A", "B", "m")
+    assert (higher.wins_a, higher.wins_b, higher.verdict) == (0, 3, "B ahead")

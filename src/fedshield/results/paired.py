@@ -58,6 +58,9 @@ class Paired:
     #: Differences closer than this are equal: a few float32 ulps of the paired values
     #: (times the scale), the precision the metrics are logged at.
     resolution: float = 0.0
+    #: +1: a higher value is better (accuracy); -1: lower is better (rounds to a target),
+    #: so a negative difference makes A ahead
+    better: int = 1
 
     @property
     def verdict(self) -> str:
@@ -68,9 +71,10 @@ class Paired:
         degenerate = len(self.diffs) < 3 and spread <= self.resolution
         if len(self.diffs) < 2 or not math.isfinite(self.half) or degenerate:
             return "undecided"
-        if self.mean - self.half > 0:
+        gain = self.better * self.mean  # A's advantage, in the metric's good direction
+        if gain - self.half > 0:
             return "A ahead"
-        if self.mean + self.half < 0:
+        if gain + self.half < 0:
             return "B ahead"
         return "undecided"
 
@@ -91,11 +95,13 @@ def paired(
     by: Sequence[str] = (),
     scale: float = 1.0,
     column: str = "variant",
+    better: int = 1,
 ) -> Paired:
     """d_s = scale · (A_s − B_s) for every key (seed, *by) that both variants (values of
     ``column``) ran to a finite value of ``metric``; mean, 95 % t half-width, sign counts
     and sign test. ``column = "@metric"``: every row is a run of both, A's value in the
-    metric named ``metric`` with A in place of its ``{}``, B's likewise."""
+    metric named ``metric`` with A in place of its ``{}``, B's likewise. ``better = -1``:
+    lower values are better, so A's wins are its negative differences."""
     by_metric = column == METRIC_PAIRS
     if by_metric and "{}" not in metric:
         raise ValueError(f"variant=@metric: the value {metric!r} has no {{}} for {a} and {b}")
@@ -127,10 +133,10 @@ def paired(
     values = [abs(t[k]) for k in keys for t in (ta, tb)]
     resolution = 4 * 2.0**-23 * abs(scale) * max([1.0, *values])
     # a difference within the float32 rounding of the logged values is a tie, not a win
-    wins_a = sum(d > resolution for d in diffs)
-    wins_b = sum(d < -resolution for d in diffs)
+    wins_a = sum(better * d > resolution for d in diffs)
+    wins_b = sum(better * d < -resolution for d in diffs)
     sign_p = float(stats.binomtest(wins_a, wins_a + wins_b, 0.5).pvalue) if wins_a + wins_b else 1.0
-    return Paired(metric, seeds, diffs, mean, half, wins_a, wins_b, sign_p, resolution)
+    return Paired(metric, seeds, diffs, mean, half, wins_a, wins_b, sign_p, resolution, better)
 
 
 def render_rows(results: Sequence[Paired], a: str, b: str, digits: int = 1) -> list[str]:
@@ -188,7 +194,9 @@ def render_paired(
     read: Callable[[Path], list[dict[str, str]]] = _read,
 ) -> str:
     """The block ``source=<comparison.csv>[,<comparison.csv>...] paired=A,B value=m1,m2
-    [by=k1,k2] [variant=COLUMN] [scale=100] [digits=1]`` of :mod:`fedshield.results.render`.
+    [by=k1,k2] [variant=COLUMN] [scale=100] [digits=1] [better=lower]`` of
+    :mod:`fedshield.results.render` (``better=lower``: a metric where less is better, such
+    as rounds to a target).
     Several sources (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them
     is an error. ``read`` loads one source (render passes its ``where=`` filter)."""
     rows: list[dict[str, str]] = []
@@ -201,12 +209,15 @@ def render_paired(
     by = [k for k in opts.get("by", "").split(",") if k]
     column = opts.get("variant", "variant")
     scale = float(opts.get("scale", "100"))
+    better = {"higher": 1, "lower": -1}.get(opts.get("better", "higher"))
+    if better is None:
+        raise SystemExit(f"better={opts['better']}: 'higher' or 'lower'")
     results = []
     for group in _groups(rows, by):  # one test per value of the ``by`` keys
         sub = [r for r in rows if tuple(r.get(k, "") for k in by) == group]
         tag = " @ " + ", ".join(f"{k}={v}" for k, v in zip(by, group)) if by else ""
         for m in opts["value"].split(","):
-            res = paired(sub, a, b, m, scale=scale, column=column)
+            res = paired(sub, a, b, m, scale=scale, column=column, better=better)
             results.append(replace(res, metric=m + tag))
     lines = render_rows(results, a, b, int(opts.get("digits", "1")))
     return "\n".join(lines) + f"\n\n{PAIRED_NOTE}\n"
