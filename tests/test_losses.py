@@ -24,7 +24,7 @@ from fedshield.losses import (
     trades_kl,
     trades_loss,
 )
-from fedshield.losses.gradient_matching import class_mean_grads
+from fedshield.losses.gradient_matching import class_mean_grads, mse_match_and_grad
 
 
 @pytest.fixture(autouse=True)
@@ -423,3 +423,27 @@ def test_the_server_defaults_converge_on_the_worked_example():
     z_real, y_real = _clusters(c, d)
     acc = ((z_real @ fit.weight.T + fit.bias).argmax(1) == y_real).float().mean()
     assert acc > 0.9
+
+
+@pytest.mark.parametrize("saturated", [False, True])
+def test_closed_form_matching_gradient_is_autograds(saturated):
+    """mse_match_and_grad's distance and ∂/∂z equal autograd through class_mean_grads and
+    match_distance (float64: both sides sum a few hundred products, differences ~1e-15),
+    on a subset of the classes, with duplicated feature rows and, saturated, logits large
+    enough that p is one-hot to float precision."""
+    from fedshield.losses.gradient_matching import match_distance
+
+    g = torch.Generator().manual_seed(7)
+    c, v, d = 5, 6, 4
+    w = torch.randn(c, d, generator=g, dtype=torch.float64) * (40.0 if saturated else 1.0)
+    b = torch.randn(c, generator=g, dtype=torch.float64)
+    classes = torch.tensor([0, 2, 3])
+    z = torch.randn(len(classes), v, d, generator=g, dtype=torch.float64)
+    z[:, 1] = z[:, 0]  # equal rows
+    targets = torch.randn(len(classes), c * d + c, generator=g, dtype=torch.float64) * 0.1
+    za = z.clone().requires_grad_(True)
+    ref = match_distance(class_mean_grads(za, w, b, classes), targets, c, "mse")
+    ref.backward()
+    loss, dz = mse_match_and_grad(z, w, b, classes, targets)
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dz, za.grad, rtol=1e-10, atol=1e-12)
