@@ -1,12 +1,14 @@
-"""The searched attacker (docs/cross-round.md, "Searched attacker") against the no-root
-recommendation ``cc-momentum-rep`` (Centered Clipping + collusion, consistency, momentum,
-step_bound, reputation) and against NNM before the median + collusion, consistency,
-step_bound, reputation.
+"""The searched attacker (docs/cross-round.md, "Searched attacker") against the
+recommendations: without root data NNM before the median + collusion, consistency,
+step_bound, reputation (``nnm-median``; ``cc-momentum-rep``, Centered Clipping + collusion,
+consistency, momentum, step_bound, reputation, was the one before it), with root data
+BR-DRAG + collusion, consistency (``brdrag-guarded``, a root set of 100 samples).
 
 Grid of the quiet-attacker measurement (bench/bench_quiet.py; read from
 bench/recommend-digits.toml): digits, mlp (hidden 64),
 Dirichlet 0.5 (min_size 5), sgd lr 0.1 × 10 steps of batch 16, fedavg with uniform
-weighting, 30 % fixed attackers, S/M 10/100; ``--rounds`` rounds. Per defense: Optuna TPE
+weighting, 30 % fixed attackers, S = 10 of M = ``--clients`` (100 or 50); ``--rounds``
+rounds. Per defense: Optuna TPE
 over the ``quiet`` family (:func:`fedshield.search.attack_search.search_attack`, the
 menu's quiet attacks first, successive halving over the tuning seeds), then on held-out
 seeds the clean run, the menu entries and both searched attacks (each defense also meets
@@ -20,6 +22,7 @@ with the commit, to ``--out`` (JSON).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import subprocess
 import sys
@@ -40,6 +43,7 @@ DEFENSES = {
     "nnm-median": Defense(
         ("nnm",), "median", ("collusion", "consistency", "step_bound", "reputation")
     ),
+    "brdrag-guarded": Defense((), None, ("collusion", "consistency"), algorithm="brdrag"),
 }
 
 #: The grid (the server composition is each defense's).
@@ -76,7 +80,8 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--clients", type=int, default=100, choices=[50, 100], help="M (S = 10)")
     ap.add_argument("--tuning-seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--held-out-seeds", type=int, nargs="+", default=[11, 12, 13])
     ap.add_argument("--trials", type=int, default=20, help="attack-search trials per defense")
@@ -86,13 +91,15 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    trials = Trials(BASE, args.rounds)
+    base = copy.deepcopy(BASE)
+    base["data"]["num_clients"] = args.clients
+    trials = Trials(base, args.rounds)
     start = time.perf_counter()
     result: dict[str, Any] = {
         "commit": commit,
         "command": "python " + " ".join(sys.argv),
         "grid": "digits mlp64 dirichlet 0.5 min_size 5, sgd 0.1 x 10, uniform weights, "
-        "30 % fixed attackers, S/M 10/100",
+        f"30 % fixed attackers, S/M 10/{args.clients}",
         "rounds": args.rounds,
         "tuning_seeds": args.tuning_seeds,
         "held_out_seeds": args.held_out_seeds,

@@ -127,3 +127,19 @@ def test_recommend_refuses_what_it_cannot_search(
         seeds = ["--tuning-seeds", "1", "--held-out-seeds", "1,2"] if not change else []
         assert main([*args, *seeds]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_a_root_referenced_defense_runs_its_own_rule_on_a_root_set(trials: Trials) -> None:
+    # BR-DRAG named as a search defense: the base's median is dropped (BR-DRAG aggregates by
+    # its own rule), a root set is given (the builder refuses BR-DRAG without one), and the
+    # composition round-trips through its [server] keys.
+    brdrag = Defense((), None, ("collusion",), algorithm="brdrag")
+    assert brdrag.needs_root and not MEDIAN.needs_root
+    raw = experiment(BASE, brdrag, STEALTH, 1, 3)
+    assert raw["server"]["algorithm"] == "brdrag" and "aggregator" not in raw["server"]
+    assert raw["data"]["root_size"] == 100
+    assert "root_size" not in experiment(BASE, MEDIAN, STEALTH, 1, 3)["data"]
+    assert Defense.of(raw["server"]) == brdrag
+    assert refusal(BASE, brdrag) is None
+    acc = trials.accuracy(brdrag, STEALTH, 1)
+    assert 0.0 <= acc <= 1.0

@@ -37,28 +37,39 @@ def quiet_logs() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Defense:
-    """A server composition: ``server.pre_aggregators``, ``server.aggregator``,
-    ``server.round_defenses`` and ``server.over_select`` (liveness; None: unset)."""
+    """A server composition: ``server.pre_aggregators``, ``server.aggregator`` (None: the
+    algorithm's own), ``server.round_defenses``, ``server.over_select`` (liveness; None:
+    unset) and ``server.algorithm`` (a root-referenced one, BR-DRAG or FLTrust, is given a
+    root set of :data:`ROOT_SIZE` samples unless the base config has one)."""
 
     pre: tuple[str, ...]
-    rule: str
+    rule: str | None
     defenses: tuple[str, ...]
     over_select: float | str | None = None
+    algorithm: str = "fedavg"
 
     @property
     def name(self) -> str:
-        pre = "+".join((*self.pre, self.rule))
+        pre = "+".join((*self.pre, self.rule or self.algorithm))
         live = "" if self.over_select is None else f" over_select={self.over_select}"
         return f"{pre}[{','.join(self.defenses)}]{live}"
 
+    @property
+    def needs_root(self) -> bool:
+        """Its server algorithm trains on a root set (the registry's ``needs_root`` tag)."""
+        from fedshield.algorithms.server import SERVER_ALGORITHMS
+
+        return "needs_root" in SERVER_ALGORITHMS.entry(self.algorithm, "server.algorithm").tags
+
     def server(self) -> dict[str, Any]:
-        """The ``[server]`` keys that select it (on fedavg)."""
+        """The ``[server]`` keys that select it."""
         out: dict[str, Any] = {
-            "algorithm": "fedavg",
-            "aggregator": self.rule,
+            "algorithm": self.algorithm,
             "pre_aggregators": list(self.pre),
             "round_defenses": list(self.defenses),
         }
+        if self.rule is not None:
+            out["aggregator"] = self.rule
         if self.over_select is not None:
             out["over_select"] = self.over_select
         return out
@@ -69,12 +80,20 @@ class Defense:
     @classmethod
     def of(cls, server: dict[str, Any]) -> Defense:
         """The composition a ``[server]`` section selects."""
+        algorithm = str(server.get("algorithm", "fedavg"))
+        rule = server.get("aggregator")
         return cls(
             tuple(server.get("pre_aggregators") or ()),
-            str(server.get("aggregator", "mean")),
+            None if rule is None and algorithm != "fedavg" else str(rule or "mean"),
             tuple(server.get("round_defenses") or ()),
             server.get("over_select"),
+            algorithm,
         )
+
+
+#: The root set a root-referenced defense gets when the base config has none (the quiet
+#: grid's, bench/bench_quiet.py).
+ROOT_SIZE = 100
 
 
 def experiment(
@@ -90,9 +109,17 @@ def experiment(
     attack share and mode are kept."""
     raw = copy.deepcopy(base)
     server = raw.setdefault("server", {})
-    for key in ("aggregator_args", "pre_aggregator_args", "round_defense_args", "over_select"):
+    for key in (
+        "aggregator",
+        "aggregator_args",
+        "pre_aggregator_args",
+        "round_defense_args",
+        "over_select",
+    ):
         server.pop(key, None)
     server.update(defense.server())
+    if defense.needs_root and not raw.get("data", {}).get("root_size"):
+        raw.setdefault("data", {})["root_size"] = ROOT_SIZE
     raw.update(seed=seed, rounds=rounds, name=f"search-{seed}")
     raw["eval"] = {**raw.get("eval", {}), "every": rounds, "metrics": [], "metrics_every": None}
     raw["run"] = {**raw.get("run", {}), "progress": False}
@@ -177,4 +204,4 @@ def optimize(
         n += 1
 
 
-__all__ = ["Defense", "Trials", "experiment", "optimize", "quiet_logs", "refusal"]
+__all__ = ["ROOT_SIZE", "Defense", "Trials", "experiment", "optimize", "quiet_logs", "refusal"]
