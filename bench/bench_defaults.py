@@ -15,7 +15,11 @@ recommendation was not chosen on (it was chosen on 11 and 12), final test accura
     attackers chosen once) beside its pinned twin (``attack.mode = "per_round"``: exactly 3 per
     cohort), with the defaults and bare;
 (c) clean Median runs with the defaults under each fault model beside the run without faults
-    (M = 50), with the rounds skipped and the S' invited.
+    (M = 50), with the rounds skipped and the S' invited;
+(d) Median with the defaults against 30 % fixed attackers (``noise`` σ = 100, ``sign_flip``)
+    under each fault model beside its clean twin under the same faults (M = 50): the
+    defaults' liveness must not be the attackers' opening (attackers always answer, so a
+    fault raises their share of the arrivals).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/bench_defaults.py [--seeds 31 32 33]
 """
@@ -39,6 +43,9 @@ from fedshield.provenance import source_commit
 from fedshield.runner import run
 
 NOISE = {"name": "noise", "params": {"sigma": 100.0}, "fraction": 0.3}
+#: (d)'s attacks: the σ = 100 noise of (b), and each attacker's own update negated (the
+#: no-root candidates' worst menu cell at S/M 10/100, docs/cross-round.md)
+ATTACKS = {"noise": NOISE, "sign_flip": {"name": "sign_flip", "fraction": 0.3}}
 
 
 def one(
@@ -49,6 +56,7 @@ def one(
     attack: str | None = None,
     faults: str = "none",
     bare: bool = False,
+    recipe: str = "noise",
 ) -> dict[str, Any]:
     raw = copy.deepcopy(BASE)
     raw["seed"], raw["rounds"], raw["eval"] = seed, rounds, {"every": rounds}
@@ -59,7 +67,7 @@ def one(
     if bare:
         raw["server"]["round_defenses"] = []
     if attack is not None:
-        raw["attack"] = {**NOISE, "mode": attack}
+        raw["attack"] = {**ATTACKS[recipe], "mode": attack}
     section = FAULTS[faults]
     if section is not None:
         raw["faults"] = copy.deepcopy(section)
@@ -77,9 +85,9 @@ def mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def row(label: str, cells: list[list[float]], width: int = 25) -> str:
+def row(label: str, cells: list[list[float]], width: int = 25, label_width: int = 18) -> str:
     """``label`` and, per column, the seeds' values and their mean."""
-    out = f"{label:<18}"
+    out = f"{label:<{label_width}}"
     for c in cells:
         out += f"  {' '.join(f'{x:.3f}' for x in c) + f' | {mean(c):.3f}':>{width}}"
     return out
@@ -92,8 +100,16 @@ def main() -> None:
     # one rule per distinct default: its own candidate's (median-guarded, cc-momentum-rep) or
     # the no-root recommendation's (krum: no candidate runs it)
     ap.add_argument("--rules", nargs="+", default=["median", "centered_clipping", "krum"])
-    ap.add_argument("--faults", nargs="+", default=[k for k in FAULTS if k in (
-        "dropout 0.3", "dropout 0.6", "availability 0.5", "deadline 80 %", "all three")])
+    ap.add_argument(
+        "--faults",
+        nargs="+",
+        default=[
+            k
+            for k in FAULTS
+            if k in ("dropout 0.3", "dropout 0.6", "availability 0.5", "deadline 80 %", "all three")
+        ],
+    )
+    ap.add_argument("--parts", default="abcd", help="which tables to run (letters)")
     args = ap.parse_args()
     logging.getLogger("fedshield").setLevel(logging.ERROR)  # the table, not each build's lines
     seeds, rounds = args.seeds, args.rounds
@@ -105,15 +121,33 @@ def main() -> None:
     )
     start = time.perf_counter()
 
+    if "a" in args.parts:
+        part_a(args.rules, seeds, rounds)
+    if "b" in args.parts:
+        part_b(seeds, rounds)
+    ref = [one(s, rounds)["acc"] for s in seeds]
+    if "c" in args.parts:
+        part_c(args.faults, seeds, rounds, ref)
+    if "d" in args.parts:
+        part_d(args.faults, seeds, rounds, ref)
+    print(
+        f"\n({time.perf_counter() - start:.0f} s; gap: mean difference in points; skipped: "
+        "rounds θ was kept, per seed; S': clients invited per round, per seed)"
+    )
+
+
+def part_a(rules: list[str], seeds: list[int], rounds: int) -> None:
     print("\n(a) clean cost of the default round defenses (no attack, no faults, M=50)")
     print(f"{'rule':<18}  {'defaults':>25}  {'bare ([])':>25}    gap  applied")
-    for rule in args.rules:
+    for rule in rules:
         d = [one(s, rounds, rule) for s in seeds]
         b = [one(s, rounds, rule, bare=True) for s in seeds]
         da, ba = [r["acc"] for r in d], [r["acc"] for r in b]
         gap = 100 * (mean(da) - mean(ba))
         print(row(rule, [da, ba]) + f"  {gap:+5.1f}  {', '.join(d[0]['defenses'])}", flush=True)
 
+
+def part_b(seeds: list[int], rounds: int) -> None:
     print("\n(b) Median named alone, 30 % noise σ=100, S/M 10/100: fixed vs its pinned twin")
     print(f"{'setting':<18}  {'fixed':>25}  {'per_round (pinned)':>25}    gap")
     for bare in (False, True):
@@ -122,10 +156,11 @@ def main() -> None:
         label = "bare ([])" if bare else "defaults"
         print(row(label, [f, p]) + f"  {100 * (mean(f) - mean(p)):+5.1f}", flush=True)
 
+
+def part_c(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) -> None:
     print("\n(c) clean Median with the defaults under faults vs no faults (M=50)")
-    ref = [one(s, rounds)["acc"] for s in seeds]
     print(f"{'faults':<18}  {'faults':>25}  {'no faults':>25}    gap  skipped  S'")
-    for faults in args.faults:
+    for faults in faults_:
         r = [one(s, rounds, faults=faults) for s in seeds]
         acc = [x["acc"] for x in r]
         skipped = "/".join(str(x["skipped"]) for x in r)
@@ -135,10 +170,25 @@ def main() -> None:
             f"  {invited}",
             flush=True,
         )
+
+
+def part_d(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) -> None:
     print(
-        f"\n({time.perf_counter() - start:.0f} s; gap: mean difference in points; skipped: "
-        "rounds θ was kept, per seed; S': clients invited per round, per seed)"
+        "\n(d) Median with the defaults, 30 % fixed attackers, under faults vs its clean twin "
+        "under the same faults (M=50)"
     )
+    print(f"{'faults, attack':<30}  {'attacked':>25}  {'clean':>25}    gap  skipped")
+    for faults in ["none", *faults_]:
+        clean = ref if faults == "none" else [one(s, rounds, faults=faults)["acc"] for s in seeds]
+        for recipe in ATTACKS:
+            r = [one(s, rounds, attack="fixed", faults=faults, recipe=recipe) for s in seeds]
+            acc = [x["acc"] for x in r]
+            skipped = "/".join(str(x["skipped"]) for x in r)
+            print(
+                row(f"{faults}, {recipe}", [acc, clean], label_width=30)
+                + f"  {100 * (mean(acc) - mean(clean)):+5.1f}  {skipped:>7}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
