@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from fedshield.core.params import NoParams, Params
 from fedshield.models.base import MODELS, Classifier, flat_dim
+from fedshield.models.gray_conv import conv2d
 
 CLASSIFIER = ["family=classifier"]
 #: conv + max-pool nets: channels_last on CPU measured 1.1-2x faster per step
@@ -65,8 +66,10 @@ def _stage(cin: int, cout: int, k: int, pad: int, pool: int = 2) -> list[nn.Modu
     outputs and gradients are the same bit for bit (tests/test_models.py), while ReLU and its
     backward touch a quarter of the elements: cnn_small's training step 1.4x faster
     (docs/results/bench_layout.txt). The convolutions keep their indices (0, 3, 6) in the
-    trunk, so state dicts are unchanged."""
-    return [nn.Conv2d(cin, cout, k, padding=pad), nn.MaxPool2d(pool), nn.ReLU(inplace=True)]
+    trunk, so state dicts are unchanged. A grayscale first convolution is a
+    :class:`~fedshield.models.gray_conv.GrayConv2d` (its CPU input gradient, which every
+    attack step runs, by a matmul)."""
+    return [conv2d(cin, cout, k, pad), nn.MaxPool2d(pool), nn.ReLU(inplace=True)]
 
 
 @MODELS.register("cnn_small", schema=CNNSmallParams, tags=CONV)
