@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from fedshield import config
 from fedshield.models import build_model, model_tags
+from fedshield.models.gray_conv import GrayConv2d
 from fedshield.models.layout import choose_layout
 from fedshield.sim.builder import build
 from fedshield.sim.engine import Simulator
@@ -56,8 +57,13 @@ FAMILIES: list[tuple[str, str, dict[str, Any], tuple[int, int, int], int]] = [
 
 def papers_order(model: nn.Module) -> nn.Module:
     """``model`` with its (conv, max-pool, ReLU) stages put back in the papers' order,
-    conv → ReLU → max-pool, in place: the same function (tests/test_models.py), the way
-    the CNNs were written before, and how a plain PyTorch loop would write them."""
+    conv → ReLU → max-pool, and its grayscale convolutions plain ``nn.Conv2d`` (oneDNN's
+    input gradient), in place: the same function (tests/test_models.py,
+    tests/test_gray_conv.py), the way the CNNs were written before, and how a plain
+    PyTorch loop would write them."""
+    for mod in model.modules():
+        if isinstance(mod, GrayConv2d):
+            mod.__class__ = nn.Conv2d
     for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
         for i in range(len(seq) - 2):
             a, b, c = seq[i], seq[i + 1], seq[i + 2]
@@ -206,11 +212,17 @@ def demo_steps(quick: bool) -> list[str]:
     return out
 
 
+#: the T = 150 page job's CalFAT variant (docs/results/fedcart.md)
+CALFAT = ['client.algorithm="calfat"', 'server.algorithm="fedavg"']
 #: (preset, overrides): FedCART's CPU preset on the schedule of its T = 150 page job
 #: (natural accuracy every 5 rounds, robust every 10, AutoAttack at the last) for 30 rounds,
-#: and the DRAG page's CPU preset
+#: FedCART and CalFAT, and the DRAG page's CPU preset
 E2E_RUNS = [
     ("fedcart-fmnistlt-cpu", ["rounds=30", "eval.every=5", "eval.metrics_every=10"]),
+    (
+        "fedcart-fmnistlt-cpu",
+        ["rounds=30", "eval.every=5", "eval.metrics_every=10", *CALFAT],
+    ),
     ("drag-mnist5k-dir0.1-cpu", ["rounds=10"]),
 ]
 
@@ -222,7 +234,7 @@ def end_to_end(quick: bool) -> list[str]:
     ``Simulator.run``."""
     out = ["## end to end: Simulator.run (build excluded), min over repeats; CPU s / wall s; "
            "before = NCHW + conv → ReLU → pool"]  # fmt: skip
-    for preset, overrides in E2E_RUNS[1:] if quick else E2E_RUNS:
+    for preset, overrides in E2E_RUNS[-1:] if quick else E2E_RUNS:
         times: dict[str, list[tuple[float, float]]] = {"before": [], "auto": []}
         for _ in range(1 if quick else 2):
             for mode in times:
@@ -241,7 +253,7 @@ def end_to_end(quick: bool) -> list[str]:
         cpu = {k: min(t[0] for t in v) for k, v in times.items()}
         wall = {k: min(t[1] for t in v) for k, v in times.items()}
         out.append(
-            f"{preset + ' ' + ' '.join(overrides):72s} before {cpu['before']:6.1f} / "
+            f"{preset + ' ' + ' '.join(overrides):72s}\n{'':72s} before {cpu['before']:6.1f} / "
             f"{wall['before']:6.1f}   auto {cpu['auto']:6.1f} / {wall['auto']:6.1f}   "
             f"auto/before CPU {cpu['auto'] / cpu['before']:.2f}"
         )

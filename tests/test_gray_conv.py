@@ -121,3 +121,28 @@ def test_factory_and_state_dict() -> None:
     gray.load_state_dict(plain.state_dict())  # same keys and shapes: checkpoints load
     x = torch.rand(2, 1, 6, 6)
     assert torch.equal(gray(x), plain(x))
+
+
+def test_opacus_samples_it_as_the_convolution_it_is() -> None:
+    # DP-SGD (fedshield.privacy.local) gets per-sample gradients from Opacus' own conv
+    # sampler for a GrayConv2d (Opacus looks samplers up by exact type), equal to nn.Conv2d's
+    from opacus import GradSampleModule
+
+    from fedshield.privacy.local import _gsm_class
+
+    gsm = _gsm_class()
+    assert GrayConv2d in GradSampleModule.GRAD_SAMPLERS
+    torch.manual_seed(3)
+    fast, plain = _pair(build_model("cnn_small", (1, 28, 28), 10))
+    x, y = torch.rand(4, 1, 28, 28), torch.tensor([0, 1, 2, 3])
+    samples = []
+    for model in (fast, plain):
+        for mod in model.modules():
+            if isinstance(mod, nn.ReLU):
+                mod.inplace = False  # Opacus' full backward hooks forbid in-place outputs
+        wrapped = gsm(model)
+        F.cross_entropy(wrapped(x), y).backward()
+        samples.append(model.trunk[0].weight.grad_sample)
+        wrapped._close()
+    assert samples[0].shape == (4, 16, 1, 3, 3)
+    assert torch.equal(samples[0], samples[1])

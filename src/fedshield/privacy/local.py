@@ -25,13 +25,14 @@ Opacus itself does for a DataLoader without Poisson sampling.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from fedshield.core.context import derive_seed
 
@@ -50,6 +51,20 @@ warnings.filterwarnings(
 @cache
 def _gsm_class() -> type:
     from opacus import GradSampleModule
+    from opacus.grad_sample.conv import compute_conv_grad_sample
+
+    from fedshield.models.gray_conv import GrayConv2d
+
+    def gray_conv_sampler(layer: nn.Module, activations: Any, backprops: Tensor) -> Any:
+        # Opacus picks samplers, and its conv sampler its unfolding, by exact type: a
+        # GrayConv2d (nn.Conv2d's forward) is read as the nn.Conv2d it is, through a
+        # shallow copy that shares its parameters (the keys of the returned gradients)
+        as_conv = copy.copy(layer)
+        as_conv.__class__ = nn.Conv2d
+        return compute_conv_grad_sample(as_conv, activations, backprops)
+
+    # otherwise Opacus would take its slower functorch fallback for an unknown layer
+    GradSampleModule.GRAD_SAMPLERS.setdefault(GrayConv2d, gray_conv_sampler)
 
     class TrainingGradSampleModule(GradSampleModule):
         """Opacus' per-sample gradient hooks, active only in training mode: Opacus skips
