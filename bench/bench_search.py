@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import subprocess
 import sys
 import time
@@ -31,19 +32,17 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from fedshield.crossround.recommended import CONFIGURATIONS, SEARCHED
 from fedshield.search.attack_search import MENU, search_attack
 from fedshield.search.trials import Defense, Trials
 
+#: The recommendation's candidates searched against (one definition: the recommended
+#: module's configurations, as compositions the trials run).
 DEFENSES = {
-    "cc-momentum-rep": Defense(
-        (),
-        "centered_clipping",
-        ("collusion", "consistency", "momentum", "step_bound", "reputation"),
-    ),
-    "nnm-median": Defense(
-        ("nnm",), "median", ("collusion", "consistency", "step_bound", "reputation")
-    ),
-    "brdrag-guarded": Defense((), None, ("collusion", "consistency"), algorithm="brdrag"),
+    name: Defense.of(
+        {**CONFIGURATIONS[name].server(), "pre_aggregators": CONFIGURATIONS[name].pre_aggregators}
+    )
+    for name in ("cc-momentum-rep", "nnm-median", "brdrag-guarded")
 }
 
 #: The grid (the server composition is each defense's).
@@ -78,6 +77,36 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def write_measured(paths: list[Path]) -> Path:
+    """The held-out cells of ``paths`` (results of this script) as the recommended module's
+    searched-attacker measurement: per defense, its clean runs and the runs of the attack
+    searched against it, in the menu measurement's cell form, with the parameters found,
+    the commits and the commands."""
+    cells: list[dict[str, Any]] = []
+    params: list[dict[str, Any]] = []
+    sources: list[dict[str, Any]] = []
+    for path in paths:
+        res = json.loads(path.read_text())
+        # results made before the key existed name M in their grid line only
+        named = re.search(r"S/M 10/(\d+)", res["grid"])
+        clients = int(res.get("clients") or (named[1] if named else 100))
+        sources.append({k: res.get(k) for k in ("commit", "command", "grid", "rounds")})
+        for name, held in res["held_out"].items():
+            attacked = held["attacks"].get(f"searched vs {name}")
+            if attacked is None:
+                continue
+            for label, accs in (("none", held["clean"]), ("searched", attacked)):
+                for seed, acc in zip(res["held_out_seeds"], accs, strict=True):
+                    cells.append({"config": name, "attack": label, "clients": clients,
+                                  "cohort": 10, "seed": seed, "acc": acc})  # fmt: skip
+            params.append({"config": name, "clients": clients,
+                           "params": held["params"][f"searched vs {name}"]})  # fmt: skip
+    out = Path(__file__).resolve().parents[1] / "src/fedshield/crossround" / SEARCHED
+    data = {"sources": sources, "params": params, "cells": cells}
+    out.write_text(json.dumps(data, indent=1) + "\n")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)
@@ -86,8 +115,20 @@ def main() -> None:
     ap.add_argument("--held-out-seeds", type=int, nargs="+", default=[11, 12, 13])
     ap.add_argument("--trials", type=int, default=20, help="attack-search trials per defense")
     ap.add_argument("--defenses", nargs="+", default=list(DEFENSES), choices=list(DEFENSES))
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="the result (JSON; the table beside it, .txt)")
+    ap.add_argument(
+        "--write-from",
+        type=Path,
+        nargs="+",
+        help="instead of running: store these results' searched cells for the recommendation "
+        f"(src/fedshield/crossround/{SEARCHED})",
+    )
     args = ap.parse_args()
+    if args.write_from:
+        print(f"wrote {write_measured(args.write_from)}")
+        return
+    if args.out is None:
+        ap.error("--out is required")
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -101,6 +142,7 @@ def main() -> None:
         "grid": "digits mlp64 dirichlet 0.5 min_size 5, sgd 0.1 x 10, uniform weights, "
         f"30 % fixed attackers, S/M 10/{args.clients}",
         "rounds": args.rounds,
+        "clients": args.clients,
         "tuning_seeds": args.tuning_seeds,
         "held_out_seeds": args.held_out_seeds,
         "searches": {},

@@ -111,3 +111,37 @@ def test_a_pre_aggregator_is_part_of_the_configuration():
     nnm = rec.Configuration("n", False, "fedavg", "median", ("collusion",), ("nnm",))
     assert nnm.server()["pre_aggregators"] == ["nnm"] and "nnm → median" in nnm.describe()
     assert rec.differences(nnm, nnm.server()) == []
+
+
+#: The attacker searched against two candidates, on held-out seeds 11 and 12
+HUNTED = {
+    "cells": [
+        cell("cc-momentum", "none", 0.9, 11),
+        cell("cc-momentum", "none", 0.8, 12),
+        cell("cc-momentum", "searched", 0.5, 11),
+        cell("cc-momentum", "searched", 0.6, 12),  # mean 0.55 vs 0.85: −30 points
+        cell("cc-momentum", "none", 0.9, 11, clients=50),
+        cell("cc-momentum", "searched", 0.8, 11, clients=50),  # −10: not the worst
+        cell("brdrag", "none", 0.9, 11),
+        cell("brdrag", "searched", 0.88, 11),
+    ]
+}
+
+
+def test_the_searched_attackers_worst_case_is_stated_beside_the_menus(monkeypatch):
+    w = rec.searched_worst("cc-momentum", HUNTED)
+    assert w is not None and (w.attack, w.clients, w.seeds) == ("searched", 100, 2)
+    assert abs(w.gap + 0.30) < 1e-12
+    assert rec.searched_worst("median-guarded", HUNTED) is None  # never searched
+    table = rec.markdown_table(DATA, HUNTED)
+    assert "| searched attacker |" in table.splitlines()[0]
+    no_root = next(r for r in table.splitlines() if r.startswith("| no | fixed | no |"))
+    assert "`cc-momentum`" in no_root and no_root.endswith(f"| {w.describe()} |")
+    assert "| not searched |" not in no_root
+    # the build-time lines read the stored measurement
+    monkeypatch.setattr(rec, "searched", lambda: HUNTED)
+    monkeypatch.setattr(rec, "measured", lambda: DATA)
+    threat = ThreatModel(root=False, mode="fixed", faults=False)
+    server = rec.CONFIGURATIONS["cc-momentum"].server()
+    assert f"against an attacker searched for it: {w.describe()}" in rec.statement(threat, server)
+    assert "-30.0 against an attacker searched for it" in rec.short_statement(threat, server)

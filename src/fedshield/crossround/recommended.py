@@ -15,7 +15,10 @@ where the server holds root data) with the best measured worst case — the larg
 min over cells of (attacked − clean accuracy), the gap averaged over the seeds; so the
 choice is made by the measurement, not typed beside it. The grid is fixed mode without
 faults; the statement says so for the other modes and fault models, which get the same
-choice.
+choice. Beside the menu's worst case the statement gives the recommendation's worst case
+against an attacker searched for it (``bench/bench_search.py``: Optuna over the ``quiet``
+family on tuning seeds, measured on held-out seeds of the same grid; stored as
+``searched_measured.json`` with the attack parameters found), where one was searched.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from typing import Any
 
 #: The measured cells (written by ``bench/bench_quiet.py --write``).
 MEASURED = "quiet_measured.json"
+#: The cells of the attacker searched against a configuration, on held-out seeds of the same
+#: grid (written by ``bench/bench_search.py --write-from``), with the attack parameters found.
+SEARCHED = "searched_measured.json"
 
 
 @dataclass(frozen=True)
@@ -158,14 +164,32 @@ class WorstCase:
         )
 
 
-@cache
-def measured() -> dict[str, Any]:
-    """The stored measurement (``{"cells": [], ...}`` when none is stored)."""
-    path = resources.files(__package__).joinpath(MEASURED)
+def _stored(name: str) -> dict[str, Any]:
+    path = resources.files(__package__).joinpath(name)
     if not path.is_file():
         return {"cells": []}
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+@cache
+def measured() -> dict[str, Any]:
+    """The stored measurement (``{"cells": [], ...}`` when none is stored)."""
+    return _stored(MEASURED)
+
+
+@cache
+def searched() -> dict[str, Any]:
+    """The stored searched-attacker measurement: ``cells`` in :func:`measured`'s form (the
+    attack named ``searched``) and, per cell of the grid, the attack parameters found
+    (``{"cells": [], ...}`` when none is stored)."""
+    return _stored(SEARCHED)
+
+
+def searched_worst(name: str, data: dict[str, Any] | None = None) -> WorstCase | None:
+    """Configuration ``name``'s worst case against the attacker searched for it (the
+    held-out seeds' mean gap at the S/M where it is largest); None when not searched."""
+    return worst_case(name, searched() if data is None else data)
 
 
 def worst_case(name: str, data: dict[str, Any] | None = None) -> WorstCase | None:
@@ -277,6 +301,9 @@ def statement(threat: ThreatModel, server: dict[str, Any]) -> str:
         else (" (measured in fixed mode without faults)")
     )
     said = worst.describe() + where if worst is not None else "not measured"
+    hunt = searched_worst(rec.name)
+    if hunt is not None:
+        said += f"; against an attacker searched for it: {hunt.describe()}"
     diff = differences(rec, server)
     differs = "; ".join(diff) if diff else "the configured run is this configuration"
     return (
@@ -309,26 +336,36 @@ def short_statement(threat: ThreatModel, server: dict[str, Any]) -> str:
     rec = recommend(threat)
     worst = worst_case(rec.name)
     gap = "not measured" if worst is None else f"worst measured case {100 * worst.gap:+.1f} points"
+    hunt = searched_worst(rec.name)
+    if hunt is not None:
+        gap += f", {100 * hunt.gap:+.1f} against an attacker searched for it"
     diff = differences(rec, server)
     differs = "the run differs in " + ", ".join(diff) if diff else "the run is this configuration"
     return f"recommended for {threat.describe()}: {rec.name!r} ({gap}); {differs}"
 
 
-def markdown_table(data: dict[str, Any] | None = None) -> str:
-    """The docs' table: per threat model, the recommendation and its worst case."""
+def markdown_table(
+    data: dict[str, Any] | None = None, hunted: dict[str, Any] | None = None
+) -> str:
+    """The docs' table: per threat model, the recommendation, its worst case on the menu
+    grid and against the attacker searched for it (``hunted``: default the stored one)."""
     lines = [
-        "| root data | attack mode | faults | recommended | configuration | worst case |",
-        "|---|---|---|---|---|---|",
+        "| root data | attack mode | faults | recommended | configuration | worst case "
+        "| searched attacker |",
+        "|---|---|---|---|---|---|---|",
     ]
     for t in threat_models():
         rec = recommend(t, data)
         worst = worst_case(rec.name, data)
         said = "not measured" if worst is None else worst.describe()
-        if worst is not None and (t.mode, t.faults) != ("fixed", False):
-            said = "as fixed, no faults: " + said
+        hunt = searched_worst(rec.name, hunted)
+        found = "not searched" if hunt is None else hunt.describe()
+        if (t.mode, t.faults) != ("fixed", False):
+            said = said if worst is None else "as fixed, no faults: " + said
+            found = found if hunt is None else "as fixed, no faults: " + found
         lines.append(
             f"| {'yes' if t.root else 'no'} | {t.mode} | {'yes' if t.faults else 'no'} | "
-            f"`{rec.name}` | {rec.describe()} | {said} |"
+            f"`{rec.name}` | {rec.describe()} | {said} | {found} |"
         )
     return "\n".join(lines)
 
@@ -345,6 +382,8 @@ __all__ = [
     "markdown_table",
     "measured",
     "recommend",
+    "searched",
+    "searched_worst",
     "short_statement",
     "statement",
     "threat_models",
