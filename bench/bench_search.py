@@ -79,9 +79,10 @@ def table(result: dict[str, Any]) -> str:
 
 def write_measured(paths: list[Path]) -> Path:
     """The held-out cells of ``paths`` (results of this script) as the recommended module's
-    searched-attacker measurement: per defense, its clean runs and the runs of the attack
-    searched against it, in the menu measurement's cell form, with the parameters found,
-    the commits and the commands."""
+    searched-attacker measurement: per defense, its clean runs and the runs of the
+    strongest searched attack it met (the one searched against it or against another
+    defense: an attacker may read every result), in the menu measurement's cell form, with
+    the parameters, the defense they were searched against, the commits and the commands."""
     cells: list[dict[str, Any]] = []
     params: list[dict[str, Any]] = []
     sources: list[dict[str, Any]] = []
@@ -92,15 +93,17 @@ def write_measured(paths: list[Path]) -> Path:
         clients = int(res.get("clients") or (named[1] if named else 100))
         sources.append({k: res.get(k) for k in ("commit", "command", "grid", "rounds")})
         for name, held in res["held_out"].items():
-            attacked = held["attacks"].get(f"searched vs {name}")
-            if attacked is None:
+            found = {k: v for k, v in held["attacks"].items() if k.startswith("searched vs ")}
+            if not found:
                 continue
-            for label, accs in (("none", held["clean"]), ("searched", attacked)):
+            label = min(found, key=lambda k: (sum(found[k]), k))
+            for attack, accs in (("none", held["clean"]), ("searched", found[label])):
                 for seed, acc in zip(res["held_out_seeds"], accs, strict=True):
-                    cells.append({"config": name, "attack": label, "clients": clients,
+                    cells.append({"config": name, "attack": attack, "clients": clients,
                                   "cohort": 10, "seed": seed, "acc": acc})  # fmt: skip
-            params.append({"config": name, "clients": clients,
-                           "params": held["params"][f"searched vs {name}"]})  # fmt: skip
+            params.append({"config": name, "clients": clients, "rounds": res.get("rounds"),
+                           "found_against": label.removeprefix("searched vs "),
+                           "params": held["params"][label]})  # fmt: skip
     out = Path(__file__).resolve().parents[1] / "src/fedshield/crossround" / SEARCHED
     data = {"sources": sources, "params": params, "cells": cells}
     out.write_text(json.dumps(data, indent=1) + "\n")
@@ -161,6 +164,7 @@ def main() -> None:
             args.tuning_seeds,
             n_trials=args.trials,
             seed=0,
+            known=list(searched.values()),  # those found against the defenses before it
             on_trial=lambda text: print(f"{text} ({trials.runs} runs)", flush=True),
         )
         searched[f"searched vs {name}"] = found.params

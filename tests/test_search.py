@@ -143,3 +143,15 @@ def test_a_root_referenced_defense_runs_its_own_rule_on_a_root_set(trials: Trial
     assert refusal(BASE, brdrag) is None
     acc = trials.accuracy(brdrag, STEALTH, 1)
     assert 0.0 <= acc <= 1.0
+
+
+def test_known_attacks_are_tried_right_after_the_menu(trials: Trials) -> None:
+    # an attack found against another defense is the attacker's next first try
+    other = {**STEALTH, "centre": "mean", "h": 1.5, "spread": "simplex", "sleep": 1}
+    found = search_attack(trials, MEDIAN, [1, 2], n_trials=len(MENU) + 1, known=[other])
+    assert [t["params"] for t in found.trials] == [*MENU.values(), other]
+    done = [t["acc"] for t in found.trials if t["state"] == "complete"]
+    assert found.acc == min(done)
+    # an attack already on the menu is not tried twice
+    again = search_attack(trials, MEDIAN, [1], n_trials=len(MENU), known=[STEALTH])
+    assert [t["params"] for t in again.trials] == list(MENU.values())

@@ -2,7 +2,8 @@
 (docs/cross-round.md, "Searched attacker"), then the choice measured on held-out seeds.
 
 Each step: the attacker re-searches against the chosen defense
-(:func:`fedshield.search.attack_search.search_attack`) and its best attack joins the pool;
+(:func:`fedshield.search.attack_search.search_attack`, starting from every attack of the
+pool) and its best attack joins the pool;
 the defense search (:func:`fedshield.search.defense_search.search_defense`) picks the
 composition with the best worst case against the pool. It stops when neither side gains
 more than ``tolerance`` (a point of accuracy by default) over the last step, or when the
@@ -89,7 +90,8 @@ def recommend(
             n_trials=budget.attack_trials,
             timeout=max(left() / 2, 0.0),
             seed=step,
-            menu=step == 0,
+            menu=False,
+            known=pool,  # the menu, then every attack found so far
             on_trial=say,
         )
         attacker_gain = score - attack.acc
