@@ -155,3 +155,30 @@ def test_known_attacks_are_tried_right_after_the_menu(trials: Trials) -> None:
     # an attack already on the menu is not tried twice
     again = search_attack(trials, MEDIAN, [1], n_trials=len(MENU), known=[STEALTH])
     assert [t["params"] for t in again.trials] == list(MENU.values())
+
+
+def test_recommend_reads_attacks_found_before(tmp_path: Path) -> None:
+    from fedshield.errors import ConfigError
+    from fedshield.search.command import known_attacks
+
+    other = {**STEALTH, "h": 0.4, "spread": "simplex"}
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps([other]))
+    assert known_attacks(str(plain)) == [other]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"searches": {"nnm-median": {"params": other, "acc": 0.6}}}))
+    assert known_attacks(str(bench)) == [other]
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps({"pool": [STEALTH, other]}))
+    assert known_attacks(str(rec)) == [STEALTH, other]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([other, {**other, "centre": "nowhere"}]))
+    with pytest.raises(ConfigError, match="attack 1: centre"):
+        known_attacks(str(bad))
+    with pytest.raises(ConfigError, match="expected a list"):
+        known_attacks(str(_write(tmp_path / "e.json", {})))
+
+
+def _write(path: Path, data: Any) -> Path:
+    path.write_text(json.dumps(data))
+    return path

@@ -63,11 +63,13 @@ def recommend(
     held: Sequence[int],
     budget: Budget,
     *,
+    known: Sequence[dict[str, Any]] = (),
     on_step: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The alternating search (module docstring) from the compositions ``start`` (the
-    first is the incumbent), then the held-out measurement of the choice. The held-out
-    runs are reserved from the budget by the mean run time so far."""
+    first is the incumbent) and the attack pool of the menu plus ``known`` (attacks found
+    before, e.g. by an earlier search), then the held-out measurement of the choice. The
+    held-out runs are reserved from the budget by the mean run time so far."""
     say = on_step or (lambda _: None)
     began = time.perf_counter()
 
@@ -76,6 +78,7 @@ def recommend(
         return budget.seconds - (time.perf_counter() - began) - reserve
 
     pool: list[dict[str, Any]] = [dict(p) for p in MENU.values()]
+    pool += [dict(p) for p in known if dict(p) not in pool]
     defense = start[0]
     score, _ = worst_case(trials, defense, pool, tuning)
     log: list[dict[str, Any]] = []

@@ -44,9 +44,48 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser], func: Any) -> N
     r.add_argument("--rounds", type=int, help="rounds of every trial (default: the config's)")
     r.add_argument("--attack-trials", type=int, default=12, help="trials per attacker search")
     r.add_argument("--defense-trials", type=int, default=12, help="trials per defense search")
+    r.add_argument(
+        "--attacks",
+        nargs="+",
+        help="JSON files of attacks found before, to start the attacker's pool from: a list of "
+        "quiet-family parameter sets, or a result of fedshield recommend (its pool) or of "
+        "bench/bench_search.py (the attacks it searched)",
+    )
     r.add_argument("--out", default="recommend.json", help="the JSON result")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress line")
     r.set_defaults(func=func)
+
+
+def known_attacks(path: str) -> list[dict[str, Any]]:
+    """The attacks in ``path`` (see ``--attacks``), each checked against the quiet family's
+    schema; a file that holds none, or a set the family refuses, is a ConfigError."""
+    from pydantic import ValidationError
+
+    from fedshield.attacks.quiet_family import QuietParams
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--attacks {path}: cannot read a JSON file ({err})") from None
+    if isinstance(data, dict) and "pool" in data:
+        found = data["pool"]
+    elif isinstance(data, dict) and "searches" in data:
+        found = [s["params"] for s in data["searches"].values()]
+    else:
+        found = data
+    if not isinstance(found, list) or not found or not all(isinstance(a, dict) for a in found):
+        raise ConfigError(
+            f"--attacks {path}: expected a list of parameter sets, a fedshield recommend result "
+            "or a bench_search result"
+        )
+    for i, attack in enumerate(found):
+        try:
+            QuietParams(**attack)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ConfigError(f"--attacks {path}: attack {i}: {where}: {first['msg']}") from None
+    return [dict(a) for a in found]
 
 
 def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
@@ -68,6 +107,9 @@ def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
         )
     if set(args.tuning_seeds) & set(args.held_out_seeds):
         raise ConfigError("--tuning-seeds and --held-out-seeds must not share a seed")
+    known: list[dict[str, Any]] = []
+    for path in args.attacks or []:
+        known += [a for a in known_attacks(path) if a not in known]
     base = cfg.model_dump(mode="json", exclude_none=True)
     rounds = args.rounds or cfg.rounds
     if cfg.server.round_defenses is None:  # the search starts from what the run applies
@@ -94,6 +136,7 @@ def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
             args.tuning_seeds,
             args.held_out_seeds,
             budget,
+            known=known,
             on_step=lambda text: bar.update(task, description=text),
         )
     out = {
@@ -121,4 +164,4 @@ def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-__all__ = ["add_parser", "cmd_recommend", "seeds"]
+__all__ = ["add_parser", "cmd_recommend", "known_attacks", "seeds"]
