@@ -447,3 +447,22 @@ def test_closed_form_matching_gradient_is_autograds(saturated):
     loss, dz = mse_match_and_grad(z, w, b, classes, targets)
     torch.testing.assert_close(loss, ref.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(dz, za.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_softmax_lastdim_is_torch_softmax():
+    """The hand-written softmax of the CART step's matching equals F.softmax to float
+    rounding: ten classes (the AVX-512 kernel's slow case), logits of ±1e3 (exp(x − max)
+    keeps them finite) and a row of -inf but one."""
+    from fedshield.losses.gradient_matching import softmax_lastdim
+
+    g = torch.Generator().manual_seed(3)
+    for scale in (1.0, 1e3):
+        x = torch.randn(10, 100, 10, generator=g) * scale
+        x[0, 0] = -math.inf
+        x[0, 0, 3] = 2.0
+        got, ref = softmax_lastdim(x.clone()), torch.softmax(x, -1)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got, ref, rtol=4 * torch.finfo(torch.float32).eps, atol=1e-30)
+        assert got[0, 0, 3] == 1.0
+    x = torch.randn(7, 10, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(softmax_lastdim(x.clone()), torch.softmax(x, -1), rtol=1e-15, atol=0)

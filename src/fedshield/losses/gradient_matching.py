@@ -73,6 +73,18 @@ def class_gradient_sums(
     return sums, counts
 
 
+def softmax_lastdim(x: Tensor) -> Tensor:
+    """Softmax over the last dimension as exp(x − max) / Σ exp(x − max), in four operations.
+
+    The same function as ``F.softmax(x, -1)`` up to float rounding (the sum's order). Why
+    by hand: on CPU, PyTorch's AVX-512 softmax kernel is slow for a last dimension shorter
+    than its 16 lanes — ten classes, [1000, 10]: 208 µs, against 35 µs for its AVX2 kernel
+    and ~40 µs for these four operations under either — and the CART step's matching takes
+    hundreds of [K, V, C] softmaxes a round."""
+    e = (x - x.amax(-1, keepdim=True)).exp_()
+    return e.div_(e.sum(-1, keepdim=True))
+
+
 def mse_match_and_grad(
     z: Tensor, weight: Tensor, bias: Tensor, classes: Tensor, targets: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -89,7 +101,7 @@ def mse_match_and_grad(
     operations: the CART step takes hundreds of these steps a round."""
     k, v, d = z.shape
     c = weight.shape[0]
-    p = F.softmax(z @ weight.T + bias, dim=-1)
+    p = softmax_lastdim(z @ weight.T + bias)
     e = p - F.one_hot(classes, c).to(p)[:, None, :]
     g_w = torch.einsum("kvc,kvd->kcd", e, z) / v
     diff_w = g_w - targets[:, : c * d].view(k, c, d)
@@ -223,5 +235,6 @@ __all__ = [
     "match_distance",
     "mse_match_and_grad",
     "plateaued",
+    "softmax_lastdim",
     "synthesize_features",
 ]

@@ -5,9 +5,10 @@ gradient of the loss with respect to the image, so it runs the first convolution
 transposed kernel. For a grayscale input (one channel) oneDNN's kernel for it is slow: on
 cnn_small's [32, 16, 28, 28] first layer, one thread, 2.0-2.7 ms against 0.34 ms for the
 same gradient as a [k², C_out] × [C_out, N·H·W] matmul followed by k² shifted adds, and
-48 against 4.3 ms at the evaluation's batch of 500 (``bench/bench_layout.py``). A one-channel gradient has no channel reduction left after
-the matmul, which is why the im2col-free formulation wins here and not at three channels
-(measured slower for cnn_cifar10's 3 → 64 conv5×5).
+48 against 4.3 ms at the evaluation's batch of 500 (``bench/bench_layout.py``). A
+one-channel gradient has no channel reduction left after the matmul, which is why the
+im2col-free formulation wins here and not at three channels (measured slower for
+cnn_cifar10's 3 → 64 conv5×5).
 
 Only the input gradient changes path: the forward pass and the weight and bias gradients
 stay oneDNN's (bit for bit, tests/test_models.py), and the input gradient equals the
