@@ -1,8 +1,9 @@
-"""The searched attacker (docs/cross-round.md, "Searched attacker") against the
-recommendations: without root data NNM before the median + collusion, consistency,
-step_bound, reputation (``nnm-median``; ``cc-momentum-rep``, Centered Clipping + collusion,
-consistency, momentum, step_bound, reputation, was the one before it), with root data
-BR-DRAG + collusion, consistency (``brdrag-guarded``, a root set of 100 samples).
+"""The searched attacker against the recommendations (docs/cross-round.md).
+
+Without root data NNM before the median + collusion, consistency, step_bound, reputation
+(``nnm-median``; ``cc-momentum-rep``, Centered Clipping + collusion, consistency, momentum,
+step_bound, reputation, was the one before it), with root data BR-DRAG + collusion,
+consistency (``brdrag-guarded``, a root set of 100 samples).
 
 Grid of the quiet-attacker measurement (bench/bench_quiet.py; read from
 bench/recommend-digits.toml): digits, mlp (hidden 64),
