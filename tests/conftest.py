@@ -19,6 +19,7 @@ _NUMERIC_FILES = {
     "test_aggregators.py", "test_aggregators_reference.py", "test_aggregators_byzfl_attacks.py",
     "test_attacks_reference.py", "test_vectorized.py", "test_privacy.py", "test_losses.py",
     "test_flower.py", "test_flower_strategies.py", "test_adversarial.py", "test_fedcart.py",
+    "test_gray_conv.py",
 }  # fmt: skip
 
 
