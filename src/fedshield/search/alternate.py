@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fedshield.search.attack_search import MENU, search_attack
+from fedshield.search.attack_search import MENU, search_attack, unique
 from fedshield.search.defense_search import search_defense, worst_case
 from fedshield.search.trials import Defense, Trials
 
@@ -77,8 +77,7 @@ def recommend(
         reserve = trials.per_run() * (1 + len(pool)) * len(held)
         return budget.seconds - (time.perf_counter() - began) - reserve
 
-    pool: list[dict[str, Any]] = [dict(p) for p in MENU.values()]
-    pool += [dict(p) for p in known if dict(p) not in pool]
+    pool = unique([*MENU.values(), *known])
     defense = start[0]
     score, _ = worst_case(trials, defense, pool, tuning)
     log: list[dict[str, Any]] = []

@@ -74,6 +74,15 @@ def enqueued(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def unique(attacks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``attacks`` (copied) without repeats, in their first order."""
+    out: list[dict[str, Any]] = []
+    for a in attacks:
+        if dict(a) not in out:
+            out.append(dict(a))
+    return out
+
+
 @dataclass
 class AttackResult:
     """The strongest attack found: its parameters, its mean accuracy on the tuning seeds,
@@ -115,9 +124,7 @@ def search_attack(
         else optuna.pruners.NopPruner()
     )
     study = optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner)
-    first: list[dict[str, Any]] = list(MENU.values()) if menu else []
-    first += [dict(p) for p in known if dict(p) not in first]
-    for params in first:
+    for params in unique([*(MENU.values() if menu else ()), *known]):
         study.enqueue_trial(enqueued(params))
 
     def objective(trial: optuna.Trial) -> float:
@@ -159,4 +166,4 @@ def _any_complete(study: optuna.Study) -> bool:
     return any(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
 
 
-__all__ = ["MENU", "STEALTH", "AttackResult", "enqueued", "search_attack", "suggest"]
+__all__ = ["MENU", "STEALTH", "AttackResult", "enqueued", "search_attack", "suggest", "unique"]
