@@ -53,9 +53,12 @@ def _rows(n: int, bad: int, seed: int = 0, scale: float = 1e30) -> list[ClientUp
     return out
 
 
-def _step(rule, updates, cohort: int, stated=None, weighting="uniform", **kw) -> tuple[float, dict]:
+def _step(
+    rule, updates, cohort: int, stated=None, weighting="uniform", short="skip", **kw
+) -> tuple[float, dict]:
     server = FedAvg(rule, weighting=weighting)
     server.byzantine_f = stated
+    server.short_rounds = short
     params = torch.zeros(D)
     ctx = RoundContext(1, tuple(range(cohort)), (), 0, cohort, torch.device("cpu"))
     out = server_round_step(
@@ -76,11 +79,17 @@ ROW_RULES = ["median", "krum", "multikrum", "trimmed_mean", "geomed", "rfa", "bu
 @pytest.mark.parametrize("missing", [6, 7])
 def test_honest_dropouts_do_not_lower_f_on_the_round_step(name: str, missing: int) -> None:
     """10 asked, 2 attackers answer 1e30, ``missing`` honest clients never answer: the
-    rule's f is the cohort's, so θ is not moved by rows the attackers may own."""
+    rule's f is the cohort's, so θ is not moved by rows the attackers may own — the round
+    is skipped (``short_rounds = "skip"``) or padded with zero rows up to what the rule
+    needs for f (the default), and then moves no further than the honest rows (norm 0.1)."""
     ups = _rows(10 - 2 - missing, 2)
     step, m = _step(AGGREGATORS.build(name), ups, 10)
     assert step < 1.0, (name, step)
     assert m["sys/skipped/too_few"] == 1.0 and m["sys/f"] >= 1
+    step, m = _step(AGGREGATORS.build(name), ups, 10, short="pad")
+    assert step <= 0.2, (name, step)
+    need = rows_needed(AGGREGATORS.build(name), int(m["sys/f"]))
+    assert "sys/skipped" not in m and m["sys/padded"] == need - (10 - missing)
 
 
 @pytest.mark.parametrize("name", ROW_RULES)
@@ -98,6 +107,8 @@ def test_a_stated_f_lets_a_rule_run_on_the_rows_it_needs() -> None:
     assert "sys/skipped" not in m and step < 1.0 and m["sys/f"] == 2
     step, m = _step(rule, _rows(2, 2), 10, stated=2)
     assert m["sys/skipped/too_few"] == 1.0 and step == 0.0
+    step, m = _step(rule, _rows(2, 2), 10, stated=2, short="pad")  # one zero row: 5 rows
+    assert m["sys/padded"] == 1.0 and "sys/skipped" not in m and step < 1.0
 
 
 def test_rejected_uploads_lower_f_only_where_ids_are_trusted() -> None:

@@ -365,12 +365,17 @@ REASONS = {
 def test_bad_replies_are_rejected_and_counted_and_the_rest_aggregated():
     honest = [0, 11, 12]
     nodes = len(FORGED) + len(honest)
-    # Without a stated f the median outvotes its breakdown on the 15 sampled nodes (7):
-    # 3 kept replies are too few, θ is kept (rejected replies never lower f, docs/security.md §2c,
-    # on Flower, where node ids can be forged). Stated f = 1: the 3 honest replies run.
+    # Without a stated f the median outvotes its breakdown on the sampled nodes:
+    # 3 kept replies are too few (rejected replies never lower f, docs/security.md §2c, on
+    # Flower, where node ids can be forged): zero rows complete the round to 2f + 1, and their
+    # median is θ unchanged. Stated f = 1: the 3 honest replies run.
     default = S.Median()
     kept = run(default, LocalGrid(nodes, scripted_app(FORGED)), rounds=1)
-    assert kept.train_metrics_clientapp[1]["sys/skipped/too_few"] == 1.0
+    m = kept.train_metrics_clientapp[1]
+    assert m["sys/kept"] == 3 and m["sys/padded"] == 2 * m["sys/f"] + 1 - 3
+    torch.testing.assert_close(
+        flat_of(kept.arrays, default)[0], flat_of(initial(), default)[0], rtol=0, atol=0
+    )
     strategy = S.Median(byzantine_f=1)
     grid = LocalGrid(nodes, scripted_app(FORGED))
     result = run(strategy, grid, rounds=1)

@@ -185,15 +185,56 @@ def _raw(**server) -> dict:
 
 
 def test_one_warning_line_when_a_tenth_of_rounds_would_be_skipped(caplog) -> None:
-    """Opted out of over-selection (over_select = 1), 30 % dropout skips P = 0.851 of the
-    rounds (docs/faults.md's worked example): one warning naming the keys."""
+    """Opted out of over-selection (over_select = 1), of padding and of the round defenses
+    (so of fill), 30 % dropout skips P = 0.851 of the rounds (docs/faults.md's worked
+    example): one warning naming the keys."""
     with caplog.at_level(logging.INFO, logger="fedshield"):
-        build_components(validate(_raw(over_select=1)))
+        build_components(validate(_raw(over_select=1, short_rounds="skip", round_defenses=[])))
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING and
               r.getMessage().startswith("liveness:")]  # fmt: skip
     assert len(warned) == 1
     msg = warned[0].getMessage()
     assert "P(a round is skipped) = 0.851" in msg and "server.over_select" in msg
+
+
+def test_padded_rounds_are_stated_not_warned(caplog) -> None:
+    """Without fill the same short rounds are padded with zero rows by default: the liveness
+    line says so at info level and names the opt-out."""
+    with caplog.at_level(logging.INFO, logger="fedshield"):
+        build_components(validate(_raw(over_select=1, round_defenses=[])))
+    lines = [r for r in caplog.records if r.getMessage().startswith("liveness:")]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO
+    msg = lines[0].getMessage()
+    assert "P(a round is padded with zero rows) = 0.851" in msg
+    assert 'server.short_rounds = "skip"' in msg
+
+
+def test_fill_is_a_default_under_faults_where_its_cache_is_small(caplog) -> None:
+    """A robust rule named alone under [faults] gets fill in front of its recommended round
+    defenses (the cache stated in MiB); not when the defenses are set by hand, not without
+    faults, and not when M rows of θ exceed the budget."""
+    from fedshield.sim import builder
+
+    with caplog.at_level(logging.INFO, logger="fedshield"):
+        comp = build_components(validate(_raw()))
+    names = [d.name for d in comp.server.round_defenses.defenses]
+    assert names[0] == "fill" and "reputation" in names
+    assert any("fill under [faults] (a cached row per client: " in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert not any(r.getMessage().startswith("recommended") and
+                   "server.round_defenses=" in r.getMessage() for r in caplog.records)  # fmt: skip
+    hand = build_components(validate(_raw(round_defenses=["step_bound"])))
+    assert [d.name for d in hand.server.round_defenses.defenses] == ["step_bound"]
+    no_faults = {k: v for k, v in _raw().items() if k != "faults"}
+    comp = build_components(validate(no_faults))
+    assert "fill" not in [d.name for d in comp.server.round_defenses.defenses]
+    budget = builder.FILL_DEFAULT_BYTES
+    try:
+        builder.FILL_DEFAULT_BYTES = 1000
+        comp = build_components(validate(_raw()))
+    finally:
+        builder.FILL_DEFAULT_BYTES = budget
+    assert "fill" not in [d.name for d in comp.server.round_defenses.defenses]
 
 
 @pytest.mark.parametrize("over_select", [None, "auto"], ids=["default", "auto"])
@@ -234,9 +275,10 @@ def _row(k: int, value: float | torch.Tensor) -> ClientUpdate:
     return ClientUpdate(k, delta, 10, torch.zeros(0))
 
 
-def _server_with_fill() -> FedAvg:
+def _server_with_fill(short: str = "skip") -> FedAvg:
     server = FedAvg(AGGREGATORS.build("median"), weighting="uniform")
     server.byzantine_f = 4
+    server.short_rounds = short
     server.round_defenses = build_round_defenses(["fill"], None)
     return server
 
@@ -289,6 +331,22 @@ def test_fill_never_fills_a_client_rejected_this_round_or_never_seen() -> None:
     params, m, _ = _round(server, state, 2, [_row(k, 0.02) for k in range(1, 6)])
     assert m["defense/fill/filled"] == 4.0 and "sys/skipped" not in m
     assert float(params.abs().max()) == pytest.approx(0.02)
+
+
+def test_padding_completes_what_fill_leaves_short() -> None:
+    """By default (``short_rounds = "pad"``) the rows fill cannot lend are zero rows: round
+    1 (4 rows, nothing cached) gets 5 and moves by the median of 4 × 0.01 and 5 × 0, i.e.
+    not at all; round 2 (3 fresh + 3 cached, f = 3 after the NaN row) gets 1 and steps by
+    at most the honest rows' 0.02, with 2 attackers at 1e30 among them."""
+    server = _server_with_fill("pad")
+    state = server.init_state(torch.zeros(D))
+    params, m, state = _round(server, state, 1, [_row(k, 0.01) for k in range(6, 10)])
+    assert m["sys/padded"] == 5.0 and "sys/skipped" not in m
+    assert float(params.abs().max()) == 0.0
+    ups = [_row(6, math.nan), _row(8, 1e30), _row(9, 1e30), *[_row(k, 0.02) for k in range(1, 4)]]
+    params, m, _ = _round(server, state, 2, ups)
+    assert m["sys/f"] == 3 and m["defense/fill/filled"] == 1.0 and m["sys/padded"] == 1.0
+    assert 0.0 < float(params.abs().max()) <= 0.02
 
 
 def test_resume_with_fill_equals_the_uninterrupted_run(tmp_path) -> None:

@@ -146,6 +146,14 @@ class ServerConfig(Section):
         "of the best (docs/faults.md, liveness); unset: auto under [faults], else S",
     )
 
+    # None when unset: a resolved config without it dumps (and hashes) as before.
+    short_rounds: Literal["pad", "skip"] | None = Field(
+        None,
+        description="a round that keeps fewer rows than the robust rule needs for the cohort's "
+        "f: pad = complete it with zero rows, votes to keep theta (docs/faults.md, liveness); "
+        "skip = keep theta; unset: pad",
+    )
+
     @field_validator("over_select")
     @classmethod
     def _over_select(cls, v: float | str | None) -> float | str | None:

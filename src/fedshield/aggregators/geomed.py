@@ -106,6 +106,9 @@ def _shrink_far_rows(updates: Tensor, alpha: Tensor) -> tuple[Tensor, int]:
     if int(finite.sum()) < 2:
         return updates, 0
     ref = float(weighted_median(norms[finite], alpha[finite]))
+    positive = finite & (norms > 0)
+    if ref == 0.0 and bool(positive.any()):  # zero rows (a padded round's votes): no scale
+        ref = float(weighted_median(norms[positive], alpha[positive]))
     far = finite & (norms > _FAR * ref) if ref > 0 else torch.zeros_like(finite)
     n = int(far.sum())
     if not n:

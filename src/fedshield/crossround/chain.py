@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedshield.algorithms.server.base import ServerAlgorithm, ServerRound, ServerStep
+from fedshield.algorithms.server.cohort import rows_needed
+from fedshield.algorithms.server.padding import padded
 from fedshield.core.context import ClientUpdate
 from fedshield.crossround.base import ROUND_DEFENSES, BoundInput, RoundDefense, State
 from fedshield.errors import ConfigError
@@ -64,11 +66,16 @@ class RoundDefenses:
         rnd: ServerRound,
         judged: list[ClientUpdate] | None = None,
         written: State | None = None,
+        pad_f: int | None = None,
     ) -> ServerStep:
         """``server.update`` then ``server.post_step`` behind the defenses, on the round
         ``rnd`` (its updates: the kept rows). ``judged``: this round's own screened uploads
         (default the kept rows; rows :meth:`complete` added are not this round's);
-        ``written``: state entries :meth:`complete` already wrote."""
+        ``written``: state entries :meth:`complete` already wrote. ``pad_f``: the round's f
+        when it kept too few rows for it: the rows the defenses leave are completed with
+        zero rows (carrying θ's buffers) up to what the rule needs for f less the rows
+        they identified (:mod:`fedshield.algorithms.server.padding`); the zero rows reach
+        the rule only, never a defense's judgement, cache or bound."""
         state, ctx, kept = rnd.state, rnd.ctx, rnd.updates
         judged = kept if judged is None else judged
         own = {k: v for k, v in state.items() if not self.owns(k)}
@@ -89,7 +96,12 @@ class RoundDefenses:
         if rule is not server.aggregator:  # servers own no mutable state: a copy is enough
             run = copy.copy(server)
             run.aggregator = rule
-        seen_by_server = rnd.replace(state=own, updates=rows)
+        voted = rows
+        if pad_f is not None:
+            f = max(0, pad_f - identified)
+            voted, added = padded(rows, rows_needed(rule, f), rnd.buffers, f)
+            metrics["sys/padded"] = float(added)
+        seen_by_server = rnd.replace(state=own, updates=voted)
         step = run.post_step(run.update(seen_by_server), seen_by_server)
         after = step.params
         for d in self.defenses:

@@ -237,6 +237,49 @@ def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[li
     )
 
 
+#: Under [faults] a robust rule named alone also gets ``fill`` where its cache — a row of θ
+#: and a coverage mask per client, in the server state and every checkpoint — fits in this.
+FILL_DEFAULT_BYTES = 256 * 2**20
+
+
+def default_fill(
+    cfg: ExperimentConfig,
+    defenses: tuple[list[str], str],
+    meta: nn.Module | None,
+    uploads: frozenset[str],
+) -> tuple[list[str], str]:
+    """The default round defenses with ``fill`` in front under ``[faults]`` (docs/faults.md,
+    liveness): attackers always answer while honest clients drop out or miss deadlines, so
+    the rows that arrive over-represent attackers (at 30 % attackers and 60 % honest
+    dropout they are half of them) and the cached rows of the silent invitees give the rule
+    back the invited cohort's share. Only where the defaults were not set by hand, the
+    cache fits :data:`FILL_DEFAULT_BYTES`, the client uploads no method extras and
+    attackers are not re-drawn per round (the pairs the builder refuses)."""
+    names, said = defenses
+    a = cfg.attack
+    if (
+        cfg.server.round_defenses is not None
+        or not names
+        or "fill" in names
+        or cfg.faults is None
+        or meta is None
+        or uploads - {"mask"}
+        or (a.name != "none" and a.mode == "per_round")
+    ):
+        return defenses
+    d = sum(p.numel() for p in meta.parameters())
+    size = cfg.data.num_clients * d * (meta_bytes(meta) + 1)
+    mib = f"{size / 2**20:.3g} MiB"
+    if size > FILL_DEFAULT_BYTES:
+        return names, f"{said}; not fill under [faults]: its cache would hold {mib}, opt in"
+    return ["fill", *names], f"{said}; fill under [faults] (a cached row per client: {mib})"
+
+
+def meta_bytes(meta: nn.Module) -> int:
+    """Bytes per parameter of the model's floating dtype."""
+    return next((p.element_size() for p in meta.parameters() if p.is_floating_point()), 4)
+
+
 def state_budget(
     cfg: ExperimentConfig,
     rule: Aggregator,
@@ -271,15 +314,19 @@ def state_budget(
         line += f"; {said}"
     (log.warning if budget.p_exceeds >= 0.01 else log.info)(line)
     fills = "fill" in applied
-    live = budget.liveness_line(repr(rule), fills)
+    pads = (cfg.server.short_rounds or "pad") == "pad"
+    live = budget.liveness_line(repr(rule), fills, pads)
     if live is not None and budget.arrival is not None:
-        skips = budget.arrival["p_skip"] > SKIP_WARN and not fills
+        skips = budget.arrival["p_skip"] > SKIP_WARN and not (fills or pads)
         (log.warning if skips else log.info)(live)
+    # fill added by default under [faults] is liveness, not a departure from the
+    # recommendation (whose defenses were measured without faults)
+    liveness = ["fill"] if cfg.server.round_defenses is None else []
     server = {
         "algorithm": cfg.server.algorithm,
         "aggregator": cfg.server.aggregator,
         "pre_aggregators": list(cfg.server.pre_aggregators),
-        "round_defenses": applied,
+        "round_defenses": [n for n in applied if n not in liveness],
     }
     budget.recommended = recommendation(
         root=cfg.data.root_size > 0,
@@ -366,6 +413,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     if meta is not None:
         client.check_model(meta)  # tiers and exit layout against the model, before data
     defenses = default_round_defenses(cfg, entries["aggregator"])
+    defenses = default_fill(cfg, defenses, meta, tags_of(client).get("uploads", frozenset()))
     budget = state_budget(cfg, aggregator, invited, defenses)
     server = server_cls(
         aggregator,
@@ -376,6 +424,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     # No attack: its breakdown on S (not on S' invited: over-selection must not ask the rule
     # for every invited row); the round step caps it by the breakdown on the cohort asked.
     server.byzantine_f = budget.f
+    server.short_rounds = s.short_rounds or "pad"
     if getattr(client.params, "proto_views", None) == "sum" and hasattr(server, "proto_bias_max"):
         server.proto_bias_max = 2.0  # FedCART: summed views double an honest bias entry
     names = defenses[0]

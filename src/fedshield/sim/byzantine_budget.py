@@ -139,9 +139,10 @@ class ByzantineBudget:
             f"{self.p_exceeds:.4g}: those rounds the rule cannot defend on its own"
         )
 
-    def liveness_line(self, rule: str, fills: bool = False) -> str | None:
+    def liveness_line(self, rule: str, fills: bool = False, pads: bool = False) -> str | None:
         """The [faults] statement (None without faults): who arrives and how many rounds
-        are expected to be skipped; mentions the keys that keep rounds going."""
+        are expected to be short of rows (padded with zero rows under ``pads``, else
+        skipped); mentions the keys that keep rounds going."""
         a = self.arrival
         if a is None:
             return None
@@ -156,13 +157,19 @@ class ByzantineBudget:
                 f"; the attackers' expected share of the rows that arrive is "
                 f"{a['share']:.3g}, at least half of them with P={a['p_half']:.3g}"
             )
+        fate = "padded with zero rows" if pads else "skipped"
         out += (
-            f"; {rule} needs {need}: P(a round is skipped) = {a['p_skip']:.3g}"
+            f"; {rule} needs {need}: P(a round is {fate}) = {a['p_skip']:.3g}"
             + (" while the fill cache is empty" if fills else "")
         )
         if a["unknown"]:
             out += f" (no rate for {', '.join(a['unknown'])}: taken as 1)"
-        if a["p_skip"] > SKIP_WARN and not fills:
+        if pads and a["p_skip"] > SKIP_WARN:
+            out += (
+                "; a padded round steps less (its missing rows vote to keep θ); "
+                "server.short_rounds = \"skip\" keeps θ instead (docs/faults.md, liveness)"
+            )
+        elif a["p_skip"] > SKIP_WARN and not fills:
             out += (
                 "; about that share of rounds will keep θ: set server.over_select = \"auto\" "
                 "or server.round_defenses = [\"fill\"] (docs/faults.md, liveness)"

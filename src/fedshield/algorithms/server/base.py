@@ -104,6 +104,10 @@ class ServerAlgorithm:
     #: attack budget, a Flower strategy's ``byzantine_f``); None: the rule's own f, else its
     #: breakdown on the cohort (:mod:`fedshield.algorithms.server.cohort`).
     byzantine_f: int | None = None
+    #: A round that keeps fewer rows than the rule needs for f: ``"pad"`` completes it with
+    #: zero rows (votes to keep θ, :mod:`fedshield.algorithms.server.padding`), ``"skip"``
+    #: keeps θ (``server.short_rounds``).
+    short_rounds: str = "pad"
     #: θ-shaped state keys created after round 1 (DRAG's r, FedACG's m), declared so state
     #: read back is checked against θ (:meth:`state_spec`, fedshield.core.state_check).
     later_state: tuple[str, ...] = ()

@@ -24,7 +24,9 @@ uploads, so a check added here holds on every path:
    f is the sampled cohort's (:mod:`fedshield.algorithms.server.cohort`): when fewer rows
    are kept than the rule needs to outvote it, a ``fill`` round defense first lends the
    rule the cached rows of invited clients that sent nothing (:mod:`fedshield.crossround.
-   fill`), and with still too few θ is not moved (``sys/skipped/too_few``).
+   fill`), and with still too few the server completes the round with zero rows, votes
+   to keep θ (``sys/padded``, :mod:`fedshield.algorithms.server.padding`), or with
+   ``server.short_rounds = "skip"`` does not move θ (``sys/skipped/too_few``).
 4. **Step**: the server algorithm's ``update`` then ``post_step`` (behind the round
    defenses of ``server.round_defenses``, :mod:`fedshield.crossround`). A rule that raises on
    this round's rows (a reference that cannot be formed, weights that cannot be
@@ -47,6 +49,7 @@ from torch import Tensor
 
 from fedshield.algorithms.server.base import ServerAlgorithm, ServerRound, State
 from fedshield.algorithms.server.cohort import RoundBudget, cap_for_f, round_budget
+from fedshield.algorithms.server.padding import can_pad, padded
 from fedshield.core.context import ClientUpdate, RoundContext
 from fedshield.core.integrity import UploadSpec, screen
 
@@ -197,9 +200,11 @@ def server_round_step(
         return out
     # Also with a cache: in early rounds the cache holds few honest rows (attackers always
     # answer), so the fresh rows, not the cached ones, decide whether f can be outvoted.
-    if budget.too_few(len(kept)):
+    short = budget.too_few(len(kept))
+    if short and not (server.short_rounds == "pad" and budget.needed and can_pad(kept)):
         _skip_too_few(server, budget, len(kept), ctx, metrics)
         return out
+    pad_f = budget.f if short else None  # zero rows complete the round (padding)
     rule = server.aggregator
     server.aggregator = rule.for_round(ctx.round)  # Bucketing's draw: (seed, round) only
     rnd = start.replace(updates=kept)
@@ -207,8 +212,12 @@ def server_round_step(
         if defenses is not None:  # cached rows, step bound: around update and post_step
             # This round's own uploads are the first len(fresh) rows (fill appends after).
             own = kept[: len(fresh)] if len(kept) > len(fresh) else None
-            step = defenses.step(server, rnd, own, filled)
+            step = defenses.step(server, rnd, own, filled, pad_f)
         else:
+            if pad_f is not None:
+                rows, added = padded(kept, budget.needed, start.buffers, budget.f or 0)
+                rnd = rnd.replace(updates=rows)
+                metrics["sys/padded"] = float(added)
             step = server.post_step(server.update(rnd), rnd)
     except (ValueError, ArithmeticError) as err:
         # A rule that cannot run on this round's rows must not end a long run (docs/security.md §4).
