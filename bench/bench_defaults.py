@@ -15,11 +15,12 @@ recommendation was not chosen on (it was chosen on 11 and 12), final test accura
     attackers chosen once) beside its pinned twin (``attack.mode = "per_round"``: exactly 3 per
     cohort), with the defaults and bare;
 (c) clean Median runs with the defaults under each fault model beside the run without faults
-    (M = 50), with the rounds skipped and the S' invited;
+    (M = 50), with the rounds skipped, the rounds padded with zero rows and the S' invited;
 (d) Median with the defaults against 30 % fixed attackers (``noise`` σ = 100, ``sign_flip``)
     under each fault model beside its clean twin under the same faults (M = 50): the
     defaults' liveness must not be the attackers' opening (attackers always answer, so a
-    fault raises their share of the arrivals).
+    fault raises their share of the arrivals); beside it the same attacked run with
+    ``server.short_rounds = "skip"`` (short rounds keep θ instead of being padded).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/bench_defaults.py [--seeds 31 32 33]
 """
@@ -57,6 +58,7 @@ def one(
     faults: str = "none",
     bare: bool = False,
     recipe: str = "noise",
+    short: str | None = None,
 ) -> dict[str, Any]:
     raw = copy.deepcopy(BASE)
     raw["seed"], raw["rounds"], raw["eval"] = seed, rounds, {"every": rounds}
@@ -66,6 +68,8 @@ def one(
     raw["server"]["aggregator"] = rule
     if bare:
         raw["server"]["round_defenses"] = []
+    if short is not None:
+        raw["server"]["short_rounds"] = short
     if attack is not None:
         raw["attack"] = {**ATTACKS[recipe], "mode": attack}
     section = FAULTS[faults]
@@ -76,6 +80,7 @@ def one(
     return {
         "acc": float(res["final_test_acc"]),
         "skipped": sum(1 for r in res.history if r.get("sys/skipped")),
+        "padded": sum(1 for r in res.history if r.get("sys/padded")),
         "invited": budget.get("invited") or budget["cohort"],
         "defenses": budget["recommended"]["round_defenses"]["applied"],
     }
@@ -159,15 +164,16 @@ def part_b(seeds: list[int], rounds: int) -> None:
 
 def part_c(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) -> None:
     print("\n(c) clean Median with the defaults under faults vs no faults (M=50)")
-    print(f"{'faults':<18}  {'faults':>25}  {'no faults':>25}    gap  skipped  S'")
+    print(f"{'faults':<18}  {'faults':>25}  {'no faults':>25}    gap  skipped  padded  S'")
     for faults in faults_:
         r = [one(s, rounds, faults=faults) for s in seeds]
         acc = [x["acc"] for x in r]
         skipped = "/".join(str(x["skipped"]) for x in r)
+        padded = "/".join(str(x["padded"]) for x in r)
         invited = "/".join(str(x["invited"]) for x in r)
         print(
             row(faults, [acc, ref]) + f"  {100 * (mean(acc) - mean(ref)):+5.1f}  {skipped:>7}"
-            f"  {invited}",
+            f"  {padded:>6}  {invited}",
             flush=True,
         )
 
@@ -175,18 +181,29 @@ def part_c(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) 
 def part_d(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) -> None:
     print(
         "\n(d) Median with the defaults, 30 % fixed attackers, under faults vs its clean twin "
-        "under the same faults (M=50)"
+        "under the same faults (M=50); beside it the same attacked run with short rounds "
+        "skipped (server.short_rounds = \"skip\", the default before padding)"
     )
-    print(f"{'faults, attack':<30}  {'attacked':>25}  {'clean':>25}    gap  skipped")
+    print(
+        f"{'faults, attack':<30}  {'attacked (pad)':>25}  {'clean':>25}    gap  padded"
+        f"  {'attacked (skip)':>25}    gap  skipped"
+    )
     for faults in ["none", *faults_]:
         clean = ref if faults == "none" else [one(s, rounds, faults=faults)["acc"] for s in seeds]
         for recipe in ATTACKS:
             r = [one(s, rounds, attack="fixed", faults=faults, recipe=recipe) for s in seeds]
-            acc = [x["acc"] for x in r]
-            skipped = "/".join(str(x["skipped"]) for x in r)
+            k = [
+                one(s, rounds, attack="fixed", faults=faults, recipe=recipe, short="skip")
+                for s in seeds
+            ]
+            acc, kacc = [x["acc"] for x in r], [x["acc"] for x in k]
+            padded = "/".join(str(x["padded"]) for x in r)
+            skipped = "/".join(str(x["skipped"]) for x in k)
             print(
                 row(f"{faults}, {recipe}", [acc, clean], label_width=30)
-                + f"  {100 * (mean(acc) - mean(clean)):+5.1f}  {skipped:>7}",
+                + f"  {100 * (mean(acc) - mean(clean)):+5.1f}  {padded:>6}"
+                + row("", [kacc], label_width=0)
+                + f"  {100 * (mean(kacc) - mean(clean)):+5.1f}  {skipped:>7}",
                 flush=True,
             )
 
