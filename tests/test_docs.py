@@ -31,6 +31,16 @@ def test_every_results_table_equals_its_rendering_from_the_data() -> None:
     assert not stale, f"run `fedshield results render`: {stale}"
 
 
+def test_a_quoted_option_keeps_its_spaces(tmp_path) -> None:
+    """Column names with spaces (a bench's "drop0 fixed") are one option when quoted; the
+    unquoted form split them and rendered a table of one column and empty cells."""
+    opts = render.parse_opts('source=w.csv columns="defense,drop0 fixed" labels=a,b ')
+    assert opts == {"source": "w.csv", "columns": "defense,drop0 fixed", "labels": "a,b"}
+    (tmp_path / "w.csv").write_text("defense,drop0 fixed,drop60 fixed\nmedian,0.1 (ipm),0.2\n")
+    out = render.render({"source": "w.csv", "columns": opts["columns"]}, tmp_path)
+    assert "| median | 0.1 (ipm) |" in out.splitlines()
+
+
 def test_rendering_a_pivot_with_seed_intervals(tmp_path) -> None:
     data = tmp_path / "cells.csv"
     data.write_text(

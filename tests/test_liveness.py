@@ -333,6 +333,18 @@ def test_fill_never_fills_a_client_rejected_this_round_or_never_seen() -> None:
     assert float(params.abs().max()) == pytest.approx(0.02)
 
 
+def test_a_short_round_behind_cache_is_skipped_not_padded() -> None:
+    """cache lends the rule rows of clients outside the cohort (attackers always answer, so
+    early caches are theirs): zero rows could not bound those, so the round keeps θ."""
+    server = FedAvg(AGGREGATORS.build("median"), weighting="uniform")
+    server.byzantine_f = 4
+    server.round_defenses = build_round_defenses(["cache"], None)
+    state = server.init_state(torch.zeros(D))
+    params, m, _ = _round(server, state, 1, [_row(k, 0.01) for k in range(4)] + [_row(9, 1e30)])
+    assert m["sys/skipped/too_few"] == 1.0 and "sys/padded" not in m
+    assert float(params.abs().max()) == 0.0
+
+
 def test_padding_completes_what_fill_leaves_short() -> None:
     """By default (``short_rounds = "pad"``) the rows fill cannot lend are zero rows: round
     1 (4 rows, nothing cached) gets 5 and moves by the median of 4 × 0.01 and 5 × 0, i.e.

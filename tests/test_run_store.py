@@ -70,6 +70,16 @@ def test_changed_code_needs_a_replay_which_reproduces_and_stamps(made, tmp_path,
     assert st.state == "replayed" and st.counts
     [stamp] = validity.stamps(f)
     assert stamp["ok"] and stamp["rounds"] == 2 and stamp["modules"]["fedshield.aggregators.mean"]
+    # a stamp written before manifests (modules inline) is compacted under its text's name
+    [sf] = list(s.glob("*.replay-*.json"))
+    inline = {**json.loads(sf.read_text()), "modules": stamp["modules"]}
+    old = sf.with_name(sf.name.replace(sf.stem[-8:], "00000000"))
+    sf.rename(old)
+    old.write_text(json.dumps(inline, indent=1, sort_keys=True) + "\n")
+    assert validity.compact(s) == (0, 1) and validity.compact(s) == (0, 0)
+    assert [p.name for p in s.glob("*.replay-*.json")] == [sf.name]
+    assert sf.stat().st_size < 2000
+    assert validity.stamps(f) == [stamp] and validity.status(f, rec).state == "replayed"
     # the stamp holds for this code only: another change needs another replay
     _changed(monkeypatch, "fedshield.sim.engine")
     assert validity.status(f, rec).state == "unchecked"
@@ -113,6 +123,31 @@ def test_stores_made_apart_merge_by_file(made, tmp_path) -> None:
     assert len(store.files(a)) == 2
     with gzip.open(fa, "rt") as fh:  # JSON lines: pandas reads a file in one line too
         assert json.loads(fh.readline())["cell"] == rec["cell"]
+
+
+def test_module_hashes_live_once_per_code_in_a_manifest(made, tmp_path) -> None:
+    """Two records of one code share one manifest; a record file holds only its reference
+    and reads back whole; without its manifest it is refused by name; a store written
+    before manifests is compacted in place under the same names."""
+    f, rec = _one(made)
+    other = store.write({**copy.deepcopy(rec), "seed": 1}, made)
+    manifests = list((made / store.MANIFESTS).glob("*.json.gz"))
+    assert len(manifests) == 1
+    with gzip.open(f, "rt") as fh:
+        assert set(json.loads(fh.readline())["modules"]) == {"@manifest"}
+    assert store.read(other)["modules"] == rec["modules"]
+    assert f.stat().st_size < 0.5 * len(json.dumps(rec).encode()) / 4  # not the 20 kB of hex
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(f, lone)
+    with pytest.raises(ValueError, match=f"{f.name}: its module manifest .* is missing"):
+        store.read(lone / f.name)
+    old = tmp_path / "old"  # a record as written before manifests: modules inline
+    old.mkdir()
+    (old / f.name).write_bytes(gzip.compress(json.dumps(rec, sort_keys=True).encode() + b"\n"))
+    assert store.read(old / f.name) == rec
+    assert store.compact(old) == 1 and store.compact(old) == 0
+    assert store.read(old / f.name) == rec and (old / f.name).stat().st_size < 4000
 
 
 def test_parts_make_every_missing_run_once_and_the_merged_store_completes_the_grid(tmp_path, raw):

@@ -183,7 +183,11 @@ def scaled_f(f: int, num_rows: int, cohort: int, largest: int | None) -> int:
     return out if largest is None else max(0, min(out, largest))
 
 
-@ROUND_DEFENSES.register("cache", tags=["memory=M*d", "changes_rows", "caches_uploads"])
+# adds_uninvited: rows of clients outside the cohort reach the rule, so zero rows padding a
+# short round bound nothing there (their attackers are the population's): it is skipped.
+@ROUND_DEFENSES.register(
+    "cache", tags=["memory=M*d", "changes_rows", "caches_uploads", "adds_uninvited"]
+)
 class CachedAggregation(RoundDefense):
     """Cached aggregation (D-Byz-SGDM-style): the rule sees every client's latest screened
     upload, so the attacker share is the population's.

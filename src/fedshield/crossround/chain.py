@@ -42,6 +42,12 @@ class RoundDefenses:
     def owns(self, key: str) -> bool:
         return any(d.owns(key) for d in self.defenses)
 
+    def tagged(self, tag: str) -> bool:
+        """True when a configured defense carries the registry tag ``tag``."""
+        from fedshield.registry import tags_of
+
+        return any(tag in tags_of(d) for d in self.defenses)
+
     def state_keys(self) -> tuple[str, ...]:
         return tuple(k for d in self.defenses for k in d.state_keys())
 

@@ -3,6 +3,7 @@ results pages made from them (docs/results/index.md)::
 
     fedshield results status [STORE ...]             # valid / replayed / unchecked / stale
     fedshield results replay [STORE ...] [--rounds 2]   # replay the unchecked ones
+    fedshield results compact [STORE ...]            # module hashes into shared manifests
     fedshield results page PAGE [--out DIR] [-j N] [--only LABEL,...] [--part K/N] [--store DIR]
                                                      # = make results PAGE=... OUT=... ...
     fedshield results page --list                    # pages, [job labels], data's commits
@@ -41,6 +42,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         p = sub.add_parser(action, help=what, description=what)
         p.add_argument("stores", nargs="*", type=Path, help="store folders (default: the repo's)")
         p.add_argument("--rounds", type=int, default=None, help="rounds a replay runs (2)")
+    cp = sub.add_parser(
+        "compact", help="records and stamps written before manifests: module hashes moved "
+        "into the store's shared manifests/ (names and contents read back unchanged)",
+    )  # fmt: skip
+    cp.add_argument("stores", nargs="*", type=Path, help="store folders (default: the repo's)")
     pg = sub.add_parser(
         "page", help="make a results page at this commit (docs/results/pages.toml)",
         description="Run a page's jobs from nothing into --out and render it there "
@@ -94,6 +100,13 @@ def run(args: argparse.Namespace) -> int:
     """The subcommand ``args.action`` (see the module doc for the exits)."""
     if args.action in ("status", "replay"):
         return _records(args)
+    if args.action == "compact":
+        from fedshield.results import store, validity
+
+        for where in args.stores or [store.REPO_STORE]:
+            records, stamps = validity.compact(where)
+            print(f"{where}: {records} record(s) and {stamps} stamp(s) compacted")
+        return 0
     if args.action == "page":
         from fedshield.results import make
 

@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import csv
 import re
+import shlex
 from pathlib import Path
 
 from fedshield.results import collect
@@ -69,7 +70,9 @@ PM_NOTE = "± : half-width of the 95 % Student-t interval over the seeds (n_seed
 
 
 def parse_opts(text: str) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in text.split() if "=" in item)
+    """``key=value`` options, space-separated; a value holding spaces is quoted
+    (``columns="defense,drop0 fixed"``)."""
+    return dict(item.split("=", 1) for item in shlex.split(text) if "=" in item)
 
 
 def _rows(source: Path, where: str | None) -> list[dict[str, str]]:

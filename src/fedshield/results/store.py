@@ -10,6 +10,13 @@ gets the same name and bytes (gzip without a timestamp), two different ones neve
 stores made on several machines merge by copying files. Which records still count at the
 current code: :mod:`fedshield.results.validity`. See docs/results-store.md.
 
+**Module manifests.** The module hashes are most of a record (~200 modules: 20 kB of hex, which
+gzip cannot shrink) and are the same for every run of one code, so a record's file holds a
+reference ``{"@manifest": sha}`` to ``manifests/<sha>.json.gz`` beside it, written once per
+distinct set (:func:`put_manifest`), and :func:`read` gives the record back whole: its name,
+hash and fields are those of the whole record. Merging stores copies ``manifests/`` too; a
+record whose manifest is missing is refused by name, never read without its modules.
+
 The cell key (:func:`cell_key`) is the hash of the resolved config without its ``run``
 table (threads, device, progress: how a run executes, as a sweep's resume ignores them,
 :data:`fedshield.sim.rundir.RESUMABLE`): a run made with ``-j 2``'s capped threads is the
@@ -37,6 +44,9 @@ from typing import Any
 FORMAT = 1
 STORE_ENV = "FEDSHIELD_STORE"
 SUFFIX = ".jsonl.gz"
+#: The folder of module manifests inside a store, and a record's reference to one.
+MANIFESTS = "manifests"
+MANIFEST_KEY = "@manifest"
 #: Where a repository's records are published (``make results ... OUT=.``).
 REPO_STORE = Path("docs") / "results" / "store"
 
@@ -152,23 +162,91 @@ def _gz(line: bytes) -> bytes:
     return gzip.compress(line + b"\n", mtime=0)  # no timestamp: same record, same bytes
 
 
+def _atomic(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` through a temporary file: a stopped write leaves nothing half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _manifest_path(store: Path, sha: str) -> Path:
+    return store / MANIFESTS / f"{sha}.json.gz"
+
+
+def put_manifest(store: Path, modules: dict[str, Any]) -> dict[str, str]:
+    """``modules`` into ``store``'s manifests (once per distinct content); its reference."""
+    data = _canonical(modules)
+    sha = _sha(data)
+    path = _manifest_path(store, sha)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic(path, gzip.compress(data, mtime=0))
+    return {MANIFEST_KEY: sha}
+
+
+def get_manifest(store: Path, ref: dict[str, Any], owner: Path) -> dict[str, Any]:
+    """The modules a reference names; ValueError naming ``owner`` when the manifest is
+    missing or its content does not hash to its name."""
+    sha = str(ref[MANIFEST_KEY])
+    path = _manifest_path(store, sha)
+    if not path.is_file():
+        raise ValueError(
+            f"{owner}: its module manifest {path} is missing (copy the store's {MANIFESTS}/ "
+            "folder with its records)"
+        )
+    data = gzip.decompress(path.read_bytes())
+    if _sha(data) != sha:
+        raise ValueError(f"{owner}: its module manifest {path} does not match its hash")
+    out: dict[str, Any] = json.loads(data)
+    return out
+
+
+def is_reference(modules: Any) -> bool:
+    return isinstance(modules, dict) and set(modules) == {MANIFEST_KEY}
+
+
 def write(rec: dict[str, Any], store: Path) -> Path:
     """``rec`` into ``store`` (created), atomically: a part stopped mid-write leaves no
-    half record. Returns its path (an existing one is the same record: kept)."""
+    half record; its modules go to a shared manifest (module docstring). Returns its path
+    (an existing one is the same record: kept)."""
     store.mkdir(parents=True, exist_ok=True)
     path = store / record_name(rec)
     if not path.exists():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(_gz(json.dumps(rec, sort_keys=True, default=str).encode()))
-        os.replace(tmp, path)
+        _atomic(path, _gz(_packed(rec, store)))
     return path
 
 
+def _packed(rec: dict[str, Any], store: Path) -> bytes:
+    mods = rec.get("modules")
+    if isinstance(mods, dict) and mods and not is_reference(mods):
+        rec = {**rec, "modules": put_manifest(store, mods)}
+    return json.dumps(rec, sort_keys=True, default=str).encode()
+
+
 def read(path: Path) -> dict[str, Any]:
-    """The record in ``path`` (its first line)."""
+    """The record in ``path`` (its first line), with its modules read back from their
+    manifest."""
     with gzip.open(path, "rt") as fh:
         rec: dict[str, Any] = json.loads(fh.readline())
+    if is_reference(rec.get("modules")):
+        rec["modules"] = get_manifest(path.parent, rec["modules"], path)
     return rec
+
+
+def compact(store: Path) -> int:
+    """Rewrite the records of ``store`` that hold their modules inline with a manifest
+    reference (the same names: a record's name is its whole content's hash); how many."""
+    done = 0
+    for path in files(store):
+        with gzip.open(path, "rt") as fh:
+            raw: dict[str, Any] = json.loads(fh.readline())
+        if is_reference(raw.get("modules")) or not raw.get("modules"):
+            continue
+        if record_name(raw) != path.name:
+            raise ValueError(f"{path}: its content does not hash to its name; left as it is")
+        _atomic(path, _gz(_packed(raw, store)))
+        done += 1
+    return done
 
 
 def files(*stores: Path) -> list[Path]:
@@ -216,15 +294,20 @@ def load_frame(*stores: Path) -> Any:
 
 
 __all__ = [
+    "MANIFESTS",
     "REPO_STORE",
     "STORE_ENV",
     "cell_key",
+    "compact",
     "current_hashes",
     "default_store",
     "files",
+    "get_manifest",
+    "is_reference",
     "load_frame",
     "make_record",
     "module_hashes",
+    "put_manifest",
     "read",
     "record_name",
     "records",

@@ -31,7 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from fedshield.provenance import combined_sha256, sha256_text
-from fedshield.results.store import SUFFIX, current_hashes
+from fedshield.results.store import (
+    SUFFIX,
+    current_hashes,
+    get_manifest,
+    is_reference,
+    put_manifest,
+)
 
 #: Rounds a replay runs (the first of the record's).
 ROUNDS = 2
@@ -87,9 +93,15 @@ def code_hash(hashes: dict[str, str | None]) -> str:
 
 
 def stamps(path: Path) -> list[dict[str, Any]]:
-    """The replay stamps beside the record ``path``."""
-    return [json.loads(f.read_text())
-            for f in sorted(path.parent.glob(f"{stem(path)}.replay-*.json"))]  # fmt: skip
+    """The replay stamps beside the record ``path`` (their modules read back from their
+    manifest)."""
+    out = []
+    for f in sorted(path.parent.glob(f"{stem(path)}.replay-*.json")):
+        stamp = json.loads(f.read_text())
+        if is_reference(stamp.get("modules")):
+            stamp["modules"] = get_manifest(path.parent, stamp["modules"], f)
+        out.append(stamp)
+    return out
 
 
 def status(path: Path, rec: dict[str, Any]) -> Status:
@@ -188,7 +200,7 @@ def write_stamp(path: Path, rec: dict[str, Any], result: Replay) -> Path:
     stamp = {
         "record": path.name,
         "code": code_hash(now),
-        "modules": now,
+        "modules": put_manifest(path.parent, now),  # shared by every stamp of this code
         "ok": result.ok,
         "rounds": result.rounds,
         "tol": result.tol,
@@ -202,6 +214,30 @@ def write_stamp(path: Path, rec: dict[str, Any], result: Replay) -> Path:
     out = path.parent / f"{stem(path)}.replay-{code}-{sha256_text(text)[:8]}.json"
     out.write_text(text)
     return out
+
+
+def compact(store_dir: Path) -> tuple[int, int]:
+    """The records (:func:`fedshield.results.store.compact`) and replay stamps of
+    ``store_dir`` that hold their module hashes inline, rewritten with a manifest
+    reference (a stamp under the name of its new text); how many of each."""
+    from fedshield.results import store
+
+    records = store.compact(store_dir)
+    done = 0
+    for f in sorted(store_dir.glob("*.replay-*.json")):
+        stamp = json.loads(f.read_text())
+        mods = stamp.get("modules")
+        if not isinstance(mods, dict) or is_reference(mods):
+            continue
+        stamp["modules"] = put_manifest(store_dir, mods)
+        text = json.dumps(stamp, indent=1, sort_keys=True) + "\n"
+        head = f.name[: f.name.rindex("-")]  # <record stem>.replay-<code>
+        out = f.with_name(f"{head}-{sha256_text(text)[:8]}.json")
+        out.write_text(text)
+        if out != f:
+            f.unlink()
+        done += 1
+    return records, done
 
 
 def check(path: Path, rec: dict[str, Any], rounds: int = ROUNDS) -> Status:

@@ -201,7 +201,10 @@ def server_round_step(
     # Also with a cache: in early rounds the cache holds few honest rows (attackers always
     # answer), so the fresh rows, not the cached ones, decide whether f can be outvoted.
     short = budget.too_few(len(kept))
-    if short and not (server.short_rounds == "pad" and budget.needed and can_pad(kept)):
+    # Rows of uninvited clients (cache) would join the zero rows: no bound then, skip.
+    uninvited = defenses is not None and defenses.tagged("adds_uninvited")
+    pads = server.short_rounds == "pad" and budget.needed and can_pad(kept) and not uninvited
+    if short and not pads:
         _skip_too_few(server, budget, len(kept), ctx, metrics)
         return out
     pad_f = budget.f if short else None  # zero rows complete the round (padding)
