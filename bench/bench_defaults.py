@@ -23,6 +23,7 @@ recommendation was not chosen on (it was chosen on 11 and 12), final test accura
     ``server.short_rounds = "skip"`` (short rounds keep θ instead of being padded).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/bench_defaults.py [--seeds 31 32 33]
+    ... --parts cd --invite population   # (c), (d) with cohorts drawn from all M clients
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ NOISE = {"name": "noise", "params": {"sigma": 100.0}, "fraction": 0.3}
 #: (d)'s attacks: the σ = 100 noise of (b), and each attacker's own update negated (the
 #: no-root candidates' worst menu cell at S/M 10/100, docs/cross-round.md)
 ATTACKS = {"noise": NOISE, "sign_flip": {"name": "sign_flip", "fraction": 0.3}}
+#: ``--invite``: how every run with faults invites its cohort (None: the default, "online")
+INVITE: str | None = None
 
 
 def one(
@@ -75,6 +78,8 @@ def one(
     section = FAULTS[faults]
     if section is not None:
         raw["faults"] = copy.deepcopy(section)
+        if INVITE is not None:
+            raw["faults"]["invite"] = INVITE
     res = run(validate(raw, "bench_defaults"), None, quiet=True)
     budget = res["byzantine"]
     return {
@@ -115,7 +120,13 @@ def main() -> None:
         ],
     )
     ap.add_argument("--parts", default="abcd", help="which tables to run (letters)")
+    ap.add_argument(
+        "--invite", choices=["online", "population"], default=None,
+        help="faults.invite of every run with faults (default: unset, i.e. online)",
+    )  # fmt: skip
     args = ap.parse_args()
+    global INVITE
+    INVITE = args.invite
     logging.getLogger("fedshield").setLevel(logging.ERROR)  # the table, not each build's lines
     seeds, rounds = args.seeds, args.rounds
     src = source_commit()
@@ -123,6 +134,7 @@ def main() -> None:
     print(
         f"digits mlp64 dirichlet 0.5, S=10, {rounds} rounds, seeds {' '.join(map(str, seeds))}, "
         f"commit {commit}; each cell: final test accuracy per seed | mean"
+        + (f"; faults.invite = {args.invite!r} in every run with faults" if args.invite else "")
     )
     start = time.perf_counter()
 
