@@ -77,6 +77,8 @@ TAGS: dict[str, str] = {
     "caches_uploads": "hands the rule uploads kept from earlier rounds (delta, count, buffers, "
     "mask; not method extras)",
     "bounds_step": "bounds the step the server applies, after the rule",
+    "adds_uninvited": "hands the rule rows of clients outside the round's cohort, so a short "
+    "round is skipped rather than padded with zero rows",
     # attacks
     "kind": "what an attack rewrites: kind=update (the uploaded update rows) or kind=data "
     "(the client's local dataset, before training)",
