@@ -223,11 +223,17 @@ def _packed(rec: dict[str, Any], store: Path) -> bytes:
     return json.dumps(rec, sort_keys=True, default=str).encode()
 
 
+def _raw(path: Path) -> dict[str, Any]:
+    """The record line of ``path`` as written (modules possibly a manifest reference)."""
+    with gzip.open(path, "rt") as fh:
+        rec: dict[str, Any] = json.loads(fh.readline())
+    return rec
+
+
 def read(path: Path) -> dict[str, Any]:
     """The record in ``path`` (its first line), with its modules read back from their
     manifest."""
-    with gzip.open(path, "rt") as fh:
-        rec: dict[str, Any] = json.loads(fh.readline())
+    rec = _raw(path)
     if is_reference(rec.get("modules")):
         rec["modules"] = get_manifest(path.parent, rec["modules"], path)
     return rec
@@ -238,8 +244,7 @@ def compact(store: Path) -> int:
     reference (the same names: a record's name is its whole content's hash); how many."""
     done = 0
     for path in files(store):
-        with gzip.open(path, "rt") as fh:
-            raw: dict[str, Any] = json.loads(fh.readline())
+        raw = _raw(path)
         if is_reference(raw.get("modules")) or not raw.get("modules"):
             continue
         if record_name(raw) != path.name:

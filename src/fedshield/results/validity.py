@@ -209,9 +209,15 @@ def write_stamp(path: Path, rec: dict[str, Any], result: Replay) -> Path:
         "commit": source_commit().get("commit"),
         "kernels": kernel_signature(),
     }
+    return _save_stamp(path.parent, stamp)
+
+
+def _save_stamp(folder: Path, stamp: dict[str, Any]) -> Path:
+    """``stamp`` into ``folder`` as ``<record stem>.replay-<code>-<text hash>.json``."""
     text = json.dumps(stamp, indent=1, sort_keys=True) + "\n"
     code = str(stamp["code"])[:12]
-    out = path.parent / f"{stem(path)}.replay-{code}-{sha256_text(text)[:8]}.json"
+    name = str(stamp["record"]).removesuffix(SUFFIX)
+    out = folder / f"{name}.replay-{code}-{sha256_text(text)[:8]}.json"
     out.write_text(text)
     return out
 
@@ -230,11 +236,7 @@ def compact(store_dir: Path) -> tuple[int, int]:
         if not isinstance(mods, dict) or is_reference(mods):
             continue
         stamp["modules"] = put_manifest(store_dir, mods)
-        text = json.dumps(stamp, indent=1, sort_keys=True) + "\n"
-        head = f.name[: f.name.rindex("-")]  # <record stem>.replay-<code>
-        out = f.with_name(f"{head}-{sha256_text(text)[:8]}.json")
-        out.write_text(text)
-        if out != f:
+        if _save_stamp(store_dir, stamp) != f:
             f.unlink()
         done += 1
     return records, done

@@ -17,6 +17,7 @@ from torch import nn
 from fedshield.aggregators.base import AGGREGATORS, Aggregator
 from fedshield.algorithms.client import CLIENT_ALGORITHMS, LocalSpec
 from fedshield.algorithms.server import SERVER_ALGORITHMS
+from fedshield.algorithms.server.base import ServerAlgorithm
 from fedshield.algorithms.server.cohort import rows_needed
 from fedshield.attacks.base import ATTACKS
 from fedshield.config import ExperimentConfig
@@ -275,6 +276,11 @@ def default_fill(
     return ["fill", *names], f"{said}; fill under [faults] (a cached row per client: {mib})"
 
 
+def short_rounds(cfg: ExperimentConfig) -> str:
+    """``server.short_rounds`` as the run applies it (unset: the servers' default, pad)."""
+    return cfg.server.short_rounds or ServerAlgorithm.short_rounds
+
+
 def meta_bytes(meta: nn.Module) -> int:
     """Bytes per parameter of the model's floating dtype."""
     return next((p.element_size() for p in meta.parameters() if p.is_floating_point()), 4)
@@ -314,7 +320,7 @@ def state_budget(
         line += f"; {said}"
     (log.warning if budget.p_exceeds >= 0.01 else log.info)(line)
     fills = "fill" in applied
-    pads = (cfg.server.short_rounds or "pad") == "pad"
+    pads = short_rounds(cfg) == "pad"
     live = budget.liveness_line(repr(rule), fills, pads)
     if live is not None and budget.arrival is not None:
         skips = budget.arrival["p_skip"] > SKIP_WARN and not (fills or pads)
@@ -424,7 +430,7 @@ def build_components(cfg: ExperimentConfig) -> Components:
     # No attack: its breakdown on S (not on S' invited: over-selection must not ask the rule
     # for every invited row); the round step caps it by the breakdown on the cohort asked.
     server.byzantine_f = budget.f
-    server.short_rounds = s.short_rounds or "pad"
+    server.short_rounds = short_rounds(cfg)
     if getattr(client.params, "proto_views", None) == "sum" and hasattr(server, "proto_bias_max"):
         server.proto_bias_max = 2.0  # FedCART: summed views double an honest bias entry
     names = defenses[0]

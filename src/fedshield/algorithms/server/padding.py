@@ -39,9 +39,6 @@ from torch import Tensor
 from fedshield.algorithms.server.cohort import cap_for_f
 from fedshield.core.context import ClientUpdate
 
-#: ``server.short_rounds`` values: complete a short round with zero rows, or keep θ.
-SHORT_ROUNDS = ("pad", "skip")
-
 
 def can_pad(rows: Sequence[ClientUpdate]) -> bool:
     """True when zero rows are a neutral vote next to ``rows``: at least one row to take
@@ -85,4 +82,4 @@ def padded(
     return out, len(extra)
 
 
-__all__ = ["SHORT_ROUNDS", "can_pad", "padded", "zero_rows"]
+__all__ = ["can_pad", "padded", "zero_rows"]

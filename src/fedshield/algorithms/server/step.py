@@ -43,6 +43,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -138,6 +139,18 @@ def _skip_too_few(
     metrics["sys/skipped/too_few"] = 1.0
 
 
+def _pads(
+    server: ServerAlgorithm, budget: RoundBudget, kept: list[ClientUpdate], defenses: Any
+) -> bool:
+    """Whether a short round is completed with zero rows (padding) rather than skipped:
+    asked for, possible on these rows, and no defense hands the rule rows of uninvited
+    clients (cache), which the zero rows would not bound."""
+    uninvited = defenses is not None and defenses.tagged("adds_uninvited")
+    return (
+        server.short_rounds == "pad" and bool(budget.needed) and can_pad(kept) and not uninvited
+    )
+
+
 def _nonfinite_parts(params: Tensor, buffers: Tensor, state: State) -> list[str]:
     bad = [n for n, t in (("params", params), ("buffers", buffers)) if not _finite(t)]
     bad += [f"state.{k}" for k, v in state.items() if isinstance(v, Tensor) and not _finite(v)]
@@ -201,10 +214,7 @@ def server_round_step(
     # Also with a cache: in early rounds the cache holds few honest rows (attackers always
     # answer), so the fresh rows, not the cached ones, decide whether f can be outvoted.
     short = budget.too_few(len(kept))
-    # Rows of uninvited clients (cache) would join the zero rows: no bound then, skip.
-    uninvited = defenses is not None and defenses.tagged("adds_uninvited")
-    pads = server.short_rounds == "pad" and budget.needed and can_pad(kept) and not uninvited
-    if short and not pads:
+    if short and not _pads(server, budget, kept, defenses):
         _skip_too_few(server, budget, len(kept), ctx, metrics)
         return out
     pad_f = budget.f if short else None  # zero rows complete the round (padding)
