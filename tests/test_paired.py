@@ -173,3 +173,44 @@ def test_lower_is_better_counts_negative_differences_as_a_wins() -> None:
     assert p.verdict == "A ahead"
     higher = paired.paired(rows, "A", "B", "m")
     assert (higher.wins_a, higher.wins_b, higher.verdict) == (0, 3, "B ahead")
+
+
+def test_worst_case_over_attacks_per_seed() -> None:
+    """``worst=attack``: each side's value per seed is its minimum over the attacks, and a
+    seed where either side lacks an attack's value (a diverged run) is not paired."""
+    rows = [
+        {"variant": v, "seed": s, "attack": a, "m": m}
+        for v, s, a, m in [
+            ("A", "0", "ipm", "0.8"), ("A", "0", "alie", "0.6"),
+            ("B", "0", "ipm", "0.3"), ("B", "0", "alie", "0.9"),
+            ("A", "1", "ipm", "0.7"), ("A", "1", "alie", "0.9"),
+            ("B", "1", "ipm", "0.5"), ("B", "1", "alie", "0.6"),
+            ("A", "2", "ipm", "0.9"), ("A", "2", "alie", ""),
+            ("B", "2", "ipm", "0.1"), ("B", "2", "alie", "0.1"),
+        ]
+    ]  # fmt: skip
+    p = paired.paired(rows, "A", "B", "m", scale=100, worst="attack")
+    # seed 0: min(0.8, 0.6) − min(0.3, 0.9) = +30; seed 1: 0.7 − 0.5 = +20; seed 2 left out
+    assert p.seeds == ["0", "1"]
+    assert p.diffs == pytest.approx([30.0, 20.0])
+    # lower is better: the worst is the maximum
+    q = paired.paired(rows[:8], "A", "B", "m", scale=100, worst="attack", better=-1)
+    assert q.diffs == pytest.approx([80 - 90, 90 - 60])
+    with pytest.raises(ValueError, match="two runs"):
+        paired.paired(rows + rows[:1], "A", "B", "m", worst="attack")
+
+
+def test_labelled_sources_are_tested_apart(tmp_path: Path) -> None:
+    """``labels=``: the same seeds in several sources (one sweep per Byzantine share) are
+    each paired on their own, tagged with their label."""
+    (tmp_path / "s20.csv").write_text("variant,seed,attack,m\nA,0,x,0.5\nB,0,x,0.4\n")
+    (tmp_path / "s40.csv").write_text("variant,seed,attack,m\nA,0,x,0.2\nB,0,x,0.6\n")
+    opts = {"source": "s20.csv,s40.csv", "labels": "20%,40%", "paired": "A,B", "value": "m"}
+    text = paired.render_paired({**opts, "worst": "attack"}, tmp_path)
+    lines = [line for line in text.splitlines() if line.startswith("| worst m")]
+    assert [line.split(" | ")[:3] for line in lines] == [
+        ["| worst m over attack @ 20%", "1 (0)", "+10.0"],
+        ["| worst m over attack @ 40%", "1 (0)", "-40.0"],
+    ]
+    with pytest.raises(SystemExit, match="one label per source"):
+        paired.render_paired({**opts, "labels": "20%"}, tmp_path)

@@ -41,6 +41,8 @@ from scipy import stats
 
 #: ``variant=`` value that pairs two metrics of the same runs (``value=`` names hold ``{}``)
 METRIC_PAIRS = "@metric"
+#: the column a source's label fills (``labels=``), grouped by like a ``by`` key
+SOURCE = "@source"
 
 
 @dataclass(frozen=True)
@@ -96,31 +98,49 @@ def paired(
     scale: float = 1.0,
     column: str = "variant",
     better: int = 1,
+    worst: str | None = None,
 ) -> Paired:
     """d_s = scale · (A_s − B_s) for every key (seed, *by) that both variants (values of
     ``column``) ran to a finite value of ``metric``; mean, 95 % t half-width, sign counts
     and sign test. ``column = "@metric"``: every row is a run of both, A's value in the
     metric named ``metric`` with A in place of its ``{}``, B's likewise. ``better = -1``:
-    lower values are better, so A's wins are its negative differences."""
+    lower values are better, so A's wins are its negative differences. ``worst = KEY``:
+    each side's value for a key is its worst over the runs that differ in column KEY (the
+    worst case over attacks, per seed), and a key counts only where both sides ran every
+    value of KEY that either ran, each to a finite value (a run with no value could be the
+    worst: its seed is left out, not judged on the others)."""
     by_metric = column == METRIC_PAIRS
     if by_metric and "{}" not in metric:
         raise ValueError(f"variant=@metric: the value {metric!r} has no {{}} for {a} and {b}")
 
-    def table(variant: str) -> dict[tuple[str, ...], float]:
-        out: dict[tuple[str, ...], float] = {}
+    def table(variant: str) -> dict[tuple[str, ...], dict[str, float | None]]:
+        out: dict[tuple[str, ...], dict[str, float | None]] = {}
         for r in rows:
             if not by_metric and r.get(column) != variant:
                 continue
             v = _float(r.get(metric.replace("{}", variant) if by_metric else metric))
-            if v is not None:
-                key = (r["seed"], *(r.get(k, "") for k in by))
-                if key in out:
-                    raise ValueError(f"{variant}: two runs for seed/keys {key}")
-                out[key] = v
+            if v is None and worst is None:
+                continue
+            key = (r["seed"], *(r.get(k, "") for k in by))
+            inner = r.get(worst, "") if worst else ""
+            runs = out.setdefault(key, {})
+            if inner in runs:
+                raise ValueError(f"{variant}: two runs for seed/keys {(*key, inner)}")
+            runs[inner] = v
         return out
 
-    ta, tb = table(a), table(b)
-    keys = sorted(set(ta) & set(tb), key=lambda k: (*k[1:], int(k[0])))
+    def value(runs: dict[str, float | None]) -> float:
+        pick = min if better > 0 else max  # the worst for the metric's direction
+        return pick(v for v in runs.values() if v is not None)
+
+    def complete(ra: dict[str, float | None], rb: dict[str, float | None]) -> bool:
+        return set(ra) == set(rb) and all(v is not None for v in (*ra.values(), *rb.values()))
+
+    runs_a, runs_b = table(a), table(b)
+    shared = [k for k in set(runs_a) & set(runs_b) if complete(runs_a[k], runs_b[k])]
+    ta = {k: value(runs_a[k]) for k in shared}
+    tb = {k: value(runs_b[k]) for k in shared}
+    keys = sorted(shared, key=lambda k: (*k[1:], int(k[0])))
     diffs = [scale * (ta[k] - tb[k]) for k in keys]
     n = len(diffs)
     mean = sum(diffs) / n if n else float("nan")
@@ -196,17 +216,26 @@ def render_paired(
     """The block ``source=<comparison.csv>[,<comparison.csv>...] paired=A,B value=m1,m2
     [by=k1,k2] [variant=COLUMN] [scale=100] [digits=1] [better=lower]`` of
     :mod:`fedshield.results.render` (``better=lower``: a metric where less is better, such
-    as rounds to a target).
+    as rounds to a target; ``worst=KEY``: each seed's worst over KEY, e.g. over attacks).
     Several sources (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them
-    is an error. ``read`` loads one source (render passes its ``where=`` filter)."""
+    is an error. ``labels=L1,L2,...`` (one per source) keeps each source apart instead: its
+    rows are tested on their own, tagged with the label (one sweep per Byzantine share). ``read`` loads one source (render passes its ``where=`` filter)."""
     rows: list[dict[str, str]] = []
-    for name in opts["source"].split(","):
+    names = opts["source"].split(",")
+    labels = opts["labels"].split(",") if "labels" in opts else None
+    if labels is not None and len(labels) != len(names):
+        raise SystemExit(f"labels={opts['labels']}: one label per source ({len(names)})")
+    for i, name in enumerate(names):
         source = root / name
         if not source.exists():
             raise SystemExit(f"{name}: no such result file")
-        rows += read(source)
+        part = read(source)
+        if labels is not None:  # each source its own group, named by its label
+            part = [{**r, SOURCE: labels[i]} for r in part]
+        rows += part
     a, b = opts["paired"].split(",")
-    by = [k for k in opts.get("by", "").split(",") if k]
+    by = [SOURCE] * (labels is not None) + [k for k in opts.get("by", "").split(",") if k]
+    worst = opts.get("worst")
     column = opts.get("variant", "variant")
     scale = float(opts.get("scale", "100"))
     better = {"higher": 1, "lower": -1}.get(opts.get("better", "higher"))
@@ -215,10 +244,12 @@ def render_paired(
     results = []
     for group in _groups(rows, by):  # one test per value of the ``by`` keys
         sub = [r for r in rows if tuple(r.get(k, "") for k in by) == group]
-        tag = " @ " + ", ".join(f"{k}={v}" for k, v in zip(by, group)) if by else ""
+        named = [v if k == SOURCE else f"{k}={v}" for k, v in zip(by, group)]
+        tag = " @ " + ", ".join(named) if by else ""
         for m in opts["value"].split(","):
-            res = paired(sub, a, b, m, scale=scale, column=column, better=better)
-            results.append(replace(res, metric=m + tag))
+            res = paired(sub, a, b, m, scale=scale, column=column, better=better, worst=worst)
+            label = f"worst {m} over {worst}" if worst else m
+            results.append(replace(res, metric=label + tag))
     lines = render_rows(results, a, b, int(opts.get("digits", "1")))
     return "\n".join(lines) + f"\n\n{PAIRED_NOTE}\n"
 

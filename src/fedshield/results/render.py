@@ -33,7 +33,8 @@ from ``source`` (a sweep's ``comparison.csv`` or ``cells.csv``, copied under doc
   difference, the sign test and "undecided" where the interval covers zero
   (:mod:`fedshield.results.paired`; ``by=KEY`` pairs within each KEY value too,
   ``scale=100`` points; ``variant=COLUMN`` names the variants' column, e.g. ``defense`` in
-  a bench's runs.csv, and ``where=`` applies as for tables).
+  a bench's runs.csv, and ``where=`` applies as for tables; ``worst=KEY`` pairs each
+  seed's worst case over KEY; ``labels=`` tests each of several sources on its own).
 
     fedshield results render            # rewrite every block in place
     fedshield results render --check    # exit 1 if a document (or a data file's
@@ -211,12 +212,12 @@ def render(opts: dict[str, str], root: Path = ROOT) -> str:
         return (root / opts["text"]).read_text()
     if "include" in opts:
         return render_include(opts, root)
-    if "worst" in opts:
-        return render_worst(opts, root)
-    if "paired" in opts:
+    if "paired" in opts:  # before ``worst``: a paired block's ``worst=KEY`` is its own
         from fedshield.results.paired import render_paired
 
         return render_paired(opts, root, lambda p: _rows(p, opts.get("where")))
+    if "worst" in opts:
+        return render_worst(opts, root)
     source = root / opts["source"]
     rows = _rows(source, opts.get("where"))
     value = opts.get("value", "final_test_acc")
