@@ -219,7 +219,8 @@ def render_paired(
     as rounds to a target; ``worst=KEY``: each seed's worst over KEY, e.g. over attacks).
     Several sources (sweeps of disjoint seeds) are pooled; a (variant, seed) in two of them
     is an error. ``labels=L1,L2,...`` (one per source) keeps each source apart instead: its
-    rows are tested on their own, tagged with the label (one sweep per Byzantine share). ``read`` loads one source (render passes its ``where=`` filter)."""
+    rows are tested on their own, tagged with the label (one sweep per Byzantine share).
+    ``read`` loads one source (render passes its ``where=`` filter)."""
     rows: list[dict[str, str]] = []
     names = opts["source"].split(",")
     labels = opts["labels"].split(",") if "labels" in opts else None
