@@ -24,6 +24,7 @@ recommendation was not chosen on (it was chosen on 11 and 12), final test accura
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python bench/bench_defaults.py [--seeds 31 32 33]
     ... --parts cd --invite population   # (c), (d) with cohorts drawn from all M clients
+    ... --parts acd --add-defense trajectory   # a candidate default round defense, measured
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_liveness import BASE, FAULTS  # the liveness grid: one definition
 
+from fedshield.aggregators.base import AGGREGATORS
 from fedshield.config import validate
 from fedshield.provenance import source_commit
 from fedshield.runner import run
+from fedshield.sim.builder import default_round_defenses
 
 NOISE = {"name": "noise", "params": {"sigma": 100.0}, "fraction": 0.3}
 #: (d)'s attacks: the σ = 100 noise of (b), and each attacker's own update negated (the
@@ -50,6 +53,9 @@ NOISE = {"name": "noise", "params": {"sigma": 100.0}, "fraction": 0.3}
 ATTACKS = {"noise": NOISE, "sign_flip": {"name": "sign_flip", "fraction": 0.3}}
 #: ``--invite``: how every run with faults invites its cohort (None: the default, "online")
 INVITE: str | None = None
+#: ``--add-defense``: a round defense appended to the defaults of every defended run (None:
+#: the defaults alone), to measure a candidate default before it becomes one
+ADD: str | None = None
 
 
 def one(
@@ -80,7 +86,12 @@ def one(
         raw["faults"] = copy.deepcopy(section)
         if INVITE is not None:
             raw["faults"]["invite"] = INVITE
-    res = run(validate(raw, "bench_defaults"), None, quiet=True)
+    cfg = validate(raw, "bench_defaults")
+    if ADD is not None and not bare:  # the defaults as the run resolves them, plus ADD
+        names, _ = default_round_defenses(cfg, AGGREGATORS.entry(rule))
+        raw["server"]["round_defenses"] = ["fill"] * (section is not None) + names + [ADD]
+        cfg = validate(raw, "bench_defaults")
+    res = run(cfg, None, quiet=True)
     budget = res["byzantine"]
     return {
         "acc": float(res["final_test_acc"]),
@@ -124,9 +135,14 @@ def main() -> None:
         "--invite", choices=["online", "population"], default=None,
         help="faults.invite of every run with faults (default: unset, i.e. online)",
     )  # fmt: skip
+    ap.add_argument(
+        "--add-defense", default=None, metavar="NAME",
+        help="a round defense appended to the defaults (and to fill under faults) in every "
+        "defended run",
+    )  # fmt: skip
     args = ap.parse_args()
-    global INVITE
-    INVITE = args.invite
+    global INVITE, ADD
+    INVITE, ADD = args.invite, args.add_defense
     logging.getLogger("fedshield").setLevel(logging.ERROR)  # the table, not each build's lines
     seeds, rounds = args.seeds, args.rounds
     src = source_commit()
@@ -135,6 +151,7 @@ def main() -> None:
         f"digits mlp64 dirichlet 0.5, S=10, {rounds} rounds, seeds {' '.join(map(str, seeds))}, "
         f"commit {commit}; each cell: final test accuracy per seed | mean"
         + (f"; faults.invite = {args.invite!r} in every run with faults" if args.invite else "")
+        + (f"; {args.add_defense!r} added to the default round defenses" if ADD else "")
     )
     start = time.perf_counter()
 
@@ -204,20 +221,22 @@ def part_d(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) 
         clean = ref if faults == "none" else [one(s, rounds, faults=faults)["acc"] for s in seeds]
         for recipe in ATTACKS:
             r = [one(s, rounds, attack="fixed", faults=faults, recipe=recipe) for s in seeds]
-            k = [
-                one(s, rounds, attack="fixed", faults=faults, recipe=recipe, short="skip")
-                for s in seeds
-            ]
-            acc, kacc = [x["acc"] for x in r], [x["acc"] for x in k]
+            acc = [x["acc"] for x in r]
             padded = "/".join(str(x["padded"]) for x in r)
-            skipped = "/".join(str(x["skipped"]) for x in k)
-            print(
+            line = (
                 row(f"{faults}, {recipe}", [acc, clean], label_width=30)
                 + f"  {100 * (mean(acc) - mean(clean)):+5.1f}  {padded:>6}"
-                + row("", [kacc], label_width=0)
-                + f"  {100 * (mean(kacc) - mean(clean)):+5.1f}  {skipped:>7}",
-                flush=True,
             )
+            if ADD is None:  # the skip twin measures padding, not an added defense
+                k = [
+                    one(s, rounds, attack="fixed", faults=faults, recipe=recipe, short="skip")
+                    for s in seeds
+                ]
+                kacc = [x["acc"] for x in k]
+                skipped = "/".join(str(x["skipped"]) for x in k)
+                line += row("", [kacc], label_width=0)
+                line += f"  {100 * (mean(kacc) - mean(clean)):+5.1f}  {skipped:>7}"
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

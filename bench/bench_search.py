@@ -43,7 +43,13 @@ DEFENSES = {
     name: Defense.of(
         {**CONFIGURATIONS[name].server(), "pre_aggregators": CONFIGURATIONS[name].pre_aggregators}
     )
-    for name in ("cc-momentum-rep", "nnm-median", "brdrag-guarded")
+    for name in (
+        "cc-momentum-rep",
+        "nnm-median",
+        "nnm-median-trajectory",
+        "median-trajectory",
+        "brdrag-guarded",
+    )
 }
 
 #: The grid (the server composition is each defense's).
@@ -127,6 +133,14 @@ def main() -> None:
         help="instead of running: store these results' searched cells for the recommendation "
         f"(src/fedshield/crossround/{SEARCHED})",
     )
+    ap.add_argument(
+        "--known",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="earlier results of this script: their searched attacks start every search and "
+        "are measured on the held-out seeds too (an attacker reads every published result)",
+    )
     args = ap.parse_args()
     if args.write_from:
         print(f"wrote {write_measured(args.write_from)}")
@@ -158,6 +172,10 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
     searched: dict[str, dict[str, Any]] = {}
+    for path in args.known:
+        known = json.loads(path.read_text())
+        for name, found in known["searches"].items():
+            searched[f"searched vs {name} at M={known.get('clients', '?')}"] = found["params"]
     for name in args.defenses:
         found = search_attack(
             trials,
