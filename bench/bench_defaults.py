@@ -208,14 +208,19 @@ def part_c(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) 
 
 
 def part_d(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) -> None:
+    twin = (
+        ""
+        if ADD
+        else "; beside it the same attacked run with short rounds skipped "
+        '(server.short_rounds = "skip", the default before padding)'
+    )
     print(
         "\n(d) Median with the defaults, 30 % fixed attackers, under faults vs its clean twin "
-        "under the same faults (M=50); beside it the same attacked run with short rounds "
-        "skipped (server.short_rounds = \"skip\", the default before padding)"
+        f"under the same faults (M=50){twin}"
     )
     print(
         f"{'faults, attack':<30}  {'attacked (pad)':>25}  {'clean':>25}    gap  padded"
-        f"  {'attacked (skip)':>25}    gap  skipped"
+        + ("" if ADD else f"  {'attacked (skip)':>25}    gap  skipped")
     )
     for faults in ["none", *faults_]:
         clean = ref if faults == "none" else [one(s, rounds, faults=faults)["acc"] for s in seeds]

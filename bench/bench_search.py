@@ -43,13 +43,7 @@ DEFENSES = {
     name: Defense.of(
         {**CONFIGURATIONS[name].server(), "pre_aggregators": CONFIGURATIONS[name].pre_aggregators}
     )
-    for name in (
-        "cc-momentum-rep",
-        "nnm-median",
-        "nnm-median-trajectory",
-        "median-trajectory",
-        "brdrag-guarded",
-    )
+    for name in ("cc-momentum-rep", "nnm-median", "brdrag-guarded")
 }
 
 #: The grid (the server composition is each defense's).

@@ -111,7 +111,7 @@ class ServerConfig(Section):
     round_defenses: list[str] | None = Field(
         None,
         description="defenses across rounds, in order (cache, collusion, consistency, fill, "
-        "momentum, reputation, step_bound, trajectory; `fedshield list round-defenses`); unset: the "
+        "momentum, reputation, step_bound; `fedshield list round-defenses`); unset: the "
         "recommended ones for a robust rule (docs/cross-round.md, Default), else none; [] none",
     )
     round_defense_args: dict[str, dict[str, Any]] | None = Field(

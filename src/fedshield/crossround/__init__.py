@@ -15,8 +15,6 @@ step_bound   each block's step ≤ κ × median of the last k applied steps    O
 reputation   clients repeatedly far from the aggregate are suspended       O(M)
 collusion    near-identical rows of different clients are left out         O(M)
 consistency  clients whose offsets oppose the applied step are suspended   O(M)
-trajectory   clients whose uploads oppose the steps' moving average are     O(M+d)
-             suspended
 momentum     the rule sees each client's momentum β·m + (1 − β)·g          O(M·d)
 ===========  ============================================================  ========
 """

@@ -114,21 +114,6 @@ CONFIGURATIONS: dict[str, Configuration] = {
             ("collusion", "consistency", "step_bound", "reputation"),
             ("nnm",),
         ),
-        Configuration(
-            "median-trajectory",
-            False,
-            "fedavg",
-            "median",
-            ("collusion", "consistency", "trajectory", "step_bound", "reputation"),
-        ),
-        Configuration(
-            "nnm-median-trajectory",
-            False,
-            "fedavg",
-            "median",
-            ("collusion", "consistency", "trajectory", "step_bound", "reputation"),
-            ("nnm",),
-        ),
         Configuration("brdrag", True, "brdrag", None, ()),
         Configuration("brdrag-guarded", True, "brdrag", None, ("collusion", "consistency")),
     )

@@ -90,16 +90,10 @@ class Suspending(RoundDefense):
         bad.sort(key=lambda u: -scores[u.client_id])
         return {u.client_id for u in bad[: len(rows) // 2]}
 
-    def judge(
-        self,
-        step: BoundInput,
-        acted: Acted,
-        scores: dict[int, float],
-        reference: Tensor | None = None,
-    ) -> None:
+    def judge(self, step: BoundInput, acted: Acted, scores: dict[int, float]) -> None:
         """Score this round's own unmasked uploads by :meth:`flag` against the applied step
-        Δθ/η_g, or against ``reference`` when given (into ``acted``); nothing is judged with
-        fewer than 3 of them, a zero server step or non-finite values."""
+        Δθ/η_g (into ``acted``); nothing is judged with fewer than 3 of them, a zero server
+        step or non-finite values."""
         fresh = [u for u in step.judged if u.mask is None]
         delta = (step.after - step.before).flatten()
         if len(fresh) < 3 or step.lr == 0 or not bool(torch.isfinite(delta).all()):
@@ -107,7 +101,7 @@ class Suspending(RoundDefense):
         rows = stack_rows([u.delta for u in fresh])
         if not bool(torch.isfinite(rows).all()):
             return
-        flagged = self.flag(rows, delta / step.lr if reference is None else reference)
+        flagged = self.flag(rows, delta / step.lr)
         judged = {u.client_id: bool(f) for u, f in zip(fresh, flagged.tolist(), strict=True)}
         acted.state = self._judged(scores, judged, delta.device)
         acted.metrics[f"defense/{self.name}/flagged"] = float(flagged.sum())
