@@ -78,6 +78,45 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def recommend_cells(
+    res: dict[str, Any],
+    cells: list[dict[str, Any]],
+    params: list[dict[str, Any]],
+    sources: list[dict[str, Any]],
+) -> None:
+    """A ``fedshield recommend`` result (``--out``) in :func:`write_measured`'s form: its
+    choice (named by the candidate with the same composition) clean and against the
+    strongest attack it met on the held-out seeds, on its own grid — ``data`` names the
+    data set, the model and the rounds, so its cells never pair with another grid's."""
+    choice = res["choice"]
+    keys = ("algorithm", "aggregator", "pre_aggregators", "round_defenses")
+    want = {k: choice.get(k) or ([] if k.endswith("s") else None) for k in keys}
+
+    def composition(name: str) -> dict[str, Any]:
+        c = CONFIGURATIONS[name]
+        return {"algorithm": c.algorithm, "aggregator": c.aggregator,
+                "pre_aggregators": list(c.pre_aggregators),
+                "round_defenses": list(c.round_defenses)}  # fmt: skip
+
+    name = next((n for n in CONFIGURATIONS if composition(n) == want), None)
+    if name is None:
+        raise SystemExit(f"{res['command']}: its choice {choice['name']} is no candidate")
+    cfg = tomllib.loads((Path(__file__).resolve().parents[1] / res["config"]).read_text())
+    grid = f"{cfg['data']['dataset']}/{cfg['model']['name']}, {res['rounds']} rounds"
+    clients = int(cfg["data"]["num_clients"])
+    held = res["held_out"]
+    worst = held["worst"]
+    for attack, accs in (("none", held["clean"]), ("searched", worst["acc"])):
+        for seed, acc in zip(held["seeds"], accs, strict=True):
+            cells.append({"config": name, "attack": attack, "clients": clients, "cohort": 10,
+                          "seed": seed, "acc": acc, "data": grid})  # fmt: skip
+    params.append({"config": name, "clients": clients, "rounds": res["rounds"], "data": grid,
+                   "found_against": "the recommend run's attacks (searched and known)",
+                   "params": worst["params"]})  # fmt: skip
+    sources.append({"commit": res["commit"], "command": res["command"], "grid": grid,
+                    "rounds": res["rounds"]})  # fmt: skip
+
+
 def write_measured(paths: list[Path]) -> Path:
     """The held-out cells of ``paths`` (results of this script) as the recommended module's
     searched-attacker measurement: per defense, its clean runs and the runs of the
@@ -89,6 +128,9 @@ def write_measured(paths: list[Path]) -> Path:
     sources: list[dict[str, Any]] = []
     for path in paths:
         res = json.loads(path.read_text())
+        if "choice" in res:  # a `fedshield recommend` result: its choice, held out
+            recommend_cells(res, cells, params, sources)
+            continue
         # results made before the key existed name M in their grid line only
         named = re.search(r"S/M 10/(\d+)", res["grid"])
         clients = int(res.get("clients") or (named[1] if named else 100))
@@ -125,7 +167,8 @@ def main() -> None:
         type=Path,
         nargs="+",
         help="instead of running: store these results' searched cells for the recommendation "
-        f"(src/fedshield/crossround/{SEARCHED})",
+        f"(src/fedshield/crossround/{SEARCHED}); `fedshield recommend` results too, on their "
+        "own grid",
     )
     ap.add_argument(
         "--known",

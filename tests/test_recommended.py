@@ -145,3 +145,50 @@ def test_the_searched_attackers_worst_case_is_stated_beside_the_menus(monkeypatc
     server = rec.CONFIGURATIONS["cc-momentum"].server()
     assert f"against an attacker searched for it: {w.describe()}" in rec.statement(threat, server)
     assert "-30.0 against an attacker searched for it" in rec.short_statement(threat, server)
+
+
+def test_cells_of_another_grid_never_pair_with_the_quiet_grids() -> None:
+    """A grid's cells (``data``) pair only with that grid's clean twins, even on the same
+    seeds and S/M; the worst case names its grid, and the table lists each searched grid."""
+    mnist = "mnist5k/cnn_small, 20 rounds"
+    hunted = {
+        "cells": [
+            cell("cc-momentum", "none", 0.9, 11),
+            cell("cc-momentum", "searched", 0.8, 11),  # digits: −10
+            {**cell("cc-momentum", "none", 0.6, 11), "data": mnist},
+            {**cell("cc-momentum", "searched", 0.55, 11), "data": mnist},  # mnist: −5
+        ]
+    }
+    digits = rec.searched_worst("cc-momentum", hunted, rec.DIGITS)
+    other = rec.searched_worst("cc-momentum", hunted, mnist)
+    assert digits is not None and abs(digits.gap + 0.10) < 1e-12
+    assert other is not None and abs(other.gap + 0.05) < 1e-12 and other.data == mnist
+    both = rec.searched_worst("cc-momentum", hunted)  # the worst over both grids
+    assert both is not None and (both.gap, both.data, both.cells) == (digits.gap, rec.DIGITS, 2)
+    assert rec.searched_grids("cc-momentum", hunted) == [rec.DIGITS, mnist]
+    table = rec.markdown_table(DATA, hunted).splitlines()
+    row = next(r for r in table if "| no | fixed | no |" in r)
+    assert row.endswith(f"| {digits.describe()}; {other.describe()} |")
+    assert f"on {mnist}:" in other.describe() and " on " not in digits.describe()
+
+
+def test_the_stored_recommend_run_is_the_mnist_grid_of_the_searched_measurement() -> None:
+    """``bench_search.py --write-from`` reads a ``fedshield recommend`` result as its own
+    grid: the stored cells of MNIST/cnn_small are docs/results/recommend-mnist.json's choice,
+    clean and against the worst attack it met on the held-out seeds."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("bench_search", ROOT / "bench/bench_search.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    res = json.loads((ROOT / "docs/results/recommend-mnist.json").read_text())
+    cells: list = []
+    bench.recommend_cells(res, cells, [], [])
+    assert {c["config"] for c in cells} == {"nnm-median"}
+    stored = [c for c in rec.searched()["cells"] if c.get("data") == cells[0]["data"]]
+    assert stored == cells
+    w = rec.searched_worst("nnm-median", on=cells[0]["data"])
+    assert w is not None
+    assert round(100 * w.gap, 1) == round(100 * res["held_out"]["worst"]["gap"], 1)

@@ -139,10 +139,14 @@ class ThreatModel:
         return f"{root}, {self.mode} attackers, {faults}"
 
 
+#: The grid a cell without a ``data`` key was measured on (the quiet-attacker grid).
+DIGITS = "digits/mlp"
+
+
 @dataclass(frozen=True)
 class WorstCase:
-    """A configuration's worst measured cell: the attack and S/M where attacked − clean
-    accuracy (mean over ``seeds``) is least."""
+    """A configuration's worst measured cell: the attack, S/M and grid (``data``) where
+    attacked − clean accuracy (mean over ``seeds``) is least."""
 
     attack: str
     clients: int
@@ -151,14 +155,16 @@ class WorstCase:
     clean: float
     seeds: int
     cells: int  #: attacked cells measured for the configuration
+    data: str = DIGITS
 
     @property
     def gap(self) -> float:
         return self.acc - self.clean
 
     def describe(self) -> str:
+        on = "" if self.data == DIGITS else f" on {self.data}"
         return (
-            f"{self.attack} at S/M {self.cohort}/{self.clients}: {self.acc:.3f} vs clean "
+            f"{self.attack} at S/M {self.cohort}/{self.clients}{on}: {self.acc:.3f} vs clean "
             f"{self.clean:.3f} ({100 * self.gap:+.1f} points; mean of {self.seeds} seed(s), "
             f"worst of {self.cells} cells)"
         )
@@ -186,28 +192,46 @@ def searched() -> dict[str, Any]:
     return _stored(SEARCHED)
 
 
-def searched_worst(name: str, data: dict[str, Any] | None = None) -> WorstCase | None:
+def searched_worst(
+    name: str, data: dict[str, Any] | None = None, on: str | None = None
+) -> WorstCase | None:
     """Configuration ``name``'s worst case against the attacker searched for it (the
-    held-out seeds' mean gap at the S/M where it is largest); None when not searched."""
-    return worst_case(name, searched() if data is None else data)
+    held-out seeds' mean gap at the S/M and grid where it is largest; ``on``: that grid
+    only); None when not searched."""
+    return worst_case(name, searched() if data is None else data, on)
 
 
-def worst_case(name: str, data: dict[str, Any] | None = None) -> WorstCase | None:
+def searched_grids(name: str, data: dict[str, Any] | None = None) -> list[str]:
+    """The grids (``data`` labels) configuration ``name`` was searched on, the quiet grid
+    first."""
+    cells = (searched() if data is None else data)["cells"]
+    found = {c.get("data", DIGITS) for c in cells if c["config"] == name}
+    return sorted(found, key=lambda d: (d != DIGITS, d))
+
+
+def worst_case(
+    name: str, data: dict[str, Any] | None = None, on: str | None = None
+) -> WorstCase | None:
     """The worst cell of configuration ``name`` in ``data`` (default: the stored
-    measurement); None when it has no attacked cell with a clean twin."""
-    cells = (measured() if data is None else data)["cells"]
-    clean: dict[tuple[int, int, int], float] = {}
+    measurement), over every grid its cells name (``data``; :data:`DIGITS` when absent)
+    or over grid ``on`` only; None when it has no attacked cell with a clean twin."""
+    cells = [
+        c
+        for c in (measured() if data is None else data)["cells"]
+        if c["config"] == name and (on is None or c.get("data", DIGITS) == on)
+    ]
+    clean: dict[tuple[str, int, int, int], float] = {}
     for c in cells:
-        if c["config"] != name:
-            continue
         if c["attack"] == "none":
-            clean[(c["clients"], c["cohort"], c["seed"])] = c["acc"]
-    pairs: dict[tuple[str, int, int], list[tuple[float, float]]] = {}
+            clean[(c.get("data", DIGITS), c["clients"], c["cohort"], c["seed"])] = c["acc"]
+    pairs: dict[tuple[str, int, int, str], list[tuple[float, float]]] = {}
     for c in cells:
-        twin = clean.get((c["clients"], c["cohort"], c["seed"]))
-        if c["config"] != name or c["attack"] == "none" or twin is None:
+        grid = c.get("data", DIGITS)
+        twin = clean.get((grid, c["clients"], c["cohort"], c["seed"]))
+        if c["attack"] == "none" or twin is None:
             continue
-        pairs.setdefault((c["attack"], c["clients"], c["cohort"]), []).append((c["acc"], twin))
+        key = (c["attack"], c["clients"], c["cohort"], grid)
+        pairs.setdefault(key, []).append((c["acc"], twin))
     if not pairs:
         return None
     means = {
@@ -216,7 +240,7 @@ def worst_case(name: str, data: dict[str, Any] | None = None) -> WorstCase | Non
     }
     key = min(means, key=lambda k: (means[k][0] - means[k][1], k))
     a, b, n = means[key]
-    return WorstCase(key[0], key[1], key[2], a, b, n, len(means))
+    return WorstCase(key[0], key[1], key[2], a, b, n, len(means), key[3])
 
 
 def _usable(threat: ThreatModel) -> list[Configuration]:
@@ -358,8 +382,14 @@ def markdown_table(
         rec = recommend(t, data)
         worst = worst_case(rec.name, data)
         said = "not measured" if worst is None else worst.describe()
-        hunt = searched_worst(rec.name, hunted)
+        hunt = searched_worst(rec.name, hunted, DIGITS)
         found = "not searched" if hunt is None else hunt.describe()
+        others = [
+            w.describe()
+            for g in searched_grids(rec.name, hunted)
+            if g != DIGITS and (w := searched_worst(rec.name, hunted, g)) is not None
+        ]
+        found = "; ".join([found, *others])
         if (t.mode, t.faults) != ("fixed", False):
             said = said if worst is None else "as fixed, no faults: " + said
             found = found if hunt is None else "as fixed, no faults: " + found
@@ -372,6 +402,7 @@ def markdown_table(
 
 __all__ = [
     "BASELINE",
+    "DIGITS",
     "CONFIGURATIONS",
     "Configuration",
     "ThreatModel",
@@ -383,6 +414,7 @@ __all__ = [
     "measured",
     "recommend",
     "searched",
+    "searched_grids",
     "searched_worst",
     "short_statement",
     "statement",
