@@ -88,6 +88,8 @@ def one(
             raw["faults"]["invite"] = INVITE
     cfg = validate(raw, "bench_defaults")
     if ADD is not None and not bare:  # the defaults as the run resolves them, plus ADD
+        # fill under [faults]: builder.default_fill adds it to every faulted run here (a
+        # small mlp, no extras, fixed attackers)
         names, _ = default_round_defenses(cfg, AGGREGATORS.entry(rule))
         raw["server"]["round_defenses"] = ["fill"] * (section is not None) + names + [ADD]
         cfg = validate(raw, "bench_defaults")

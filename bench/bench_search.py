@@ -33,7 +33,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fedshield.crossround.recommended import CONFIGURATIONS, SEARCHED
+from fedshield.crossround.recommended import CONFIGURATIONS, SEARCHED, differences
 from fedshield.search.attack_search import MENU, search_attack
 from fedshield.search.trials import Defense, Trials
 
@@ -89,16 +89,8 @@ def recommend_cells(
     strongest attack it met on the held-out seeds, on its own grid — ``data`` names the
     data set, the model and the rounds, so its cells never pair with another grid's."""
     choice = res["choice"]
-    keys = ("algorithm", "aggregator", "pre_aggregators", "round_defenses")
-    want = {k: choice.get(k) or ([] if k.endswith("s") else None) for k in keys}
-
-    def composition(name: str) -> dict[str, Any]:
-        c = CONFIGURATIONS[name]
-        return {"algorithm": c.algorithm, "aggregator": c.aggregator,
-                "pre_aggregators": list(c.pre_aggregators),
-                "round_defenses": list(c.round_defenses)}  # fmt: skip
-
-    name = next((n for n in CONFIGURATIONS if composition(n) == want), None)
+    # the candidate the choice selects, by the statement's own test
+    name = next((n for n, c in CONFIGURATIONS.items() if not differences(c, choice)), None)
     if name is None:
         raise SystemExit(f"{res['command']}: its choice {choice['name']} is no candidate")
     cfg = tomllib.loads((Path(__file__).resolve().parents[1] / res["config"]).read_text())

@@ -131,7 +131,7 @@ def paired(
 
     def value(runs: dict[str, float | None]) -> float:
         pick = min if better > 0 else max  # the worst for the metric's direction
-        return pick(v for v in runs.values() if v is not None)
+        return pick(v for v in runs.values() if v is not None)  # all finite: complete()
 
     def complete(ra: dict[str, float | None], rb: dict[str, float | None]) -> bool:
         return set(ra) == set(rb) and all(v is not None for v in (*ra.values(), *rb.values()))
