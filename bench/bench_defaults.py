@@ -45,7 +45,7 @@ from fedshield.aggregators.base import AGGREGATORS
 from fedshield.config import validate
 from fedshield.provenance import source_commit
 from fedshield.runner import run
-from fedshield.sim.builder import default_round_defenses
+from fedshield.sim.builder import default_pre_aggregators, default_round_defenses
 
 NOISE = {"name": "noise", "params": {"sigma": 100.0}, "fraction": 0.3}
 #: (d)'s attacks: the σ = 100 noise of (b), and each attacker's own update negated (the
@@ -90,7 +90,8 @@ def one(
     if ADD is not None and not bare:  # the defaults as the run resolves them, plus ADD
         # fill under [faults]: builder.default_fill adds it to every faulted run here (a
         # small mlp, no extras, fixed attackers)
-        names, _ = default_round_defenses(cfg, AGGREGATORS.entry(rule))
+        entry = AGGREGATORS.entry(rule)
+        names, _ = default_round_defenses(cfg, entry, default_pre_aggregators(cfg, entry))
         raw["server"]["round_defenses"] = ["fill"] * (section is not None) + names + [ADD]
         cfg = validate(raw, "bench_defaults")
     res = run(cfg, None, quiet=True)

@@ -89,6 +89,53 @@ def test_an_empty_list_opts_out_and_a_plain_rule_gets_none(raw, caplog) -> None:
     assert _applied(chosen) == ["step_bound"]
 
 
+def _pre(comp) -> list[str]:  # type: ignore[no-untyped-def]
+    return [p.name for p in getattr(comp.server.aggregator, "pre", ())]
+
+
+def test_a_median_named_alone_runs_behind_its_candidates_pre_aggregators(raw, caplog) -> None:
+    """The median's recommended configuration is NNM → median (Allouah et al., 2023): named
+    alone, the median gets the mixing with the candidate's round defenses, says so, and the
+    resolved config still has neither key (a resume resolves the same)."""
+    threat = rec.ThreatModel(root=False, mode="fixed", faults=False)
+    conf = rec.for_rule(threat, "median", None)
+    assert conf.pre_aggregators == ("nnm",)
+    cfg = config.validate(_raw(raw, NOISE))
+    with caplog.at_level(logging.INFO, logger="fedshield"):
+        comp = build_components(cfg)
+    assert _pre(comp) == ["nnm"] and _applied(comp) == list(conf.round_defenses)
+    said = next(r.getMessage() for r in caplog.records if r.name == "fedshield.statement")
+    assert "pre-aggregators [nnm] and round defenses [" in said
+    assert "the run is this configuration" in said  # the recommendation, not a departure
+    assert comp.budget is not None
+    assert comp.budget.recommended["differs"] == []  # summary.json: as recommended
+    dumped = config.dump(cfg)
+    assert "pre_aggregators = []" in dumped and "round_defenses" not in dumped
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        {"round_defenses": []},  # a paper's bare rule
+        {"round_defenses": ["step_bound"]},  # defenses chosen by hand
+        {"pre_aggregators": ["clip"]},  # pre-aggregators chosen by hand
+        {"aggregator": "centered_clipping"},  # its candidate runs behind none
+        {"aggregator": "mean"},  # not robust
+    ],
+    ids=["opt-out", "by-hand", "pre-set", "cc", "mean"],
+)
+def test_no_default_pre_aggregator_where_the_defense_is_configured(raw, server) -> None:
+    comp = build_components(config.validate(_raw(raw, NOISE, **server)))
+    assert _pre(comp) == list(server.get("pre_aggregators", []))
+
+
+def test_no_default_pre_aggregator_under_central_dp(raw) -> None:
+    out = _raw(raw)
+    out["privacy"] = {"central": {"noise_multiplier": 1.0, "clip": 1.0}}
+    comp = build_components(config.validate(out))
+    assert _pre(comp) == [] and _applied(comp) == []
+
+
 def test_round_defense_args_set_the_defaults_parameters(raw) -> None:
     args = {"step_bound": {"kappa": 5.0}}
     comp = build_components(config.validate(_raw(raw, NOISE, round_defense_args=args)))

@@ -268,19 +268,20 @@ def recommend(threat: ThreatModel, data: dict[str, Any] | None = None) -> Config
 def for_rule(
     threat: ThreatModel,
     rule: str,
-    pre_aggregators: tuple[str, ...] | list[str] = (),
+    pre_aggregators: tuple[str, ...] | list[str] | None = (),
     data: dict[str, Any] | None = None,
 ) -> Configuration:
     """The configuration whose round defenses a robust rule named without
     ``server.round_defenses`` gets (docs/cross-round.md, "Default"): among the candidates
-    usable under ``threat`` that run the same rule behind the same pre-aggregators, the one
-    with the best measured worst case; a rule no candidate runs gets those of the
-    recommendation without root data (its round defenses act on rows and applied steps, not
-    on a reference, so they suit any rule)."""
+    usable under ``threat`` that run the same rule behind the same pre-aggregators (None:
+    behind any, the rule named alone), the one with the best measured worst case; a rule no
+    candidate runs gets those of the recommendation without root data (its round defenses
+    act on rows and applied steps, not on a reference, so they suit any rule)."""
     same = [
         c
         for c in _usable(threat)
-        if c.rule() == rule and tuple(c.pre_aggregators) == tuple(pre_aggregators)
+        if c.rule() == rule
+        and (pre_aggregators is None or tuple(c.pre_aggregators) == tuple(pre_aggregators))
     ]
     if same:
         best = _best(same, data)

@@ -114,11 +114,17 @@ def cmd_recommend(args: argparse.Namespace, console: Console) -> int:
     rounds = args.rounds or cfg.rounds
     if cfg.server.round_defenses is None:  # the search starts from what the run applies
         from fedshield.aggregators.base import AGGREGATORS
-        from fedshield.sim.builder import default_round_defenses, load_plugins
+        from fedshield.sim.builder import (
+            default_pre_aggregators,
+            default_round_defenses,
+            load_plugins,
+        )
 
         load_plugins(cfg.plugins)
         entry = AGGREGATORS.entry(cfg.server.aggregator, "server.aggregator")
-        base["server"]["round_defenses"] = default_round_defenses(cfg, entry)[0]
+        pre = default_pre_aggregators(cfg, entry)
+        base["server"]["pre_aggregators"] = pre[0]
+        base["server"]["round_defenses"] = default_round_defenses(cfg, entry, pre)[0]
     start = Defense.of(base["server"])
     why = refusal(base, start)
     if why is not None:

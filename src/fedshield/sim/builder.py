@@ -206,7 +206,41 @@ def _budget(rule: Aggregator, cfg: ExperimentConfig, invited: int | None = None)
     return run_budget(rule, **_budget_args(cfg), invited=invited)
 
 
-def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[list[str], str]:
+def _threat(cfg: ExperimentConfig) -> Any:
+    from fedshield.crossround import recommended
+
+    return recommended.ThreatModel(cfg.data.root_size > 0, cfg.attack.mode, cfg.faults is not None)
+
+
+def default_pre_aggregators(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[list[str], str]:
+    """``server.pre_aggregators`` as the run applies them, and what the console line says of
+    them. Set, or with ``server.round_defenses`` set (the defense configured by hand,
+    ``[]`` included: a paper's bare rule), they are the configured ones. Otherwise a rule
+    tagged ``robust`` and named alone runs behind the pre-aggregators of its recommended
+    configuration (:func:`fedshield.crossround.recommended.for_rule` over every candidate
+    that runs it): the median behind nearest-neighbour mixing (Allouah et al., "Fixing by
+    Mixing", AISTATS 2023), whose candidate holds every measured cell better than the bare
+    median's (docs/cross-round.md, "Default"). None under ``[privacy.central]``, as for the
+    round defenses. Resolved here, not written into the config, so a resumed or replayed
+    run resolves the same."""
+    from fedshield.crossround import recommended
+
+    s = cfg.server
+    names = list(s.pre_aggregators)
+    hand = names or s.pre_aggregator_args or s.round_defenses is not None
+    if hand or not entry.has("robust"):
+        return names, ""
+    if cfg.privacy is not None and cfg.privacy.central is not None:
+        return names, ""
+    conf = recommended.for_rule(_threat(cfg), entry.name, None)
+    if not conf.pre_aggregators:
+        return names, ""
+    return list(conf.pre_aggregators), f"pre-aggregators [{', '.join(conf.pre_aggregators)}] and "
+
+
+def default_round_defenses(
+    cfg: ExperimentConfig, entry: Entry[Any], pre: tuple[list[str], str] | None = None
+) -> tuple[list[str], str]:
     """``server.round_defenses`` as the run applies them, and what the console line says of
     them. Set (``[]`` included: the opt-out), they are the configured ones. Unset, a rule
     tagged ``robust`` gets the recommended round defenses for the run's threat model
@@ -215,11 +249,14 @@ def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[li
     "Default"), with or without a simulated ``[attack]`` (a deployment has none), less those
     that keep a model per client (:func:`~fedshield.crossround.recommended.default_defenses`);
     under
-    ``[privacy.central]`` none, whose accounting covers no round defense. Resolved here,
-    not written into the config, so a config without the key hashes as before."""
+    ``[privacy.central]`` none, whose accounting covers no round defense. ``pre``: the
+    pre-aggregators the run applies (:func:`default_pre_aggregators`; default: the
+    configured ones). Resolved here, not written into the config, so a config without the
+    key hashes as before."""
     from fedshield.crossround import recommended
 
     s = cfg.server
+    pre_names, pre_said = pre if pre is not None else (list(s.pre_aggregators), "")
     if s.round_defenses is not None:
         names = list(s.round_defenses)
         return names, f"server.round_defenses={names}" if names else "no round defenses"
@@ -227,13 +264,12 @@ def default_round_defenses(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[li
         return [], "no round defenses"
     if cfg.privacy is not None and cfg.privacy.central is not None:
         return [], "no round defenses by default under [privacy.central] (not in its accounting)"
-    root, faults = cfg.data.root_size > 0, cfg.faults is not None
-    threat = recommended.ThreatModel(root, cfg.attack.mode, faults)
-    conf = recommended.for_rule(threat, entry.name, s.pre_aggregators)
+    conf = recommended.for_rule(_threat(cfg), entry.name, pre_names)
     kept, heavy = recommended.default_defenses(conf)
     less = f" less {', '.join(heavy)}: O(M·d) memory, opt in" if heavy else ""
     return list(kept), (
-        f"round defenses [{', '.join(kept)}] by default for the robust rule {entry.name!r} "
+        f"{pre_said}round defenses [{', '.join(kept)}] by default for the robust rule "
+        f"{entry.name!r} "
         f"(those of {conf.name!r}{less}; opt out: server.round_defenses = [])"
     )
 
@@ -291,6 +327,7 @@ def state_budget(
     rule: Aggregator,
     invited: int | None = None,
     defenses: tuple[list[str], str] | None = None,
+    pre: list[str] | None = None,
 ) -> ByzantineBudget:
     """The run's Byzantine statement (logged) for the built rule; refuses a rule that
     cannot outvote that f on the sampled cohort even when every client answers (a rule
@@ -299,7 +336,8 @@ def state_budget(
     a tenth). ``defenses``: the round defenses the run applies and their phrase
     (:func:`default_round_defenses`; default: the configured ones). The recommendation
     line goes to the console (logger ``fedshield.statement``, which ``fedshield run``
-    shows)."""
+    shows). ``pre``: the pre-aggregators the run applies (default: the configured ones)."""
+    pre = list(cfg.server.pre_aggregators) if pre is None else pre
     if defenses is None:
         names = list(cfg.server.round_defenses or [])
         defenses = names, f"server.round_defenses={names}" if names else "no round defenses"
@@ -308,10 +346,9 @@ def state_budget(
     s = budget.asked
     need = rows_needed(rule, budget.f)
     if need is None or need > s:
-        pre = ", ".join(cfg.server.pre_aggregators) or "none"
         raise ConfigError(
             f"server.aggregator={cfg.server.aggregator!r} behind server.pre_aggregators "
-            f"[{pre}] cannot outvote f={budget.f} Byzantine clients of a cohort of S={s} "
+            f"[{', '.join(pre) or 'none'}] cannot outvote f={budget.f} Byzantine clients of a cohort of S={s} "
             f"(needs {need or 'more'} rows); set server.aggregator_args.f, a smaller bucket "
             "size or a larger server.clients_per_round"
         )
@@ -331,7 +368,7 @@ def state_budget(
     server = {
         "algorithm": cfg.server.algorithm,
         "aggregator": cfg.server.aggregator,
-        "pre_aggregators": list(cfg.server.pre_aggregators),
+        "pre_aggregators": list(pre),
         "round_defenses": [n for n in applied if n not in liveness],
     }
     budget.recommended = recommendation(
@@ -399,18 +436,19 @@ def build_components(cfg: ExperimentConfig) -> Components:
     entries["aggregator"] = AGGREGATORS.entry(s.aggregator, "server.aggregator")
     agg_args = entries["aggregator"].parse(s.aggregator_args, "server.aggregator_args")
     probe = entries["aggregator"].obj(**agg_args.kwargs())
-    if s.pre_aggregators or s.pre_aggregator_args:  # the rows the rule needs behind them
+    pre = default_pre_aggregators(cfg, entries["aggregator"])
+    if pre[0] or s.pre_aggregator_args:  # the rows the rule needs behind them
         from fedshield.preaggregators import compose
 
-        probe = compose(s.pre_aggregators, s.pre_aggregator_args, probe, cfg.seed)
+        probe = compose(pre[0], s.pre_aggregator_args, probe, cfg.seed)
     invited = invited_count(cfg, probe)
     aggregator = derive_byzantine_count(
         entries["aggregator"].obj(**agg_args.kwargs()), entries["aggregator"], cfg, invited
     )
-    if s.pre_aggregators or s.pre_aggregator_args:  # NNM, Bucketing, ... in front of the rule
+    if pre[0] or s.pre_aggregator_args:  # NNM, Bucketing, ... in front of the rule
         from fedshield.preaggregators import compose
 
-        aggregator = compose(s.pre_aggregators, s.pre_aggregator_args, aggregator, cfg.seed)
+        aggregator = compose(pre[0], s.pre_aggregator_args, aggregator, cfg.seed)
     try:
         aggregator.validate(s.clients_per_round)
     except ConfigError as err:
@@ -418,9 +456,9 @@ def build_components(cfg: ExperimentConfig) -> Components:
     _check_tags(cfg, entries, tags)
     if meta is not None:
         client.check_model(meta)  # tiers and exit layout against the model, before data
-    defenses = default_round_defenses(cfg, entries["aggregator"])
+    defenses = default_round_defenses(cfg, entries["aggregator"], pre)
     defenses = default_fill(cfg, defenses, meta, tags_of(client).get("uploads", frozenset()))
-    budget = state_budget(cfg, aggregator, invited, defenses)
+    budget = state_budget(cfg, aggregator, invited, defenses, pre[0])
     server = server_cls(
         aggregator,
         lr=s.lr,
