@@ -121,12 +121,19 @@ def test_a_median_named_alone_runs_behind_its_candidates_pre_aggregators(raw, ca
         {"pre_aggregators": ["clip"]},  # pre-aggregators chosen by hand
         {"aggregator": "centered_clipping"},  # its candidate runs behind none
         {"aggregator": "mean"},  # not robust
+        {"aggregator": "norm_clip"},  # no candidate runs it, and it is not reference-free
     ],
-    ids=["opt-out", "by-hand", "pre-set", "cc", "mean"],
+    ids=["opt-out", "by-hand", "pre-set", "cc", "mean", "norm_clip"],
 )
 def test_no_default_pre_aggregator_where_the_defense_is_configured(raw, server) -> None:
     comp = build_components(config.validate(_raw(raw, NOISE, **server)))
     assert _pre(comp) == list(server.get("pre_aggregators", []))
+
+
+def test_a_reference_free_rule_no_candidate_runs_gets_the_no_root_recommendations(raw) -> None:
+    threat = rec.ThreatModel(root=False, mode="fixed", faults=False)
+    krum = build_components(config.validate(_raw(raw, NOISE, aggregator="krum")))
+    assert _pre(krum) == list(rec.recommend(threat).pre_aggregators) == ["nnm"]
 
 
 def test_no_default_pre_aggregator_under_central_dp(raw) -> None:

@@ -218,10 +218,11 @@ def default_pre_aggregators(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[l
     ``[]`` included: a paper's bare rule), they are the configured ones. Otherwise a rule
     tagged ``robust`` and named alone runs behind the pre-aggregators of its recommended
     configuration (:func:`fedshield.crossround.recommended.for_rule` over every candidate
-    that runs it): the median behind nearest-neighbour mixing (Allouah et al., "Fixing by
-    Mixing", AISTATS 2023), whose candidate holds every measured cell better than the bare
-    median's (docs/cross-round.md, "Default"). None under ``[privacy.central]``, as for the
-    round defenses. Resolved here, not written into the config, so a resumed or replayed
+    that runs it; a ``reference_free`` rule no candidate runs, behind the no-root
+    recommendation's): the median behind nearest-neighbour mixing (Allouah et al., "Fixing
+    by Mixing", AISTATS 2023), whose candidate holds every measured cell better than the
+    bare median's (docs/cross-round.md, "Default"). None under ``[privacy.central]``, as for
+    the round defenses. Resolved here, not written into the config, so a resumed or replayed
     run resolves the same."""
     from fedshield.crossround import recommended
 
@@ -233,7 +234,10 @@ def default_pre_aggregators(cfg: ExperimentConfig, entry: Entry[Any]) -> tuple[l
     if cfg.privacy is not None and cfg.privacy.central is not None:
         return names, ""
     conf = recommended.for_rule(_threat(cfg), entry.name, None)
-    if not conf.pre_aggregators:
+    # a rule no candidate runs gets the no-root recommendation's: mixing is defined for the
+    # reference-free rules (Allouah et al.), not for one that scores rows by a reference
+    foreign = conf.rule() != entry.name and not entry.has("reference_free")
+    if not conf.pre_aggregators or foreign:
         return names, ""
     return list(conf.pre_aggregators), f"pre-aggregators [{', '.join(conf.pre_aggregators)}] and "
 
@@ -348,9 +352,9 @@ def state_budget(
     if need is None or need > s:
         raise ConfigError(
             f"server.aggregator={cfg.server.aggregator!r} behind server.pre_aggregators "
-            f"[{', '.join(pre) or 'none'}] cannot outvote f={budget.f} Byzantine clients of a cohort of S={s} "
-            f"(needs {need or 'more'} rows); set server.aggregator_args.f, a smaller bucket "
-            "size or a larger server.clients_per_round"
+            f"[{', '.join(pre) or 'none'}] cannot outvote f={budget.f} Byzantine clients of "
+            f"a cohort of S={s} (needs {need or 'more'} rows); set server.aggregator_args.f, "
+            "a smaller bucket size or a larger server.clients_per_round"
         )
     line = budget.line(repr(rule))
     if budget.p_exceeds > 0:  # what acts on the rounds the rule cannot defend alone
