@@ -56,6 +56,8 @@ INVITE: str | None = None
 #: ``--add-defense``: a round defense appended to the defaults of every defended run (None:
 #: the defaults alone), to measure a candidate default before it becomes one
 ADD: str | None = None
+#: ``--first``: ADD goes before the defaults (and fill), not after them
+FIRST = False
 
 
 def one(
@@ -91,8 +93,11 @@ def one(
         # fill under [faults]: builder.default_fill adds it to every faulted run here (a
         # small mlp, no extras, fixed attackers)
         entry = AGGREGATORS.entry(rule)
-        names, _ = default_round_defenses(cfg, entry, default_pre_aggregators(cfg, entry))
-        raw["server"]["round_defenses"] = ["fill"] * (section is not None) + names + [ADD]
+        pre = default_pre_aggregators(cfg, entry)
+        names, _ = default_round_defenses(cfg, entry, pre)
+        raw["server"]["pre_aggregators"] = pre[0]  # set by hand now: the defaults' own
+        head = ["fill"] * (section is not None) + names
+        raw["server"]["round_defenses"] = [ADD, *head] if FIRST else [*head, ADD]
         cfg = validate(raw, "bench_defaults")
     res = run(cfg, None, quiet=True)
     budget = res["byzantine"]
@@ -143,9 +148,13 @@ def main() -> None:
         help="a round defense appended to the defaults (and to fill under faults) in every "
         "defended run",
     )  # fmt: skip
+    ap.add_argument(
+        "--first", action="store_true",
+        help="--add-defense goes first (before fill: a defense that holds rows back)",
+    )  # fmt: skip
     args = ap.parse_args()
-    global INVITE, ADD
-    INVITE, ADD = args.invite, args.add_defense
+    global INVITE, ADD, FIRST
+    INVITE, ADD, FIRST = args.invite, args.add_defense, args.first
     logging.getLogger("fedshield").setLevel(logging.ERROR)  # the table, not each build's lines
     seeds, rounds = args.seeds, args.rounds
     src = source_commit()
@@ -155,6 +164,7 @@ def main() -> None:
         f"commit {commit}; each cell: final test accuracy per seed | mean"
         + (f"; faults.invite = {args.invite!r} in every run with faults" if args.invite else "")
         + (f"; {args.add_defense!r} added to the default round defenses" if ADD else "")
+        + (" (first)" if ADD and FIRST else "")
     )
     start = time.perf_counter()
 

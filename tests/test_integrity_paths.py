@@ -358,9 +358,12 @@ def test_a_two_client_depth_tier_under_an_honest_majority_rule_moves_no_further_
 def test_a_rule_degraded_to_f_0_does_not_let_one_row_through(agg: str, left: int) -> None:
     """Screening leaves fewer rows than an f = 1 rule needs (Multi-Krum 2f + 3, Trimmed
     Mean 2f + 1): it runs at f = 0 — the mean — on clipped rows, so a huge finite row
-    moves θ no further than an honest row could."""
+    moves θ no further than an honest row could; also behind the NNM a reference-free rule
+    named alone gets by default."""
     pair = fuzz.make_pair("fedavg", agg)
-    pair.sim.comp.aggregator._configure(f=1)
+    rule = pair.sim.comp.aggregator
+    assert [p.name for p in rule.pre] == ["nnm"]  # the default composition
+    rule.rule._configure(f=1)
     honest_scale = max(float(u.delta.double().norm()) for u in pair.honest)
 
     def edit(ups):
