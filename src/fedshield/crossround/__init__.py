@@ -16,8 +16,6 @@ reputation   clients repeatedly far from the aggregate are suspended       O(M)
 collusion    near-identical rows of different clients are left out         O(M)
 consistency  clients whose offsets oppose the applied step are suspended   O(M)
 momentum     the rule sees each client's momentum β·m + (1 − β)·g          O(M·d)
-participa-   rows reach the rule at most at the typical answer rate per    O(M)
-tion         invitation (always-answering attackers keep their share)
 ===========  ============================================================  ========
 """
 

@@ -196,13 +196,9 @@ def server_round_step(
     defenses = getattr(server, "round_defenses", None)  # fedshield.crossround
     filled: dict[str, Tensor] = {}
     fresh = kept
-    n_own = len(kept)
     if defenses is not None and kept:  # a short round completed from cached rows (fill)
         sent = {u.client_id for u in admitted}
         kept, filled, notes = defenses.complete(start.replace(updates=kept), budget.needed, sent)
-        # participation may hold some back (order kept), fill appends cached rows (new objects)
-        mine = {id(u) for u in fresh}
-        n_own = sum(1 for u in kept if id(u) in mine)
         metrics |= notes
         out.state = start.state | filled
     if uniform_counts:
@@ -227,8 +223,8 @@ def server_round_step(
     rnd = start.replace(updates=kept)
     try:
         if defenses is not None:  # cached rows, step bound: around update and post_step
-            # This round's own uploads are the first n_own rows (fill appends after).
-            own = kept[:n_own] if len(kept) > n_own else None
+            # This round's own uploads are the first len(fresh) rows (fill appends after).
+            own = kept[: len(fresh)] if len(kept) > len(fresh) else None
             step = defenses.step(server, rnd, own, filled, pad_f)
         else:
             if pad_f is not None:
