@@ -58,6 +58,10 @@ INVITE: str | None = None
 ADD: str | None = None
 #: ``--first``: ADD goes before the defaults (and fill), not after them
 FIRST = False
+#: ``--clients``: M of tables (c) and (d)
+CLIENTS = 50
+#: ``--no-skip-twin``: table (d) without its short_rounds = "skip" twin
+SKIP_TWIN = True
 
 
 def one(
@@ -152,9 +156,15 @@ def main() -> None:
         "--first", action="store_true",
         help="--add-defense goes first (before fill: a defense that holds rows back)",
     )  # fmt: skip
+    ap.add_argument("--clients", type=int, default=50, help="M of tables (c) and (d)")
+    ap.add_argument(
+        "--no-skip-twin", action="store_true",
+        help='table (d) without its server.short_rounds = "skip" twin',
+    )  # fmt: skip
     args = ap.parse_args()
-    global INVITE, ADD, FIRST
+    global INVITE, ADD, FIRST, CLIENTS, SKIP_TWIN
     INVITE, ADD, FIRST = args.invite, args.add_defense, args.first
+    CLIENTS, SKIP_TWIN = args.clients, not args.no_skip_twin
     logging.getLogger("fedshield").setLevel(logging.ERROR)  # the table, not each build's lines
     seeds, rounds = args.seeds, args.rounds
     src = source_commit()
@@ -172,7 +182,7 @@ def main() -> None:
         part_a(args.rules, seeds, rounds)
     if "b" in args.parts:
         part_b(seeds, rounds)
-    ref = [one(s, rounds)["acc"] for s in seeds]
+    ref = [one(s, rounds, clients=CLIENTS)["acc"] for s in seeds]
     if "c" in args.parts:
         part_c(args.faults, seeds, rounds, ref)
     if "d" in args.parts:
@@ -205,10 +215,10 @@ def part_b(seeds: list[int], rounds: int) -> None:
 
 
 def part_c(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) -> None:
-    print("\n(c) clean Median with the defaults under faults vs no faults (M=50)")
+    print(f"\n(c) clean Median with the defaults under faults vs no faults (M={CLIENTS})")
     print(f"{'faults':<18}  {'faults':>25}  {'no faults':>25}    gap  skipped  padded  S'")
     for faults in faults_:
-        r = [one(s, rounds, faults=faults) for s in seeds]
+        r = [one(s, rounds, clients=CLIENTS, faults=faults) for s in seeds]
         acc = [x["acc"] for x in r]
         skipped = "/".join(str(x["skipped"]) for x in r)
         padded = "/".join(str(x["padded"]) for x in r)
@@ -223,31 +233,41 @@ def part_c(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) 
 def part_d(faults_: list[str], seeds: list[int], rounds: int, ref: list[float]) -> None:
     twin = (
         ""
-        if ADD
+        if ADD or not SKIP_TWIN
         else "; beside it the same attacked run with short rounds skipped "
         '(server.short_rounds = "skip", the default before padding)'
     )
     print(
         "\n(d) Median with the defaults, 30 % fixed attackers, under faults vs its clean twin "
-        f"under the same faults (M=50){twin}"
+        f"under the same faults (M={CLIENTS}){twin}"
     )
     print(
         f"{'faults, attack':<30}  {'attacked (pad)':>25}  {'clean':>25}    gap  padded"
-        + ("" if ADD else f"  {'attacked (skip)':>25}    gap  skipped")
+        + ("" if ADD or not SKIP_TWIN else f"  {'attacked (skip)':>25}    gap  skipped")
     )
     for faults in ["none", *faults_]:
-        clean = ref if faults == "none" else [one(s, rounds, faults=faults)["acc"] for s in seeds]
+        clean = (
+            ref
+            if faults == "none"
+            else [one(s, rounds, clients=CLIENTS, faults=faults)["acc"] for s in seeds]
+        )
         for recipe in ATTACKS:
-            r = [one(s, rounds, attack="fixed", faults=faults, recipe=recipe) for s in seeds]
+            r = [
+                one(s, rounds, clients=CLIENTS, attack="fixed", faults=faults, recipe=recipe)
+                for s in seeds
+            ]
             acc = [x["acc"] for x in r]
             padded = "/".join(str(x["padded"]) for x in r)
             line = (
                 row(f"{faults}, {recipe}", [acc, clean], label_width=30)
                 + f"  {100 * (mean(acc) - mean(clean)):+5.1f}  {padded:>6}"
             )
-            if ADD is None:  # the skip twin measures padding, not an added defense
+            if ADD is None and SKIP_TWIN:  # the skip twin measures padding, not an added defense
                 k = [
-                    one(s, rounds, attack="fixed", faults=faults, recipe=recipe, short="skip")
+                    one(
+                        s, rounds, clients=CLIENTS, attack="fixed", faults=faults,
+                        recipe=recipe, short="skip",
+                    )  # fmt: skip
                     for s in seeds
                 ]
                 kacc = [x["acc"] for x in k]
