@@ -102,22 +102,32 @@ class SGDStep:
             self.momenta[i] = buf
 
 
-def batch_indices(
+def batch_slices(
     n: int, batch_size: int, steps: int, generator: torch.Generator
-) -> Iterator[Tensor]:
-    """``steps`` mini-batches drawn epoch by epoch from fresh permutations (last one partial).
-    A client without samples is refused (its epochs are empty: the loop never ended)."""
+) -> Iterator[tuple[Tensor, slice]]:
+    """``steps`` mini-batches drawn epoch by epoch from fresh permutations (last one partial),
+    as (the epoch's permutation, the batch's slice of it): a caller that gathers its data
+    once an epoch slices the gathered rows. A client without samples is refused (its epochs
+    are empty: the loop never ended)."""
     if n <= 0:
         raise ConfigError(f"a client with {n} samples cannot train: local training needs data")
     done = 0
     while done < steps:
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, batch_size):
-            # one batch an epoch: the permutation itself (a slice costs µs per step)
-            yield perm if batch_size >= n else perm[start : start + batch_size]
+            yield perm, slice(start, start + batch_size)
             done += 1
             if done == steps:
                 return
+
+
+def batch_indices(
+    n: int, batch_size: int, steps: int, generator: torch.Generator
+) -> Iterator[Tensor]:
+    """The sample indices of :func:`batch_slices`' mini-batches."""
+    for perm, part in batch_slices(n, batch_size, steps, generator):
+        # one batch an epoch: the permutation itself (a slice costs µs per step)
+        yield perm if batch_size >= n else perm[part]
 
 
 def autocast(ctx: ClientContext) -> contextlib.AbstractContextManager:
