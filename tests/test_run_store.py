@@ -85,6 +85,28 @@ def test_changed_code_needs_a_replay_which_reproduces_and_stamps(made, tmp_path,
     assert validity.status(f, rec).state == "unchecked"
 
 
+@pytest.mark.xdist_group("processes")  # it starts two worker processes
+def test_replay_in_parallel_stamps_each_record(made, tmp_path) -> None:
+    """``fedshield results replay -j 2``: spawned workers replay the unchecked records (here
+    made "at other code": a module hash that is not this code's, in every process) and
+    stamp each; one the replay contradicts is stale, and the command says so (exit 1)."""
+    from fedshield.results.__main__ import main
+
+    _, rec = _one(made)
+    other = {**rec["modules"], "fedshield.aggregators.mean": "0" * 64}
+    s = tmp_path / "store"
+    good = store.write({**copy.deepcopy(rec), "modules": other}, s)
+    bad = copy.deepcopy(rec) | {"modules": other}
+    bad["rounds"][1]["test_acc"] += 0.2
+    worse = store.write(bad, s)
+    assert validity.status(good, store.read(good)).state == "unchecked"
+    assert main(["replay", str(s), "-j", "2"]) == 1
+    assert validity.status(good, store.read(good)).state == "replayed"
+    assert validity.status(worse, store.read(worse)).state == "stale"
+    assert len(list(s.glob("*.replay-*.json"))) == 2
+    assert main(["replay", str(s), "-j", "2"]) == 1  # nothing left to replay: the same verdicts
+
+
 def test_a_record_its_replay_contradicts_is_stale_and_left_out(made, raw, tmp_path, monkeypatch):
     s = tmp_path / "store"
     _, rec = _one(made)

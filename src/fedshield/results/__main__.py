@@ -2,7 +2,7 @@
 results pages made from them (docs/results/index.md)::
 
     fedshield results status [STORE ...]             # valid / replayed / unchecked / stale
-    fedshield results replay [STORE ...] [--rounds 2]   # replay the unchecked ones
+    fedshield results replay [STORE ...] [--rounds 2] [-j N]   # replay the unchecked ones
     fedshield results compact [STORE ...]            # module hashes into shared manifests
     fedshield results page PAGE [--out DIR] [-j N] [--only LABEL,...] [--part K/N] [--store DIR]
                                                      # = make results PAGE=... OUT=... ...
@@ -42,6 +42,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         p = sub.add_parser(action, help=what, description=what)
         p.add_argument("stores", nargs="*", type=Path, help="store folders (default: the repo's)")
         p.add_argument("--rounds", type=int, default=None, help="rounds a replay runs (2)")
+        if action == "replay":
+            p.add_argument(
+                "-j", "--jobs", type=int, default=1,
+                help="replays in parallel, one process and one thread each (1)",
+            )  # fmt: skip
     cp = sub.add_parser(
         "compact", help="records and stamps written before manifests: module hashes moved "
         "into the store's shared manifests/ (names and contents read back unchanged)",
@@ -132,15 +137,50 @@ def _records(args: argparse.Namespace) -> int:
 
     stores = args.stores or [store.REPO_STORE]
     counts: Counter[str] = Counter()
+    rounds = args.rounds or validity.ROUNDS
+    jobs = getattr(args, "jobs", 1)
+    if jobs < 1:
+        from fedshield.errors import ConfigError
+
+        raise ConfigError(f"--jobs {jobs}: give at least 1")
+    todo: list[Path] = []
     for f, rec in store.records(*stores):
         st = validity.status(f, rec)
         if args.action == "replay" and st.state == "unchecked":
-            st = validity.check(f, rec, args.rounds or validity.ROUNDS)
+            if jobs > 1:  # replayed below, in parallel
+                todo.append(f)
+                continue
+            st = validity.check(f, rec, rounds)
         counts[st.state] += 1
         print(st.line(), flush=True)
+    if todo:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a fresh interpreter per worker (no forked torch thread pools); stamps and
+        # manifests are written atomically under per-process names, so workers never clash
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_one_thread) as pool:
+            for state, line in pool.map(_replay_one, todo, [rounds] * len(todo), chunksize=4):
+                counts[state] += 1
+                print(line, flush=True)
     print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no records")
     bad = counts["stale"] + (counts["unchecked"] if args.action == "status" else 0)
     return 1 if bad else 0
+
+
+def _one_thread() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _replay_one(path: Path, rounds: int) -> tuple[str, str]:
+    """One record's status after its replay (a worker of ``replay --jobs``)."""
+    from fedshield.results import store, validity
+
+    st = validity.check(path, store.read(path), rounds)
+    return st.state, st.line()
 
 
 def main(argv: list[str] | None = None) -> int:
