@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from fedshield import config
 from fedshield.models import build_model, model_tags
+from fedshield.models.fast_pool import MaxPool2x2, fast_path
 from fedshield.models.gray_conv import GrayConv2d
 from fedshield.models.layout import choose_layout
 from fedshield.sim.builder import build
@@ -57,13 +58,15 @@ FAMILIES: list[tuple[str, str, dict[str, Any], tuple[int, int, int], int]] = [
 
 def papers_order(model: nn.Module) -> nn.Module:
     """``model`` with its (conv, max-pool, ReLU) stages put back in the papers' order,
-    conv → ReLU → max-pool, and its grayscale convolutions plain ``nn.Conv2d`` (oneDNN's
-    input gradient), in place: the same function (tests/test_models.py,
-    tests/test_gray_conv.py), the way the CNNs were written before, and how a plain
-    PyTorch loop would write them."""
+    conv → ReLU → max-pool, its grayscale convolutions plain ``nn.Conv2d`` (oneDNN's input
+    gradient) and its max-pools ``nn.MaxPool2d`` (PyTorch's kernel), in place: the same
+    function (tests/test_models.py, tests/test_gray_conv.py, tests/test_fast_pool.py), the
+    way the CNNs were written before, and how a plain PyTorch loop would write them."""
     for mod in model.modules():
         if isinstance(mod, GrayConv2d):
             mod.__class__ = nn.Conv2d
+        if isinstance(mod, MaxPool2x2):
+            mod.__class__ = nn.MaxPool2d
     for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
         for i in range(len(seq) - 2):
             a, b, c = seq[i], seq[i + 1], seq[i + 2]
@@ -176,9 +179,11 @@ def families(quick: bool) -> list[str]:
 
 
 def pool_variants() -> list[str]:
-    """Exact max-pool equivalents (values and gradients bit-identical: tests/test_layout.py)."""
+    """Exact max-pool equivalents (values and gradients bit-identical: tests/test_layout.py,
+    tests/test_fast_pool.py)."""
     x = torch.relu(torch.randn(32, 16, 28, 28))
     xc = x.contiguous(memory_format=CL)
+    fast = MaxPool2x2()
 
     def dim_max(t: Tensor) -> Tensor:  # the 2×2 window as two max-over-a-dim reductions
         n, c, h, w = t.shape
@@ -191,7 +196,9 @@ def pool_variants() -> list[str]:
         "convert to channels_last + pool": lambda: F.max_pool2d(x.contiguous(memory_format=CL), 2),
         "two amax over window dims, NCHW": lambda: dim_max(x),  # forward only: amax splits
         # the gradient of tied inputs, max_pool2d routes it to one
+        "fast_pool kernel, channels_last": lambda: fast(xc),
     }
+    assert fast_path(xc), "the fast pool kernel did not build"
     assert torch.equal(F.max_pool2d(x, 2), dim_max(x))
     r = medians(fns, 40)
     for k, v in r.items():

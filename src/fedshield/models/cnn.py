@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from fedshield.core.params import NoParams, Params
 from fedshield.models.base import MODELS, Classifier, flat_dim
+from fedshield.models.fast_pool import max_pool
 from fedshield.models.gray_conv import conv2d
 
 CLASSIFIER = ["family=classifier"]
@@ -69,7 +70,7 @@ def _stage(cin: int, cout: int, k: int, pad: int, pool: int = 2) -> list[nn.Modu
     trunk, so state dicts are unchanged. A grayscale first convolution is a
     :class:`~fedshield.models.gray_conv.GrayConv2d` (its CPU input gradient, which every
     attack step runs, by a matmul)."""
-    return [conv2d(cin, cout, k, pad), nn.MaxPool2d(pool), nn.ReLU(inplace=True)]
+    return [conv2d(cin, cout, k, pad), max_pool(pool), nn.ReLU(inplace=True)]
 
 
 @MODELS.register("cnn_small", schema=CNNSmallParams, tags=CONV)
