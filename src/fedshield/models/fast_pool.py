@@ -142,14 +142,14 @@ def kernel() -> ModuleType | None:
         return None
     import hashlib
 
-    from torch.utils import cpp_extension
-
     name = "fedshield_pool2x2_" + hashlib.sha256(SOURCE.encode()).hexdigest()[:12]
     # torch runs `ninja`: the venv's own (the `ninja` wheel) when the venv is not activated
     bindir = str(Path(sys.executable).parent)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     try:
+        from torch.utils import cpp_extension  # imports setuptools, which may be absent
+
         module: ModuleType = cpp_extension.load_inline(
             name,
             cpp_sources=[SOURCE],
