@@ -337,15 +337,22 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
     ap.add_argument("--skip-runs", action="store_true", help="no end-to-end runs")
     ap.add_argument("--out", type=Path, default=None, help="also write the report here")
+    ap.add_argument(
+        "--runs-only", type=int, default=None, metavar="N",
+        help="only the first N end-to-end runs (e.g. 1: FedCART's, on a quiet machine)",
+    )  # fmt: skip
     args = ap.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("fedshield").setLevel(logging.WARNING)
     lines = header()
     print("\n".join(lines), flush=True)
-    for part in (families, lambda q: pool_variants(), demo_steps):
-        lines += ["", *part(args.quick)]
+    if args.runs_only is not None:
+        del E2E_RUNS[args.runs_only :]
+    else:
+        for part in (families, lambda q: pool_variants(), demo_steps):
+            lines += ["", *part(args.quick)]
     if not args.skip_runs:
-        lines += ["", *end_to_end(args.quick)]
+        lines += ["", *end_to_end(args.quick and args.runs_only is None)]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
