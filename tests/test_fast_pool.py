@@ -14,8 +14,18 @@ from torch import nn
 
 from fedshield.models import build_model, fast_pool
 from fedshield.models.fast_pool import MaxPool2x2, fast_path, kernel
+from fedshield.testing.grads import penalty_grads
 
 CL = torch.channels_last
+
+
+def _native_pools(model: nn.Module) -> nn.Module:
+    """``model`` with each MaxPool2x2 a plain nn.MaxPool2d(2), in place."""
+    for seq in [m for m in model.modules() if isinstance(m, nn.Sequential)]:
+        for j, mod in enumerate(seq):
+            if isinstance(mod, MaxPool2x2):
+                seq[j] = nn.MaxPool2d(2)
+    return model
 
 
 def test_the_kernel_builds_here() -> None:
@@ -57,30 +67,17 @@ def test_second_derivatives_go_through_pytorchs_backward() -> None:
     # an input-gradient penalty (create_graph) on float32 cnn_small: d/dθ ||dL/dx||²
     torch.manual_seed(1)
     fast = build_model("cnn_small", (1, 28, 28), 10).to(memory_format=CL)
-    plain = copy.deepcopy(fast)
-    for seq in plain.modules():
-        if isinstance(seq, nn.Sequential):
-            for j, mod in enumerate(seq):
-                if isinstance(mod, MaxPool2x2):
-                    seq[j] = nn.MaxPool2d(2)
+    plain = _native_pools(copy.deepcopy(fast))
     x, y = torch.rand(3, 1, 28, 28), torch.tensor([1, 2, 3])
-    for model in (fast, plain):
-        xx = x.clone().requires_grad_(True)
-        (gx,) = torch.autograd.grad(F.cross_entropy(model(xx), y), xx, create_graph=True)
-        gx.pow(2).sum().backward()
-    for a, b in zip(fast.parameters(), plain.parameters(), strict=True):
-        assert a.grad is not None and b.grad is not None
-        assert torch.equal(a.grad, b.grad)
+    got, ref = penalty_grads(fast, x, y), penalty_grads(plain, x, y)
+    assert all(torch.equal(a, b) for a, b in zip(got, ref, strict=True))
 
 
 def test_training_steps_are_the_native_pools_bit_for_bit() -> None:
     torch.manual_seed(2)
     fast = build_model("cnn_small", (1, 28, 28), 10).to(memory_format=CL)
     assert [type(m) for m in fast.trunk if isinstance(m, nn.MaxPool2d)] == [MaxPool2x2] * 2
-    plain = copy.deepcopy(fast)
-    for j, mod in enumerate(plain.trunk):
-        if isinstance(mod, MaxPool2x2):
-            plain.trunk[j] = nn.MaxPool2d(2)
+    plain = _native_pools(copy.deepcopy(fast))
     assert fast.state_dict().keys() == plain.state_dict().keys()
     x, y = torch.rand(16, 1, 28, 28), torch.randint(0, 10, (16,))
     for model in (fast, plain):
