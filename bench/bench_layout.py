@@ -196,9 +196,9 @@ def pool_variants() -> list[str]:
         "convert to channels_last + pool": lambda: F.max_pool2d(x.contiguous(memory_format=CL), 2),
         "two amax over window dims, NCHW": lambda: dim_max(x),  # forward only: amax splits
         # the gradient of tied inputs, max_pool2d routes it to one
-        "fast_pool kernel, channels_last": lambda: fast(xc),
     }
-    assert fast_path(xc), "the fast pool kernel did not build"
+    if fast_path(xc):  # else the kernel did not build here (the log says why)
+        fns["fast_pool kernel, channels_last"] = lambda: fast(xc)
     assert torch.equal(F.max_pool2d(x, 2), dim_max(x))
     r = medians(fns, 40)
     for k, v in r.items():
