@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ from fedshield.sim.byzantine_budget import (
 )
 from fedshield.sim.majorities import state_groups
 from fedshield.sim.state import Components, Experiment
+
+if TYPE_CHECKING:  # at run time imported inside the functions that use it
+    from fedshield.crossround.recommended import ThreatModel
 
 log = logging.getLogger("fedshield")
 #: The build-time recommendation line, which ``fedshield run`` shows on the console.
@@ -206,7 +209,7 @@ def _budget(rule: Aggregator, cfg: ExperimentConfig, invited: int | None = None)
     return run_budget(rule, **_budget_args(cfg), invited=invited)
 
 
-def _threat(cfg: ExperimentConfig) -> Any:
+def _threat(cfg: ExperimentConfig) -> ThreatModel:
     from fedshield.crossround import recommended
 
     return recommended.ThreatModel(cfg.data.root_size > 0, cfg.attack.mode, cfg.faults is not None)
