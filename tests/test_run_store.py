@@ -8,6 +8,8 @@ import copy
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +102,9 @@ def test_replay_in_parallel_stamps_each_record(made, tmp_path) -> None:
     bad["rounds"][1]["test_acc"] += 0.2
     worse = store.write(bad, s)
     assert validity.status(good, store.read(good)).state == "unchecked"
-    assert main(["replay", str(s), "-j", "2"]) == 1
+    # as a user runs it: spawned workers must not need this process's __main__
+    cmd = [sys.executable, "-m", "fedshield.results", "replay", str(s), "-j", "2"]
+    assert subprocess.run(cmd, capture_output=True, timeout=300).returncode == 1
     assert validity.status(good, store.read(good)).state == "replayed"
     assert validity.status(worse, store.read(worse)).state == "stale"
     assert len(list(s.glob("*.replay-*.json"))) == 2

@@ -159,28 +159,16 @@ def _records(args: argparse.Namespace) -> int:
 
         # spawn: a fresh interpreter per worker (no forked torch thread pools); stamps and
         # manifests are written atomically under per-process names, so workers never clash
+        # (the workers' functions live in validity: a spawned worker cannot import __main__)
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_one_thread) as pool:
-            for state, line in pool.map(_replay_one, todo, [rounds] * len(todo), chunksize=4):
+        work = validity.check_file
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=validity.one_thread) as pool:
+            for state, line in pool.map(work, todo, [rounds] * len(todo), chunksize=4):
                 counts[state] += 1
                 print(line, flush=True)
     print(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no records")
     bad = counts["stale"] + (counts["unchecked"] if args.action == "status" else 0)
     return 1 if bad else 0
-
-
-def _one_thread() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
-def _replay_one(path: Path, rounds: int) -> tuple[str, str]:
-    """One record's status after its replay (a worker of ``replay --jobs``)."""
-    from fedshield.results import store, validity
-
-    st = validity.check(path, store.read(path), rounds)
-    return st.state, st.line()
 
 
 def main(argv: list[str] | None = None) -> int:

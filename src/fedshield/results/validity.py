@@ -251,6 +251,22 @@ def check(path: Path, rec: dict[str, Any], rounds: int = ROUNDS) -> Status:
     return st
 
 
+def one_thread() -> None:
+    """A parallel replay worker's set-up (``fedshield results replay -j N``): one thread."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def check_file(path: Path, rounds: int = ROUNDS) -> tuple[str, str]:
+    """:func:`check` of the record at ``path``: its state and status line (a parallel
+    replay worker's task)."""
+    from fedshield.results.store import read
+
+    st = check(path, read(path), rounds)
+    return st.state, st.line()
+
+
 __all__ = [
     "KERNEL_TOL",
     "METRICS",
@@ -258,7 +274,9 @@ __all__ = [
     "Replay",
     "Status",
     "check",
+    "check_file",
     "compare",
+    "one_thread",
     "replay",
     "replay_rounds",
     "status",
